@@ -1,0 +1,28 @@
+/* Shared helpers of the tllm front ends. Only the CLI exits the process. */
+#ifndef TLLM_CLI_H
+#define TLLM_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* Print "tllm: <message>" to stderr and exit(1). */
+void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Die with the library's last error message. */
+void cli_die_lib(void) __attribute__((noreturn));
+
+/* Parse an integer flag value in [lo, hi] or die naming the flag. */
+long cli_int(const char *flag, const char *s, long lo, long hi);
+double cli_double(const char *flag, const char *s, double lo, double hi);
+/* The value after flag argv[*i] (advancing *i), or die. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* Parse "1,2,3" into a heap array of ids; dies on a malformed list. */
+int32_t *cli_parse_ids(const char *flag, const char *s, int *n);
+
+/* Write a whole buffer to `path` atomically (temp file + rename), so a failure leaves no
+ * partial file that looks complete. Returns 0 or dies. */
+void cli_write_file_atomic(const char *path, const void *data, size_t n);
+
+int cmd_logits(int argc, char **argv);
+
+#endif

@@ -1,0 +1,47 @@
+/* tllm logits: float32 logits of every position (or the last) for a list of token ids. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../engine/context.h"
+#include "../engine/error.h"
+#include "cli.h"
+
+static const char usage[] =
+    "usage: tllm logits -m DIR --ids 1,2,3 -o OUT.f32 [--last]\n"
+    "  Writes float32 little-endian logits, n_ids x vocab (row p = after ids[0..p]),\n"
+    "  or only the last row with --last.\n";
+
+int cmd_logits(int argc, char **argv) {
+    const char *dir = NULL, *ids_s = NULL, *out = NULL;
+    int last = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--ids")) ids_s = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--last")) last = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else cli_die("logits: unknown option '%s' (see tllm logits --help)", a);
+    }
+    if (!dir || !ids_s || !out) cli_die("logits: -m, --ids and -o are required (see tllm logits --help)");
+    int n;
+    int32_t *ids = cli_parse_ids("--ids", ids_s, &n);
+    struct tllm_model *m;
+    if (tllm_model_load(dir, &m)) cli_die_lib();
+    struct tllm_ctx ctx;
+    if (n > m->cfg.max_pos)
+        cli_die("logits: %d ids exceed the model's context of %d", n, m->cfg.max_pos);
+    if (tllm_ctx_init(&ctx, m, n, 0)) cli_die_lib();
+    size_t rows = last ? 1 : (size_t)n, vocab = (size_t)m->cfg.vocab_size;
+    float *logits = malloc(rows * vocab * sizeof(float));
+    if (!logits) cli_die("out of memory for %zu x %zu logits", rows, vocab);
+    if (tllm_ctx_forward(&ctx, ids, n, logits, last ? TLLM_LOGITS_LAST : TLLM_LOGITS_ALL)) cli_die_lib();
+    cli_write_file_atomic(out, logits, rows * vocab * sizeof(float));
+    free(logits);
+    tllm_ctx_free(&ctx);
+    tllm_model_free(m);
+    free(ids);
+    return 0;
+}

@@ -1,0 +1,35 @@
+/* tllm: one binary, one subcommand per front end. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"logits", cmd_logits, "write the float32 logits of a list of token ids"},
+};
+
+static void usage(FILE *fp) {
+    fputs("usage: tllm COMMAND [options]   (tllm COMMAND --help for its options)\n\ncommands:\n", fp);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(fp, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "tllm: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 1;
+}

@@ -1,0 +1,200 @@
+/* The Qwen2 forward pass. Prefill and decode are the same code: a step processes n tokens at
+ * once (n = 1 for decode), so every weight is read once per step whatever n is. */
+#include "context.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/ops.h"
+#include "../kernels/qmatmul.h"
+#include "error.h"
+
+int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
+    memset(ctx, 0, sizeof *ctx);
+    const struct tllm_config *c = &m->cfg;
+    if (n_ctx <= 0) n_ctx = c->max_pos;
+    if (n_batch <= 0) n_batch = 512;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    ctx->m = m;
+    ctx->n_ctx = n_ctx;
+    ctx->n_batch = n_batch;
+    size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t nb = (size_t)n_batch, half = (size_t)c->head_dim / 2;
+    size_t cache = (size_t)c->n_layers * (size_t)n_ctx * kv_dim;
+    ctx->key_cache = malloc(cache * sizeof(float));
+    ctx->value_cache = malloc(cache * sizeof(float));
+    ctx->x = malloc(nb * c->dim * sizeof(float));
+    ctx->xb = malloc(nb * c->dim * sizeof(float));
+    ctx->q = malloc(nb * q_dim * sizeof(float));
+    ctx->k = malloc(nb * kv_dim * sizeof(float));
+    ctx->v = malloc(nb * kv_dim * sizeof(float));
+    ctx->att_out = malloc(nb * q_dim * sizeof(float));
+    ctx->proj = malloc(nb * c->dim * sizeof(float));
+    ctx->hb = malloc(nb * c->ffn_dim * sizeof(float));
+    ctx->hb2 = malloc(nb * c->ffn_dim * sizeof(float));
+    ctx->scores = malloc((size_t)n_ctx * sizeof(float));
+    ctx->rope_cos = malloc(nb * half * sizeof(float));
+    ctx->rope_sin = malloc(nb * half * sizeof(float));
+    if (!ctx->key_cache || !ctx->value_cache || !ctx->x || !ctx->xb || !ctx->q || !ctx->k ||
+        !ctx->v || !ctx->att_out || !ctx->proj || !ctx->hb || !ctx->hb2 || !ctx->scores ||
+        !ctx->rope_cos || !ctx->rope_sin) {
+        tllm_ctx_free(ctx);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory for a context of %d tokens (KV cache %zu MiB)",
+                         n_ctx, 2 * cache * sizeof(float) >> 20);
+    }
+    return TLLM_OK;
+}
+
+void tllm_ctx_free(struct tllm_ctx *ctx) {
+    free(ctx->key_cache);
+    free(ctx->value_cache);
+    free(ctx->x);
+    free(ctx->xb);
+    free(ctx->q);
+    free(ctx->k);
+    free(ctx->v);
+    free(ctx->att_out);
+    free(ctx->proj);
+    free(ctx->hb);
+    free(ctx->hb2);
+    free(ctx->scores);
+    free(ctx->rope_cos);
+    free(ctx->rope_sin);
+    memset(ctx, 0, sizeof *ctx);
+}
+
+void tllm_ctx_reset(struct tllm_ctx *ctx) { ctx->pos = 0; }
+
+void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
+    if (pos >= 0 && pos < ctx->pos) ctx->pos = pos;
+}
+
+static void linear(const struct tllm_qweights *w, const float *x, int n, float *y) {
+    tllm_qmatmul(w, x, n, y, 0, w->rows);
+}
+
+static void add_bias(float *y, const float *b, int n, int dim) {
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
+}
+
+/* Causal GQA attention for n new tokens at positions pos0.., whose K/V are already in the cache. */
+static void attention(struct tllm_ctx *ctx, int l, int pos0, int n) {
+    const struct tllm_config *c = &ctx->m->cfg;
+    int hd = c->head_dim, kv_dim = c->n_kv_heads * hd, q_dim = c->n_heads * hd;
+    int group = c->n_heads / c->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *kc = ctx->key_cache + (size_t)l * ctx->n_ctx * kv_dim;
+    const float *vc = ctx->value_cache + (size_t)l * ctx->n_ctx * kv_dim;
+    for (int t = 0; t < n; t++) {
+        int len = pos0 + t + 1; /* attend to positions 0..pos0+t */
+        for (int h = 0; h < c->n_heads; h++) {
+            const float *q = ctx->q + (size_t)t * q_dim + (size_t)h * hd;
+            size_t koff = (size_t)(h / group) * hd;
+            float *s = ctx->scores;
+            for (int p = 0; p < len; p++) {
+                const float *k = kc + (size_t)p * kv_dim + koff;
+                float dot = 0.0f;
+                for (int i = 0; i < hd; i++) dot += q[i] * k[i];
+                s[p] = dot * scale;
+            }
+            tllm_softmax(s, len);
+            float *o = ctx->att_out + (size_t)t * q_dim + (size_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int p = 0; p < len; p++) {
+                const float *v = vc + (size_t)p * kv_dim + koff;
+                for (int i = 0; i < hd; i++) o[i] += s[p] * v[i];
+            }
+        }
+    }
+}
+
+/* One step of n <= n_batch tokens. */
+static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
+                         enum tllm_logits_mode mode) {
+    const struct tllm_model *m = ctx->m;
+    const struct tllm_config *c = &m->cfg;
+    int dim = c->dim, hd = c->head_dim, half = hd / 2;
+    int q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+    int pos0 = ctx->pos;
+
+    for (int t = 0; t < n; t++) {
+        tllm_qw_dequant_row(&m->embed, ids[t], ctx->x + (size_t)t * dim);
+        tllm_rope_tables(pos0 + t, hd, c->rope_theta, ctx->rope_cos + (size_t)t * half,
+                         ctx->rope_sin + (size_t)t * half);
+    }
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        /* attention block */
+        for (int t = 0; t < n; t++)
+            tllm_rmsnorm(ctx->xb + (size_t)t * dim, ctx->x + (size_t)t * dim, L->attn_norm, dim,
+                         c->norm_eps);
+        linear(&L->wq, ctx->xb, n, ctx->q);
+        linear(&L->wk, ctx->xb, n, ctx->k);
+        linear(&L->wv, ctx->xb, n, ctx->v);
+        add_bias(ctx->q, L->bq, n, q_dim);
+        add_bias(ctx->k, L->bk, n, kv_dim);
+        add_bias(ctx->v, L->bv, n, kv_dim);
+        float *kc = ctx->key_cache + ((size_t)l * ctx->n_ctx + pos0) * kv_dim;
+        float *vc = ctx->value_cache + ((size_t)l * ctx->n_ctx + pos0) * kv_dim;
+        for (int t = 0; t < n; t++) {
+            const float *ct = ctx->rope_cos + (size_t)t * half, *st = ctx->rope_sin + (size_t)t * half;
+            tllm_rope(ctx->q + (size_t)t * q_dim, c->n_heads, hd, ct, st);
+            tllm_rope(ctx->k + (size_t)t * kv_dim, c->n_kv_heads, hd, ct, st);
+        }
+        memcpy(kc, ctx->k, (size_t)n * kv_dim * sizeof(float));
+        memcpy(vc, ctx->v, (size_t)n * kv_dim * sizeof(float));
+        attention(ctx, l, pos0, n);
+        linear(&L->wo, ctx->att_out, n, ctx->proj);
+        for (size_t i = 0; i < (size_t)n * dim; i++) ctx->x[i] += ctx->proj[i];
+
+        /* MLP block */
+        for (int t = 0; t < n; t++)
+            tllm_rmsnorm(ctx->xb + (size_t)t * dim, ctx->x + (size_t)t * dim, L->ffn_norm, dim,
+                         c->norm_eps);
+        linear(&L->w_gate, ctx->xb, n, ctx->hb);
+        linear(&L->w_up, ctx->xb, n, ctx->hb2);
+        tllm_swiglu(ctx->hb, ctx->hb2, n * c->ffn_dim);
+        linear(&L->w_down, ctx->hb, n, ctx->proj);
+        for (size_t i = 0; i < (size_t)n * dim; i++) ctx->x[i] += ctx->proj[i];
+    }
+    ctx->pos += n;
+
+    if (mode == TLLM_LOGITS_NONE) return;
+    int first = mode == TLLM_LOGITS_LAST ? n - 1 : 0;
+    for (int t = first; t < n; t++)
+        tllm_rmsnorm(ctx->xb + (size_t)t * dim, ctx->x + (size_t)t * dim, m->final_norm, dim,
+                     c->norm_eps);
+    linear(&m->lm_head, ctx->xb + (size_t)first * dim, n - first, logits);
+}
+
+int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
+                     enum tllm_logits_mode mode) {
+    const struct tllm_config *c = &ctx->m->cfg;
+    if (n <= 0) return tllm_fail(TLLM_ERR_ARG, "no tokens to process");
+    if (n > ctx->n_ctx - ctx->pos)
+        return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens in the cache + %d new > %d",
+                         ctx->pos, n, ctx->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", ids[i],
+                             c->vocab_size);
+    for (int done = 0; done < n;) {
+        int step = n - done < ctx->n_batch ? n - done : ctx->n_batch;
+        int last_step = done + step == n;
+        float *out = NULL;
+        enum tllm_logits_mode smode = TLLM_LOGITS_NONE;
+        if (mode == TLLM_LOGITS_ALL) {
+            smode = TLLM_LOGITS_ALL;
+            out = logits + (size_t)done * c->vocab_size;
+        } else if (mode == TLLM_LOGITS_LAST && last_step) {
+            smode = TLLM_LOGITS_LAST;
+            out = logits;
+        }
+        forward_step(ctx, ids + done, step, out, smode);
+        done += step;
+    }
+    return TLLM_OK;
+}

@@ -1,0 +1,50 @@
+/* An inference context: KV cache and activation buffers for one sequence, allocated once. */
+#ifndef TLLM_CONTEXT_H
+#define TLLM_CONTEXT_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+enum tllm_logits_mode {
+    TLLM_LOGITS_NONE, /* only fill the KV cache (e.g. all but the last prompt chunk) */
+    TLLM_LOGITS_LAST, /* logits of the last token: [vocab] */
+    TLLM_LOGITS_ALL,  /* logits of every token fed: [n x vocab] */
+};
+
+struct tllm_ctx {
+    const struct tllm_model *m;
+    int n_ctx;          /* KV cache capacity in tokens */
+    int n_batch;        /* most tokens one internal forward step handles */
+    int pos;            /* tokens in the cache so far */
+    float *key_cache;   /* [n_layers x n_ctx x kv_dim] */
+    float *value_cache; /* [n_layers x n_ctx x kv_dim] */
+    /* activations for up to n_batch tokens */
+    float *x;           /* [n_batch x dim] residual stream */
+    float *xb;          /* [n_batch x dim] normed input of a sublayer */
+    float *q;           /* [n_batch x q_dim] */
+    float *k;           /* [n_batch x kv_dim] */
+    float *v;           /* [n_batch x kv_dim] */
+    float *att_out;     /* [n_batch x q_dim] attention output before o_proj */
+    float *proj;        /* [n_batch x dim] o_proj / down_proj output */
+    float *hb;          /* [n_batch x ffn_dim] gate, then silu(gate)*up */
+    float *hb2;         /* [n_batch x ffn_dim] up */
+    float *scores;      /* [n_ctx] attention scores of one head */
+    float *rope_cos;    /* [n_batch x head_dim/2] */
+    float *rope_sin;    /* [n_batch x head_dim/2] */
+};
+
+/* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. */
+int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch);
+void tllm_ctx_free(struct tllm_ctx *ctx);
+/* Forget the sequence (keep the buffers). */
+void tllm_ctx_reset(struct tllm_ctx *ctx);
+/* Drop cached tokens past `pos` (so a new turn can reuse a shared prefix). */
+void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos);
+
+/* Feed n token ids at positions pos..pos+n-1. `logits` receives [vocab] (LAST) or [n x vocab] (ALL).
+ * Fails with TLLM_ERR_LIMIT (cache untouched) when the tokens would not fit, TLLM_ERR_ARG on a bad id. */
+int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
+                     enum tllm_logits_mode mode);
+
+#endif

@@ -1,0 +1,53 @@
+/* Portable fast path: each row is dequantized one chunk at a time and the chunk is reused for
+ * every token, so the unpacking cost is paid once per row rather than once per token. */
+#include <string.h>
+
+#include "qmatmul.h"
+
+#define QM_CHUNK 256 /* a multiple of every group size */
+
+/* Dequantize columns [c0, c0+len) of row r into out (len a multiple of the group size, or the tail). */
+static void dequant_chunk(const struct tllm_qweights *w, int r, int c0, int len, float *out) {
+    if (w->format == TLLM_WF_DENSE) {
+        tllm_convert_to_f32((const char *)w->w + ((size_t)r * w->cols + c0) * tllm_dtype_size(w->dtype),
+                            w->dtype, out, (size_t)len);
+        return;
+    }
+    const int ng = w->cols / w->group_size, bits = w->bits, per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1;
+    const uint32_t *row = (const uint32_t *)w->w + (size_t)r * (size_t)(w->cols / per_word);
+    for (int g0 = c0; g0 < c0 + len; g0 += w->group_size) {
+        size_t gi = (size_t)r * ng + (size_t)(g0 / w->group_size);
+        float s = tllm_load_f32(w->scales, w->dtype, gi), b = tllm_load_f32(w->biases, w->dtype, gi);
+        const uint32_t *wp = row + g0 / per_word;
+        float *o = out + (g0 - c0);
+        for (int k = 0; k < w->group_size / per_word; k++) {
+            uint32_t word = wp[k];
+            for (int e = 0; e < per_word; e++) o[k * per_word + e] = s * (float)((word >> (e * bits)) & mask) + b;
+        }
+    }
+}
+
+void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
+    for (int c0 = 0; c0 < w->cols; c0 += QM_CHUNK) {
+        int len = w->cols - c0 < QM_CHUNK ? w->cols - c0 : QM_CHUNK;
+        dequant_chunk(w, r, c0, len, out + c0);
+    }
+}
+
+void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
+    float buf[QM_CHUNK];
+    for (int r = r0; r < r1; r++) {
+        for (int t = 0; t < n; t++) y[(size_t)t * w->rows + r] = 0.0f;
+        for (int c0 = 0; c0 < w->cols; c0 += QM_CHUNK) {
+            int len = w->cols - c0 < QM_CHUNK ? w->cols - c0 : QM_CHUNK;
+            dequant_chunk(w, r, c0, len, buf);
+            for (int t = 0; t < n; t++) {
+                const float *xt = x + (size_t)t * w->cols + c0;
+                float acc = 0.0f;
+                for (int j = 0; j < len; j++) acc += buf[j] * xt[j];
+                y[(size_t)t * w->rows + r] += acc;
+            }
+        }
+    }
+}
