@@ -104,13 +104,23 @@ static int open_sharded(struct tllm_ckpt *c, const char *index_path) {
     return rc;
 }
 
-int tllm_ckpt_open(const char *dir, struct tllm_ckpt **out) {
-    *out = NULL;
+int tllm_model_dir_check(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0)
         return tllm_fail(TLLM_ERR_IO, "%s: cannot open model directory: %s", dir, strerror(errno));
     if (!S_ISDIR(st.st_mode))
-        return tllm_fail(TLLM_ERR_IO, "%s: not a directory (a model is a directory)", dir);
+        return tllm_fail(TLLM_ERR_IO,
+                         "%s: not a directory (a model is a directory with config.json and "
+                         "safetensors files)",
+                         dir);
+    return TLLM_OK;
+}
+
+int tllm_ckpt_open(const char *dir, struct tllm_ckpt **out) {
+    *out = NULL;
+    struct stat st;
+    int rc0 = tllm_model_dir_check(dir);
+    if (rc0) return rc0;
     struct tllm_ckpt *c = calloc(1, sizeof *c);
     if (!c || !(c->dir = strdup(dir))) {
         free(c);

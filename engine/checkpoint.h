@@ -19,6 +19,9 @@ int tllm_ckpt_open(const char *dir, struct tllm_ckpt **out);
 void tllm_ckpt_close(struct tllm_ckpt *c);
 const struct tllm_tensor *tllm_ckpt_find(const struct tllm_ckpt *c, const char *name);
 
+/* TLLM_OK if `dir` exists and is a directory; else an error naming it. */
+int tllm_model_dir_check(const char *dir);
+
 /* "dir/name" in a fresh heap string (NULL on OOM). */
 char *tllm_path_join(const char *dir, const char *name);
 

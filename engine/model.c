@@ -135,8 +135,14 @@ int tllm_model_load(const char *dir, struct tllm_model **out) {
         free(m);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
+    int rc = tllm_model_dir_check(dir);
+    if (rc) {
+        free(m->dir);
+        free(m);
+        return rc;
+    }
     char *cfg_path = tllm_path_join(dir, "config.json");
-    int rc = cfg_path ? tllm_config_load(cfg_path, &m->cfg) : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    rc = cfg_path ? tllm_config_load(cfg_path, &m->cfg) : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     free(cfg_path);
     if (!rc) rc = tllm_ckpt_open(dir, &m->ckpt);
     const struct tllm_config *c = &m->cfg;

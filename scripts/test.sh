@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test command: set up, build, run the whole suite, then run it again under
+# AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer included).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== tests (Release)"
+ctest --test-dir build --output-on-failure -j"$(nproc)"
+
+echo "== tests (ASan + UBSan)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTLLM_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$(nproc)" >/dev/null
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$(nproc)"

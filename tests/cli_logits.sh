@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# tllm logits from the command line: output size, --last, and clean one-line errors.
+set -u
+TLLM=$1; DATA=$2
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
+
+# every row: 3 ids x 4096 vocab x 4 bytes
+"$TLLM" logits -m "$DATA/models/q4-g64" --ids 1,2,3 -o "$tmp/all.f32" && ok || bad "logits failed"
+[ "$(stat -c %s "$tmp/all.f32" 2>/dev/null)" = $((3*4096*4)) ] && ok || bad "all rows: wrong size"
+"$TLLM" logits -m "$DATA/models/q4-g64" --ids 1,2,3 --last -o "$tmp/last.f32" && ok || bad "--last failed"
+[ "$(stat -c %s "$tmp/last.f32" 2>/dev/null)" = $((4096*4)) ] && ok || bad "--last: wrong size"
+# the last row of the full output equals --last
+cmp -s <(tail -c $((4096*4)) "$tmp/all.f32") "$tmp/last.f32" && ok || bad "--last differs from the last row"
+
+# errors: non-zero exit, one line on stderr starting with "tllm: ", no output file
+expect_err() { # expected-substring args...
+  local want=$1; shift
+  local err
+  err=$("$TLLM" "$@" 2>&1 >/dev/null); local rc=$?
+  [ $rc -ne 0 ] && ok || bad "'$*' exited 0"
+  [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && ok || bad "'$*': not one line: $err"
+  case "$err" in "tllm: "*"$want"*) ok ;; *) bad "'$*': got '$err', want '$want'" ;; esac
+}
+expect_err "cannot open model directory" logits -m "$tmp/nope" --ids 1 -o "$tmp/x.f32"
+expect_err "token id 5000 is out of range [0, 4096)" logits -m "$DATA/models/q4-g64" --ids 1,5000 -o "$tmp/x.f32"
+expect_err "not a comma-separated list" logits -m "$DATA/models/q4-g64" --ids 1,,x -o "$tmp/x.f32"
+expect_err "unknown option '--bogus'" logits --bogus
+expect_err "-m, --ids and -o are required" logits -m "$DATA/models/q4-g64"
+expect_err "unknown command 'frobnicate'" frobnicate
+[ ! -e "$tmp/x.f32" ] && ok || bad "an output file was left behind by a failed run"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,207 @@
+/* QuantizedWeights semantics: MLX quantizer vectors dequantize to their source within half a step,
+ * the bit layout is MLX's, and the fast kernels agree with the scalar reference on odd shapes. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/error.h"
+#include "engine/safetensors.h"
+#include "kernels/qmatmul.h"
+
+#define TOL_KERNEL_REL 1e-5 /* fast kernel vs scalar reference, relative to sum |w*x| */
+
+static void test_vectors(const char *path) {
+    struct tllm_st_file *f;
+    int rc = tllm_st_open(path, &f);
+    CHECK(rc == TLLM_OK, "%s", tllm_errmsg());
+    if (rc) return;
+    int cases = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const char *name = f->tensors[i].name;
+        size_t len = strlen(name);
+        if (len < 7 || strcmp(name + len - 7, ".source") != 0) continue;
+        char base[128], n2[160];
+        snprintf(base, sizeof base, "%.*s", (int)(len - 7), name);
+        int bits, gs;
+        CHECK(sscanf(strchr(base, '_') + 1, "b%d_g%d", &bits, &gs) == 2, "case name %s", base);
+        const struct tllm_tensor *src = &f->tensors[i], *tw, *ts, *tb;
+        snprintf(n2, sizeof n2, "%s.weight", base);
+        tw = tllm_st_find(f, n2);
+        snprintf(n2, sizeof n2, "%s.scales", base);
+        ts = tllm_st_find(f, n2);
+        snprintf(n2, sizeof n2, "%s.biases", base);
+        tb = tllm_st_find(f, n2);
+        CHECK(tw && ts && tb, "case %s incomplete", base);
+        if (!tw || !ts || !tb) continue;
+        struct tllm_qweights w = {
+            .name = base, .rows = (int)src->shape[0], .cols = (int)src->shape[1],
+            .format = TLLM_WF_AFFINE, .dtype = ts->dtype, .bits = bits, .group_size = gs,
+            .w = tw->data, .scales = ts->data, .biases = tb->data};
+        CHECK(tw->shape[1] * 32 == src->shape[1] * bits, "%s: packed width", base);
+        float *row = malloc((size_t)w.cols * sizeof(float)), *row2 = malloc((size_t)w.cols * sizeof(float));
+        int bad = 0, layout_bad = 0;
+        double worst_steps = 0;
+        for (int r = 0; r < w.rows; r++) {
+            tllm_qw_dequant_row_ref(&w, r, row);
+            tllm_qw_dequant_row(&w, r, row2);
+            for (int j = 0; j < w.cols; j++) {
+                size_t g = (size_t)r * (w.cols / gs) + j / gs;
+                float s = tllm_load_f32(w.scales, w.dtype, g), b = tllm_load_f32(w.biases, w.dtype, g);
+                float x = tllm_load_f32(src->data, src->dtype, (size_t)r * w.cols + j);
+                /* half a step, plus the rounding of scale/bias to their stored dtype */
+                /* Half a step, widened by what storing scale and bias in their dtype (after the
+                 * codes were chosen) can add: q*|ds| + |db|, with u the dtype's relative rounding. */
+                double u = w.dtype == TLLM_DT_BF16 ? 0x1p-8 : w.dtype == TLLM_DT_F16 ? 0x1p-11 : 0x1p-22;
+                uint32_t qc = tllm_qw_code(&w, r, j);
+                double tol = 0.5 * fabs(s) * (1 + u) + qc * fabs(s) * u + fabs(b) * u + 1e-7 * fabs(x);
+                /* codes that MLX clamped (the far end after its edge adjustment) may be off by one more step */
+                double qu = rint(((double)x - b) / s);
+                if (qu < 0 || qu > (1 << bits) - 1) tol += fabs(s);
+                double steps = fabs((double)row[j] - x) / fabs((double)s);
+                worst_steps = steps > worst_steps ? steps : worst_steps;
+                if (fabs((double)row[j] - x) > tol) bad++;
+                if (row2[j] != row[j]) bad++;
+                /* the layout: the code MLX's quantizer would pick for x sits where MLX puts it */
+                float qf = rintf((x - b) / s);
+                qf = qf < 0 ? 0 : qf > (float)((1 << bits) - 1) ? (float)((1 << bits) - 1) : qf;
+                uint32_t word = ((const uint32_t *)w.w)[(size_t)r * (w.cols * bits / 32) + j * bits / 32];
+                uint32_t code = (word >> ((j % (32 / bits)) * bits)) & ((1u << bits) - 1);
+                if (fabsf((float)code - qf) > 1.0f) layout_bad++;
+            }
+        }
+        printf("%s: worst error %.3f steps\n", base, worst_steps);
+        CHECK(bad == 0, "%s: %d elements off by more than half a step", base, bad);
+        CHECK(layout_bad == 0, "%s: %d codes not where MLX's layout puts them", base, layout_bad);
+        free(row);
+        free(row2);
+        cases++;
+    }
+    CHECK(cases == 6, "expected 6 quantizer cases, found %d", cases);
+    tllm_st_close(f);
+}
+
+/* Explicit layout check: pack codes 0,1,2,... by the documented rule and read them back. */
+static void test_layout(void) {
+    for (int bits = 2; bits <= 8; bits *= 2) {
+        int cols = 128, per_word = 32 / bits;
+        uint32_t words[128] = {0};
+        for (int j = 0; j < cols; j++)
+            words[j / per_word] |= (uint32_t)(j % (1 << bits)) << ((j % per_word) * bits);
+        uint16_t one = tllm_f32_to_bf16(1.0f), zero = 0;
+        uint16_t scales[4] = {one, one, one, one}, biases[4] = {zero, zero, zero, zero};
+        struct tllm_qweights w = {.rows = 1, .cols = cols, .format = TLLM_WF_AFFINE,
+                                  .dtype = TLLM_DT_BF16, .bits = bits, .group_size = 32,
+                                  .w = words, .scales = scales, .biases = biases};
+        float out[128];
+        tllm_qw_dequant_row_ref(&w, 0, out);
+        int bad = 0;
+        for (int j = 0; j < cols; j++) bad += out[j] != (float)(j % (1 << bits));
+        CHECK(bad == 0, "bits %d: %d codes read back wrong", bits, bad);
+    }
+}
+
+static uint32_t rng_state = 12345;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+
+/* Random matrices of every format; fast kernel == reference within TOL_KERNEL_REL. */
+static void test_kernels_vs_ref(void) {
+    static const int bits_list[] = {2, 4, 8}, gs_list[] = {32, 64, 128};
+    static const enum tllm_dtype dts[] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
+    static const int rows_list[] = {1, 7, 33}, cols_mult[] = {1, 3}, ntok[] = {1, 5};
+    for (int bi = 0; bi < 3; bi++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int di = 0; di < 3; di++)
+                for (int ri = 0; ri < 3; ri++)
+                    for (int ci = 0; ci < 2; ci++)
+                        for (int ni = 0; ni < 2; ni++) {
+                            int bits = bits_list[bi], gs = gs_list[gi], rows = rows_list[ri];
+                            int cols = gs * cols_mult[ci] * (ci ? 3 : 1), n = ntok[ni];
+                            size_t nw = (size_t)rows * cols * bits / 32, ng = (size_t)rows * cols / gs;
+                            uint32_t *q = malloc(nw * 4);
+                            float *sb = malloc(ng * 2 * 4);
+                            uint16_t *sb16 = malloc(ng * 2 * 2);
+                            for (size_t i = 0; i < nw; i++) q[i] = rnd();
+                            for (size_t i = 0; i < 2 * ng; i++) {
+                                sb[i] = rndf() * 0.1f;
+                                sb16[i] = dts[di] == TLLM_DT_BF16 ? tllm_f32_to_bf16(sb[i]) : tllm_f32_to_f16(sb[i]);
+                            }
+                            const void *s = dts[di] == TLLM_DT_F32 ? (void *)sb : (void *)sb16;
+                            const void *b = dts[di] == TLLM_DT_F32 ? (void *)(sb + ng) : (void *)(sb16 + ng);
+                            struct tllm_qweights w = {.rows = rows, .cols = cols, .format = TLLM_WF_AFFINE,
+                                                      .dtype = dts[di], .bits = bits, .group_size = gs,
+                                                      .w = q, .scales = s, .biases = b};
+                            float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4),
+                                  *y1 = malloc((size_t)n * rows * 4);
+                            for (int i = 0; i < n * cols; i++) x[i] = rndf();
+                            tllm_qmatmul_ref(&w, x, n, y0, 0, rows);
+                            tllm_qmatmul(&w, x, n, y1, 0, rows);
+                            double worst = 0;
+                            for (int t = 0; t < n; t++)
+                                for (int r = 0; r < rows; r++) {
+                                    double mag = 0;
+                                    float *row = malloc((size_t)cols * 4);
+                                    tllm_qw_dequant_row_ref(&w, r, row);
+                                    for (int j = 0; j < cols; j++) mag += fabs((double)row[j] * x[t * cols + j]);
+                                    free(row);
+                                    double e = fabs((double)y0[t * rows + r] - y1[t * rows + r]) / (mag + 1e-30);
+                                    worst = e > worst ? e : worst;
+                                }
+                            CHECK(worst <= TOL_KERNEL_REL, "bits %d gs %d %s rows %d cols %d n %d: rel err %.3g",
+                                  bits, gs, tllm_dtype_name(dts[di]), rows, cols, n, worst);
+                            free(q); free(sb); free(sb16); free(x); free(y0); free(y1);
+                        }
+    /* dense matrices too */
+    for (int di = 0; di < 3; di++) {
+        int rows = 9, cols = 300, n = 3;
+        float *wf = malloc((size_t)rows * cols * 4);
+        uint16_t *w16 = malloc((size_t)rows * cols * 2);
+        for (int i = 0; i < rows * cols; i++) {
+            wf[i] = rndf();
+            w16[i] = dts[di] == TLLM_DT_BF16 ? tllm_f32_to_bf16(wf[i]) : tllm_f32_to_f16(wf[i]);
+        }
+        struct tllm_qweights w = {.rows = rows, .cols = cols, .format = TLLM_WF_DENSE, .dtype = dts[di],
+                                  .w = dts[di] == TLLM_DT_F32 ? (void *)wf : (void *)w16};
+        float x[900], y0[27], y1[27];
+        for (int i = 0; i < n * cols; i++) x[i] = rndf();
+        tllm_qmatmul_ref(&w, x, n, y0, 0, rows);
+        tllm_qmatmul(&w, x, n, y1, 0, rows);
+        double worst = 0;
+        for (int i = 0; i < n * rows; i++) worst = fmax(worst, fabs(y0[i] - y1[i]) / (fabs(y0[i]) + 1));
+        CHECK(worst <= TOL_KERNEL_REL * 10, "dense %s: err %.3g", tllm_dtype_name(dts[di]), worst);
+        free(wf);
+        free(w16);
+    }
+}
+
+/* f16 conversion round-trips every finite half exactly; bf16 rounds to nearest even. */
+static void test_dtype(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaN payloads */
+        if (tllm_f32_to_f16(tllm_f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    CHECK(bad == 0, "%d halves do not round-trip", bad);
+    CHECK(tllm_f16_to_f32(0x3c00) == 1.0f && tllm_f16_to_f32(0x0001) == ldexpf(1, -24), "f16 values");
+    CHECK(tllm_f32_to_bf16(1.0f + ldexpf(1, -8)) == 0x3f80, "bf16 ties to even (down)");
+    CHECK(tllm_f32_to_bf16(1.0f + 3 * ldexpf(1, -8)) == 0x3f82, "bf16 ties to even (up)");
+    CHECK(tllm_f32_to_f16(70000.0f) == 0x7c00, "f16 overflow to inf");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_qmatmul mlx-quantize-vectors.safetensors\n");
+        return 2;
+    }
+    test_vectors(argv[1]);
+    test_layout();
+    test_kernels_vs_ref();
+    test_dtype();
+    return check_done();
+}
