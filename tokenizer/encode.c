@@ -1,0 +1,102 @@
+/* Encode: added tokens split out -> valid UTF-8 runs -> NFC -> regex split -> byte-level BPE. */
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+#include "engine/error.h"
+#include "tok_internal.h"
+
+/* One run of valid UTF-8: normalize, split with the pre-tokenizer regex, BPE each piece. */
+static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, struct tllm_ids *out) {
+    unsigned char *norm = NULL;
+    if (t->nfc) {
+        int ascii = 1;
+        for (size_t i = 0; i < n && ascii; i++) ascii = s[i] < 0x80;
+        if (!ascii) { /* ASCII is already NFC */
+            utf8proc_ssize_t k = utf8proc_map(s, (utf8proc_ssize_t)n, &norm, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            if (k < 0) return tllm_fail(TLLM_ERR_ARG, "NFC normalization failed: %s", utf8proc_errmsg(k));
+            s = norm;
+            n = (size_t)k;
+        }
+    }
+    int rc = TLLM_OK;
+    if (!t->split_re) {
+        rc = tllm_bpe_word(t, s, n, out);
+    } else {
+        size_t prev = 0, off = 0;
+        while (off <= n && !rc) {
+            int m = pcre2_match(t->split_re, s, n, off, PCRE2_NO_UTF_CHECK, t->md, t->mctx);
+            if (m == PCRE2_ERROR_NOMATCH) break;
+            if (m < 0) {
+                PCRE2_UCHAR msg[256];
+                pcre2_get_error_message(m, msg, sizeof msg);
+                rc = tllm_fail(TLLM_ERR_LIMIT, "tokenizer: the pre-tokenizer regex failed: %s", (char *)msg);
+                break;
+            }
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
+            size_t ms = ov[0], me = ov[1];
+            if (ms > prev) rc = tllm_bpe_word(t, s + prev, ms - prev, out); /* unmatched gap: its own piece */
+            if (!rc) rc = tllm_bpe_word(t, s + ms, me - ms, out);
+            prev = me;
+            if (me == ms) { /* an empty match: step over one character */
+                if (me >= n) break;
+                me += (size_t)tllm_utf8_valid_len(s + me, n - me);
+            }
+            off = me;
+        }
+        if (!rc && prev < n) rc = tllm_bpe_word(t, s + prev, n - prev, out);
+    }
+    free(norm);
+    return rc;
+}
+
+/* Text with no added tokens in it. Invalid UTF-8 bytes are encoded one byte-level token each. */
+static int encode_plain(struct tllm_tok *t, const unsigned char *s, size_t n, struct tllm_ids *out) {
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        int k;
+        while (j < n && (k = tllm_utf8_valid_len(s + j, n - j)) > 0) j += (size_t)k;
+        if (j > i) {
+            int rc = encode_run(t, s + i, j - i, out);
+            if (rc) return rc;
+        }
+        if (j < n) {
+            int rc = tllm_ids_push(out, t->byte_id[s[j]]);
+            if (rc) return rc;
+            j++;
+        }
+        i = j;
+    }
+    return TLLM_OK;
+}
+
+/* The added token matching at s (longest first), or NULL. */
+static const struct tllm_added_token *added_at(const struct tllm_tok *t, const unsigned char *s, size_t n,
+                                               int parse_special) {
+    if (!t->added_first[s[0]]) return NULL;
+    for (int i = 0; i < t->n_added; i++) {
+        const struct tllm_added_token *a = &t->added[i];
+        if (a->special && !parse_special) continue;
+        if (a->len <= n && memcmp(s, a->content, a->len) == 0) return a;
+    }
+    return NULL;
+}
+
+int tllm_tok_encode(struct tllm_tok *t, const char *text, size_t len, int parse_special, struct tllm_ids *out) {
+    const unsigned char *s = (const unsigned char *)text;
+    size_t start = 0;
+    for (size_t i = 0; i < len;) {
+        const struct tllm_added_token *a = added_at(t, s + i, len - i, parse_special);
+        if (!a) {
+            i++;
+            continue;
+        }
+        int rc = encode_plain(t, s + start, i - start, out);
+        if (!rc) rc = tllm_ids_push(out, a->id);
+        if (rc) return rc;
+        i += a->len;
+        start = i;
+    }
+    return encode_plain(t, s + start, len - start, out);
+}
