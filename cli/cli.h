@@ -23,6 +23,10 @@ int32_t *cli_parse_ids(const char *flag, const char *s, int *n);
  * partial file that looks complete. Returns 0 or dies. */
 void cli_write_file_atomic(const char *path, const void *data, size_t n);
 
+/* The model directory's tokenizer.json, or die. */
+struct tllm_tok *cli_load_tokenizer(const char *dir);
+
 int cmd_logits(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #endif

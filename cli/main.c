@@ -9,6 +9,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"tokenize", cmd_tokenize, "encode text (or a chat) to token ids, or decode ids to text"},
     {"logits", cmd_logits, "write the float32 logits of a list of token ids"},
 };
 

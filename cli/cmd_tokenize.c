@@ -1,0 +1,221 @@
+/* tllm tokenize: the tokenizer from the command line (needs only the model's tokenizer files). */
+#include <errno.h>
+#include <json-c/json.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "engine/checkpoint.h"
+#include "engine/error.h"
+#include "engine/json_util.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+static const char usage[] =
+    "usage: tllm tokenize -m DIR [--no-special] [--json] TEXT\n"
+    "       tllm tokenize -m DIR --file F          encode a file's bytes verbatim\n"
+    "       tllm tokenize -m DIR --jsonl F         each line {\"text\": ...} -> one line {\"ids\": [...]}\n"
+    "       tllm tokenize -m DIR --chat F [--json] [--no-template]\n"
+    "                                              F: a JSON array of {role, content}; renders the chat\n"
+    "                                              template with the generation prompt, then encodes\n"
+    "       tllm tokenize -m DIR --decode 1,2,3 [--skip-special]\n"
+    "       tllm tokenize -m DIR --bench F...      encoding speed (MB/s, one thread) per file\n"
+    "Ids are printed as a JSON array; --json prints {\"text\": ..., \"ids\": [...]}.\n"
+    "Special tokens written in the text (<|im_start|>) are parsed unless --no-special.\n";
+
+#define TOKENIZE_MAX_INPUT (1u << 30)
+
+static void print_ids_json(const struct tllm_ids *ids, FILE *fp) {
+    fputc('[', fp);
+    for (size_t i = 0; i < ids->len; i++) fprintf(fp, i ? ", %d" : "%d", ids->data[i]);
+    fputc(']', fp);
+}
+
+static void print_text_and_ids(const char *text, size_t len, const struct tllm_ids *ids) {
+    struct json_object *s = json_object_new_string_len(text, (int)len);
+    printf("{\"text\": %s, \"ids\": ", json_object_to_json_string_ext(s, JSON_C_TO_STRING_PLAIN));
+    json_object_put(s);
+    print_ids_json(ids, stdout);
+    puts("}");
+}
+
+struct tllm_tok *cli_load_tokenizer(const char *dir) {
+    char *path = tllm_path_join(dir, "tokenizer.json");
+    struct tllm_tok *t;
+    if (!path) cli_die("out of memory");
+    if (tllm_model_dir_check(dir) || tllm_tok_load(path, &t)) cli_die_lib();
+    free(path);
+    return t;
+}
+
+static void encode_or_die(struct tllm_tok *t, const char *text, size_t len, int special, struct tllm_ids *ids) {
+    ids->len = 0;
+    if (tllm_tok_encode(t, text, len, special, ids)) cli_die_lib();
+}
+
+static int run_jsonl(struct tllm_tok *t, const char *path, int special) {
+    FILE *fp = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!fp) cli_die("%s: cannot open: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int errors = 0;
+    struct tllm_ids ids = {0};
+    while ((n = getline(&line, &cap, fp)) > 0) {
+        lineno++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        struct json_object *o = NULL, *jt;
+        const char *err = NULL;
+        if (tllm_json_parse(line, (size_t)n, &o, "line")) err = "invalid JSON";
+        else if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, "text", &jt) ||
+                 !json_object_is_type(jt, json_type_string))
+            err = "expected an object with a string \"text\"";
+        if (err) {
+            printf("{\"line\": %ld, \"error\": \"%s\"}\n", lineno, err);
+            fprintf(stderr, "tllm: %s:%ld: %s\n", path, lineno, err);
+            errors++;
+        } else {
+            encode_or_die(t, json_object_get_string(jt), (size_t)json_object_get_string_len(jt), special, &ids);
+            fputs("{\"ids\": ", stdout);
+            print_ids_json(&ids, stdout);
+            puts("}");
+        }
+        json_object_put(o);
+    }
+    free(line);
+    tllm_ids_free(&ids);
+    if (fp != stdin) fclose(fp);
+    return errors ? 1 : 0;
+}
+
+static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int json, int no_template) {
+    struct json_object *msgs;
+    if (tllm_json_load_file(path, 64u << 20, &msgs)) cli_die_lib();
+    if (!json_object_is_type(msgs, json_type_array)) cli_die("%s: expected a JSON array of messages", path);
+    int n = (int)json_object_array_length(msgs);
+    struct tllm_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
+    for (int i = 0; i < n; i++) {
+        struct json_object *e = json_object_array_get_idx(msgs, (size_t)i), *r, *c;
+        if (!json_object_object_get_ex(e, "role", &r) || !json_object_object_get_ex(e, "content", &c) ||
+            !json_object_is_type(r, json_type_string) || !json_object_is_type(c, json_type_string))
+            cli_die("%s: message %d needs string \"role\" and \"content\"", path, i);
+        m[i] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
+    }
+    struct tllm_chat_template tpl = {0};
+    if (!no_template) {
+        char *cfg = tllm_path_join(dir, "tokenizer_config.json");
+        if (access(cfg, R_OK) == 0 && tllm_chat_template_load(cfg, &tpl)) cli_die_lib();
+        free(cfg);
+    }
+    struct tllm_buf text = {0};
+    struct tllm_ids ids = {0};
+    if (tllm_chat_render(&tpl, m, n, 1, &text)) cli_die("%s: %s", path, tllm_errmsg());
+    encode_or_die(t, text.data, text.len, 1, &ids);
+    if (json) print_text_and_ids(text.data, text.len, &ids);
+    else {
+        print_ids_json(&ids, stdout);
+        putchar('\n');
+    }
+    tllm_buf_free(&text);
+    tllm_ids_free(&ids);
+    tllm_chat_template_free(&tpl);
+    free(m);
+    json_object_put(msgs);
+    return 0;
+}
+
+static int run_bench(struct tllm_tok *t, char **files, int n) {
+    printf("| file | MB | tokens | MB/s | bytes/token |\n| --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < n; i++) {
+        char *text;
+        size_t len;
+        if (tllm_read_file(files[i], TOKENIZE_MAX_INPUT, &text, &len)) cli_die_lib();
+        struct tllm_ids ids = {0};
+        encode_or_die(t, text, len, 0, &ids); /* warm-up: fills the BPE cache as a long run would */
+        struct timespec a, b;
+        double secs = 0;
+        int reps = 0;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        do {
+            encode_or_die(t, text, len, 0, &ids);
+            reps++;
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            secs = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+        } while (secs < 1.0);
+        double mb = (double)len / 1e6;
+        printf("| %s | %.2f | %zu | %.1f | %.2f |\n", files[i], mb, ids.len, mb * reps / secs,
+               ids.len ? (double)len / (double)ids.len : 0);
+        tllm_ids_free(&ids);
+        free(text);
+    }
+    return 0;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    const char *dir = NULL, *file = NULL, *jsonl = NULL, *chat = NULL, *decode = NULL, *text = NULL;
+    int special = 1, json = 0, skip_special = 0, no_template = 0, bench = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--file")) file = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--jsonl")) jsonl = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--chat")) chat = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--decode")) decode = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--no-special")) special = 0;
+        else if (!strcmp(a, "--skip-special")) skip_special = 1;
+        else if (!strcmp(a, "--no-template")) no_template = 1;
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--bench")) bench = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (a[0] == '-' && a[1] != '\0') cli_die("tokenize: unknown option '%s' (see tllm tokenize --help)", a);
+        else if (bench) { argv[bench++] = argv[i]; }
+        else if (text) cli_die("tokenize: more than one TEXT argument (quote the text)");
+        else text = a;
+    }
+    if (!dir) cli_die("tokenize: -m DIR is required (see tllm tokenize --help)");
+    int modes = !!file + !!jsonl + !!chat + !!decode + !!text + !!bench;
+    if (modes != 1) cli_die("tokenize: give exactly one of TEXT, --file, --jsonl, --chat, --decode, --bench");
+    struct tllm_tok *t = cli_load_tokenizer(dir);
+    int rc = 0;
+    if (bench) {
+        if (bench == 1) cli_die("tokenize: --bench needs files");
+        rc = run_bench(t, argv + 1, bench - 1);
+    } else if (jsonl) {
+        rc = run_jsonl(t, jsonl, special);
+    } else if (chat) {
+        rc = run_chat(t, dir, chat, json, no_template);
+    } else if (decode) {
+        int n;
+        int32_t *ids = cli_parse_ids("--decode", decode, &n);
+        struct tllm_buf out = {0};
+        if (tllm_tok_decode(t, ids, (size_t)n, skip_special, &out)) cli_die_lib();
+        fwrite(out.data, 1, out.len, stdout);
+        if (isatty(STDOUT_FILENO)) putchar('\n');
+        tllm_buf_free(&out);
+        free(ids);
+    } else {
+        char *buf = NULL;
+        size_t len;
+        if (file) {
+            if (tllm_read_file(file, TOKENIZE_MAX_INPUT, &buf, &len)) cli_die_lib();
+        } else {
+            len = strlen(text);
+        }
+        struct tllm_ids ids = {0};
+        encode_or_die(t, file ? buf : text, len, special, &ids);
+        if (json) print_text_and_ids(file ? buf : text, len, &ids);
+        else {
+            print_ids_json(&ids, stdout);
+            putchar('\n');
+        }
+        tllm_ids_free(&ids);
+        free(buf);
+    }
+    tllm_tok_free(t);
+    return rc;
+}
