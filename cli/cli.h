@@ -28,5 +28,7 @@ struct tllm_tok *cli_load_tokenizer(const char *dir);
 
 int cmd_logits(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
 
 #endif

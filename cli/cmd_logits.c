@@ -3,23 +3,26 @@
 #include <string.h>
 
 #include "../engine/context.h"
+#include "../engine/convert.h"
 #include "../engine/error.h"
 #include "cli.h"
 
 static const char usage[] =
-    "usage: tllm logits -m DIR --ids 1,2,3 -o OUT.f32 [--last]\n"
+    "usage: tllm logits -m DIR --ids 1,2,3 -o OUT.f32 [--last] [--quantize BITS [--group-size G]]\n"
     "  Writes float32 little-endian logits, n_ids x vocab (row p = after ids[0..p]),\n"
     "  or only the last row with --last.\n";
 
 int cmd_logits(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *out = NULL;
-    int last = 0;
+    int last = 0, qbits = 0, qgroup = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--ids")) ids_s = cli_value(argc, argv, &i);
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--last")) last = 1;
+        else if (!strcmp(a, "--quantize")) qbits = (int)cli_int(a, cli_value(argc, argv, &i), 2, 8);
+        else if (!strcmp(a, "--group-size")) qgroup = (int)cli_int(a, cli_value(argc, argv, &i), 32, 128);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             return 0;
@@ -30,6 +33,7 @@ int cmd_logits(int argc, char **argv) {
     int32_t *ids = cli_parse_ids("--ids", ids_s, &n);
     struct tllm_model *m;
     if (tllm_model_load(dir, &m)) cli_die_lib();
+    if (qbits && tllm_model_quantize(m, qbits, qgroup)) cli_die_lib();
     struct tllm_ctx ctx;
     if (n > m->cfg.max_pos)
         cli_die("logits: %d ids exceed the model's context of %d", n, m->cfg.max_pos);

@@ -11,6 +11,8 @@ static const struct {
 } commands[] = {
     {"tokenize", cmd_tokenize, "encode text (or a chat) to token ids, or decode ids to text"},
     {"logits", cmd_logits, "write the float32 logits of a list of token ids"},
+    {"quantize", cmd_quantize, "quantize a Hugging Face checkpoint to MLX's 2/4/8-bit layout"},
+    {"synth", cmd_synth, "write a random checkpoint at a real model's shapes (for benchmarks)"},
 };
 
 static void usage(FILE *fp) {

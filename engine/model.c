@@ -180,6 +180,8 @@ void tllm_model_free(struct tllm_model *m) {
     tllm_config_free(&m->cfg);
     free(m->layers);
     free(m->vectors);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
     free(m->dir);
     free(m);
 }

@@ -30,6 +30,8 @@ struct tllm_model {
     float *final_norm;            /* [dim] */
     struct tllm_qweights lm_head; /* [vocab x dim]; a copy of `embed` when tied */
     float *vectors;               /* one allocation behind every norm and bias above (float32) */
+    void **owned;                 /* weights quantized on load (tllm_model_quantize) */
+    int n_owned;
 };
 
 /* Load DIR/config.json and DIR's safetensors. Errors name the file and the tensor. */

@@ -8,6 +8,7 @@
 #include "engine/error.h"
 #include "engine/safetensors.h"
 #include "kernels/qmatmul.h"
+#include "kernels/quantize.h"
 
 #define TOL_KERNEL_REL 1e-5 /* fast kernel vs scalar reference, relative to sum |w*x| */
 
@@ -71,6 +72,27 @@ static void test_vectors(const char *path) {
             }
         }
         printf("%s: worst error %.3f steps\n", base, worst_steps);
+        /* the quantizer reproduces MLX's output byte for byte */
+        {
+            size_t words = (size_t)w.rows * (w.cols * bits / 32), ng = (size_t)w.rows * (w.cols / gs);
+            size_t esz = tllm_dtype_size(ts->dtype);
+            uint32_t *q2 = calloc(words, 4);
+            char *s2 = calloc(ng, esz), *b2 = calloc(ng, esz);
+            float *src_row = malloc((size_t)w.cols * sizeof(float));
+            for (int r = 0; r < w.rows; r++) {
+                tllm_convert_to_f32((const char *)src->data + (size_t)r * w.cols * tllm_dtype_size(src->dtype),
+                                    src->dtype, src_row, (size_t)w.cols);
+                tllm_quantize_row_affine(src_row, w.cols, bits, gs, ts->dtype, q2 + (size_t)r * (w.cols * bits / 32),
+                                         s2 + (size_t)r * (w.cols / gs) * esz, b2 + (size_t)r * (w.cols / gs) * esz);
+            }
+            CHECK(memcmp(q2, tw->data, words * 4) == 0, "%s: quantized codes differ from MLX", base);
+            CHECK(memcmp(s2, ts->data, ng * esz) == 0, "%s: scales differ from MLX", base);
+            CHECK(memcmp(b2, tb->data, ng * esz) == 0, "%s: biases differ from MLX", base);
+            free(q2);
+            free(s2);
+            free(b2);
+            free(src_row);
+        }
         CHECK(bad == 0, "%s: %d elements off by more than half a step", base, bad);
         CHECK(layout_bad == 0, "%s: %d codes not where MLX's layout puts them", base, layout_bad);
         free(row);
