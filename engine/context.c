@@ -9,6 +9,7 @@
 #include "../kernels/ops.h"
 #include "../kernels/qmatmul.h"
 #include "error.h"
+#include "threadpool.h"
 
 int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
     memset(ctx, 0, sizeof *ctx);
@@ -33,7 +34,8 @@ int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, i
     ctx->proj = malloc(nb * c->dim * sizeof(float));
     ctx->hb = malloc(nb * c->ffn_dim * sizeof(float));
     ctx->hb2 = malloc(nb * c->ffn_dim * sizeof(float));
-    ctx->scores = malloc((size_t)n_ctx * sizeof(float));
+    ctx->n_scratch = tllm_threadpool_size();
+    ctx->scores = malloc((size_t)ctx->n_scratch * n_ctx * sizeof(float));
     ctx->rope_cos = malloc(nb * half * sizeof(float));
     ctx->rope_sin = malloc(nb * half * sizeof(float));
     if (!ctx->key_cache || !ctx->value_cache || !ctx->x || !ctx->xb || !ctx->q || !ctx->k ||
@@ -70,8 +72,28 @@ void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
     if (pos >= 0 && pos < ctx->pos) ctx->pos = pos;
 }
 
+struct linear_args {
+    const struct tllm_qweights *w;
+    const float *x;
+    int n;
+    float *y;
+};
+
+#define LINEAR_ROW_ALIGN 16 /* rows per thread come in multiples of this (cache lines of y) */
+
+static void linear_task(void *arg, int ith, int nth) {
+    const struct linear_args *a = arg;
+    int rows = a->w->rows;
+    int chunk = (rows + nth - 1) / nth;
+    chunk = (chunk + LINEAR_ROW_ALIGN - 1) / LINEAR_ROW_ALIGN * LINEAR_ROW_ALIGN;
+    int r0 = ith * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
+    if (r0 < r1) tllm_qmatmul(a->w, a->x, a->n, a->y, r0, r1);
+}
+
+/* y[n x rows] = x[n x cols] . W^T, rows split over the thread pool. */
 static void linear(const struct tllm_qweights *w, const float *x, int n, float *y) {
-    tllm_qmatmul(w, x, n, y, 0, w->rows);
+    struct linear_args a = {w, x, n, y};
+    tllm_parallel(linear_task, &a);
 }
 
 static void add_bias(float *y, const float *b, int n, int dim) {
@@ -79,20 +101,30 @@ static void add_bias(float *y, const float *b, int n, int dim) {
         for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
 }
 
-/* Causal GQA attention for n new tokens at positions pos0.., whose K/V are already in the cache. */
-static void attention(struct tllm_ctx *ctx, int l, int pos0, int n) {
+struct attn_args {
+    struct tllm_ctx *ctx;
+    int l, pos0, n;
+};
+
+/* Causal GQA attention for n new tokens at positions pos0.., whose K/V are already in the cache.
+ * Heads are split over the threads; each thread has its own row of score scratch. */
+static void attention_task(void *arg, int ith, int nth) {
+    const struct attn_args *a = arg;
+    struct tllm_ctx *ctx = a->ctx;
+    if (ith >= ctx->n_scratch) return;
+    if (nth > ctx->n_scratch) nth = ctx->n_scratch;
     const struct tllm_config *c = &ctx->m->cfg;
     int hd = c->head_dim, kv_dim = c->n_kv_heads * hd, q_dim = c->n_heads * hd;
     int group = c->n_heads / c->n_kv_heads;
     float scale = 1.0f / sqrtf((float)hd);
-    const float *kc = ctx->key_cache + (size_t)l * ctx->n_ctx * kv_dim;
-    const float *vc = ctx->value_cache + (size_t)l * ctx->n_ctx * kv_dim;
-    for (int t = 0; t < n; t++) {
-        int len = pos0 + t + 1; /* attend to positions 0..pos0+t */
-        for (int h = 0; h < c->n_heads; h++) {
+    const float *kc = ctx->key_cache + (size_t)a->l * ctx->n_ctx * kv_dim;
+    const float *vc = ctx->value_cache + (size_t)a->l * ctx->n_ctx * kv_dim;
+    float *s = ctx->scores + (size_t)ith * ctx->n_ctx;
+    for (int h = ith; h < c->n_heads; h += nth) {
+        size_t koff = (size_t)(h / group) * hd;
+        for (int t = 0; t < a->n; t++) {
+            int len = a->pos0 + t + 1; /* attend to positions 0..pos0+t */
             const float *q = ctx->q + (size_t)t * q_dim + (size_t)h * hd;
-            size_t koff = (size_t)(h / group) * hd;
-            float *s = ctx->scores;
             for (int p = 0; p < len; p++) {
                 const float *k = kc + (size_t)p * kv_dim + koff;
                 float dot = 0.0f;
@@ -108,6 +140,11 @@ static void attention(struct tllm_ctx *ctx, int l, int pos0, int n) {
             }
         }
     }
+}
+
+static void attention(struct tllm_ctx *ctx, int l, int pos0, int n) {
+    struct attn_args a = {ctx, l, pos0, n};
+    tllm_parallel(attention_task, &a);
 }
 
 /* One step of n <= n_batch tokens. */

@@ -29,7 +29,8 @@ struct tllm_ctx {
     float *proj;        /* [n_batch x dim] o_proj / down_proj output */
     float *hb;          /* [n_batch x ffn_dim] gate, then silu(gate)*up */
     float *hb2;         /* [n_batch x ffn_dim] up */
-    float *scores;      /* [n_ctx] attention scores of one head */
+    float *scores;      /* [n_scratch x n_ctx] attention scores, a row per thread */
+    int n_scratch;      /* threads in the pool when the context was made */
     float *rope_cos;    /* [n_batch x head_dim/2] */
     float *rope_sin;    /* [n_batch x head_dim/2] */
 };

@@ -7,6 +7,7 @@
 #include "check.h"
 #include "engine/context.h"
 #include "engine/error.h"
+#include "engine/threadpool.h"
 #include "reference.h"
 
 #define TOL_REL_RMS 1e-4 /* relative RMS error of a logits row */
@@ -64,6 +65,20 @@ static void test_model(const char *dir) {
     CHECK(tllm_ctx_forward(&ctx, r.sequence, r.n_seq, logits, TLLM_LOGITS_ALL) == TLLM_OK,
           "prefill: %s", tllm_errmsg());
     check_logits(dir, "prefill", &r, logits);
+    tllm_ctx_free(&ctx);
+
+    /* the same with 3 threads: bit-identical (threads split rows and heads, never a sum) */
+    {
+        float *l3 = malloc((size_t)r.n_seq * vocab * sizeof(float));
+        tllm_threadpool_start(3);
+        CHECK(tllm_ctx_init(&ctx, m, r.n_seq, 16) == TLLM_OK, "ctx init: %s", tllm_errmsg());
+        CHECK(tllm_ctx_forward(&ctx, r.sequence, r.n_seq, l3, TLLM_LOGITS_ALL) == TLLM_OK, "prefill 3 threads");
+        CHECK(memcmp(l3, logits, (size_t)r.n_seq * vocab * sizeof(float)) == 0, "%s: 3 threads differ from 1", dir);
+        tllm_ctx_free(&ctx);
+        tllm_threadpool_stop();
+        free(l3);
+    }
+    CHECK(tllm_ctx_init(&ctx, m, r.n_seq, 16) == TLLM_OK, "ctx init: %s", tllm_errmsg());
 
     /* decode: one token at a time */
     tllm_ctx_reset(&ctx);

@@ -1,0 +1,123 @@
+#include "session.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "engine/checkpoint.h"
+#include "engine/convert.h"
+#include "engine/error.h"
+#include "engine/threadpool.h"
+
+const char cli_model_opts_help[] =
+    "model options:\n"
+    "  -m, --model DIR        model directory (config.json + safetensors [+ tokenizer.json])\n"
+    "  -t, --threads N        CPU threads (default: physical cores)\n"
+    "  -c, --ctx-size N       context length in tokens (default: min(model maximum, 4096))\n"
+    "  --quantize BITS        quantize a bf16/f16 checkpoint on load (2, 4, 8) [--group-size 64]\n"
+    "  --no-template          plain prompts even where the checkpoint has a chat template\n";
+
+const char cli_sampling_help[] =
+    "sampling options (defaults: the checkpoint's generation_config.json, else greedy):\n"
+    "  --temp T               temperature; 0 = greedy\n"
+    "  --top-k K              keep the K most likely tokens (0 = off)\n"
+    "  --top-p P              keep the smallest set holding probability P (1 = off)\n"
+    "  --min-p P              drop tokens less likely than P x the most likely (0 = off)\n"
+    "  --repeat-penalty R     penalize tokens of the last --repeat-last-n (64) tokens (1 = off)\n"
+    "  --presence-penalty X, --frequency-penalty X   OpenAI-style penalties (0 = off)\n"
+    "  --seed N               random seed (same seed + same input = same output)\n"
+    "  --stop S               stop before S (repeatable; S is not printed)\n";
+
+enum { SET_TEMP = 1, SET_TOPK = 2, SET_TOPP = 4, SET_MINP = 8, SET_REP = 16, SET_REPN = 32, SET_PRES = 64,
+       SET_FREQ = 128, SET_SEED = 256 };
+
+int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = cli_value(argc, argv, i);
+    else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)cli_int(a, cli_value(argc, argv, i), 1, 1024);
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->n_ctx = (int)cli_int(a, cli_value(argc, argv, i), 1, 1 << 24);
+    else if (!strcmp(a, "--quantize")) o->quantize_bits = (int)cli_int(a, cli_value(argc, argv, i), 2, 8);
+    else if (!strcmp(a, "--group-size")) o->quantize_group = (int)cli_int(a, cli_value(argc, argv, i), 32, 128);
+    else if (!strcmp(a, "--no-template")) o->no_template = 1;
+    else return 0;
+    return 1;
+}
+
+int cli_sampling_opt(int argc, char **argv, int *i, struct cli_sampling *s) {
+    const char *a = argv[*i];
+    struct tllm_sampler_params *p = &s->p;
+    if (!strcmp(a, "--temp")) p->temperature = (float)cli_double(a, cli_value(argc, argv, i), 0, 100), s->set |= SET_TEMP;
+    else if (!strcmp(a, "--top-k")) p->top_k = (int)cli_int(a, cli_value(argc, argv, i), 0, 1 << 24), s->set |= SET_TOPK;
+    else if (!strcmp(a, "--top-p")) p->top_p = (float)cli_double(a, cli_value(argc, argv, i), 0, 1), s->set |= SET_TOPP;
+    else if (!strcmp(a, "--min-p")) p->min_p = (float)cli_double(a, cli_value(argc, argv, i), 0, 1), s->set |= SET_MINP;
+    else if (!strcmp(a, "--repeat-penalty")) p->repeat_penalty = (float)cli_double(a, cli_value(argc, argv, i), 0.01, 100), s->set |= SET_REP;
+    else if (!strcmp(a, "--repeat-last-n")) p->repeat_last_n = (int)cli_int(a, cli_value(argc, argv, i), 0, 1 << 20), s->set |= SET_REPN;
+    else if (!strcmp(a, "--presence-penalty")) p->presence_penalty = (float)cli_double(a, cli_value(argc, argv, i), -10, 10), s->set |= SET_PRES;
+    else if (!strcmp(a, "--frequency-penalty")) p->frequency_penalty = (float)cli_double(a, cli_value(argc, argv, i), -10, 10), s->set |= SET_FREQ;
+    else if (!strcmp(a, "--seed")) p->seed = (uint64_t)cli_int(a, cli_value(argc, argv, i), 0, 1L << 62), s->set |= SET_SEED;
+    else if (!strcmp(a, "--stop")) {
+        const char *v = cli_value(argc, argv, i);
+        if (!*v) cli_die("--stop: the stop string is empty");
+        if (s->n_stop == CLI_MAX_STOP) cli_die("--stop: at most %d stop strings", CLI_MAX_STOP);
+        s->stop[s->n_stop++] = v;
+    } else return 0;
+    return 1;
+}
+
+struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, const struct cli_sampling *c) {
+    struct tllm_sampler_params p = s->gd.sampler;
+    if (c->set & SET_TEMP) p.temperature = c->p.temperature;
+    if (c->set & SET_TOPK) p.top_k = c->p.top_k;
+    if (c->set & SET_TOPP) p.top_p = c->p.top_p;
+    if (c->set & SET_MINP) p.min_p = c->p.min_p;
+    if (c->set & SET_REP) p.repeat_penalty = c->p.repeat_penalty;
+    if (c->set & SET_REPN) p.repeat_last_n = c->p.repeat_last_n;
+    if (c->set & SET_PRES) p.presence_penalty = c->p.presence_penalty;
+    if (c->set & SET_FREQ) p.frequency_penalty = c->p.frequency_penalty;
+    if (c->set & SET_SEED) p.seed = c->p.seed;
+    return p;
+}
+
+void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int need_tok) {
+    memset(s, 0, sizeof *s);
+    if (!o->dir) cli_die("-m DIR is required (a model directory)");
+    double t0 = tllm_now();
+    if (tllm_threadpool_start(o->threads)) cli_die_lib();
+    if (tllm_model_load(o->dir, &s->m)) cli_die_lib();
+    if (o->quantize_bits && tllm_model_quantize(s->m, o->quantize_bits, o->quantize_group ? o->quantize_group : 64))
+        cli_die_lib();
+    char *tj = tllm_path_join(o->dir, "tokenizer.json"), *tc = tllm_path_join(o->dir, "tokenizer_config.json");
+    if (access(tj, F_OK) == 0) {
+        if (tllm_tok_load(tj, &s->tok)) cli_die_lib();
+        if (tllm_tok_n_vocab(s->tok) > s->m->cfg.vocab_size)
+            cli_die("%s: the tokenizer has %d ids but the model's vocabulary is %d", tj, tllm_tok_n_vocab(s->tok),
+                    s->m->cfg.vocab_size);
+        if (!o->no_template && access(tc, F_OK) == 0 && tllm_chat_template_load(tc, &s->tpl)) cli_die_lib();
+    } else if (need_tok) {
+        cli_die("%s: no tokenizer.json (use --prompt-ids with checkpoints that have no tokenizer)", o->dir);
+    }
+    free(tj);
+    free(tc);
+    if (tllm_gen_defaults_load(o->dir, s->m, &s->gd)) cli_die_lib();
+    int n_ctx = o->n_ctx ? o->n_ctx : (s->m->cfg.max_pos < 4096 ? s->m->cfg.max_pos : 4096);
+    if (tllm_ctx_init(&s->ctx, s->m, n_ctx, 0)) cli_die_lib();
+    s->load_secs = tllm_now() - t0;
+}
+
+void cli_session_close(struct cli_session *s) {
+    tllm_ctx_free(&s->ctx);
+    tllm_chat_template_free(&s->tpl);
+    tllm_tok_free(s->tok);
+    tllm_model_free(s->m);
+    tllm_threadpool_stop();
+    memset(s, 0, sizeof *s);
+}
+
+int cli_encode_chat(struct cli_session *s, const struct tllm_chat_msg *msgs, int n, struct tllm_ids *out) {
+    struct tllm_buf text = {0};
+    int rc = tllm_chat_render(&s->tpl, msgs, n, 1, &text);
+    if (!rc) rc = tllm_tok_encode(s->tok, text.data, text.len, 1, out);
+    tllm_buf_free(&text);
+    return rc;
+}

@@ -1,0 +1,55 @@
+/* What the generating front ends share: model/tokenizer loading from common flags, sampling flags
+ * layered over the checkpoint's generation_config.json, and rendering prompts. */
+#ifndef TLLM_CLI_SESSION_H
+#define TLLM_CLI_SESSION_H
+
+#include "engine/context.h"
+#include "engine/generate.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+#define CLI_MAX_STOP 16
+
+struct cli_model_opts {
+    const char *dir;
+    int threads;        /* -t; 0 = physical cores */
+    int n_ctx;          /* -c; 0 = min(max_position_embeddings, 4096) */
+    int quantize_bits;  /* --quantize */
+    int quantize_group; /* --group-size */
+    int no_template;    /* --no-template */
+};
+
+/* Sampling flags given on the command line (each overrides generation_config.json). */
+struct cli_sampling {
+    struct tllm_sampler_params p;
+    unsigned set; /* bit per field given */
+    const char *stop[CLI_MAX_STOP];
+    int n_stop;
+};
+
+/* Consume argv[*i] (and its value) if it is a model or sampling option; returns 1 if consumed. */
+int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o);
+int cli_sampling_opt(int argc, char **argv, int *i, struct cli_sampling *s);
+extern const char cli_model_opts_help[];
+extern const char cli_sampling_help[];
+
+struct cli_session {
+    struct tllm_model *m;
+    struct tllm_tok *tok;            /* NULL when the directory has no tokenizer.json */
+    struct tllm_chat_template tpl;
+    struct tllm_gen_defaults gd;
+    struct tllm_ctx ctx;
+    double load_secs;
+};
+
+/* Load model (+ tokenizer if present; required if need_tok) and a context; dies on error. */
+void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int need_tok);
+void cli_session_close(struct cli_session *s);
+
+/* generation_config.json defaults with the command line's overrides applied. */
+struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, const struct cli_sampling *c);
+
+/* Render messages with the chat template and encode (special tokens parsed). */
+int cli_encode_chat(struct cli_session *s, const struct tllm_chat_msg *msgs, int n, struct tllm_ids *out);
+
+#endif

@@ -1,0 +1,171 @@
+#define _GNU_SOURCE /* memmem */
+#include "generate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "../tokenizer/tokenizer.h"
+#include "checkpoint.h"
+#include "error.h"
+#include "json_util.h"
+
+double tllm_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+size_t tllm_peak_rss(void) {
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (size_t)u.ru_maxrss * 1024;
+}
+
+const char *tllm_finish_name(enum tllm_finish f) {
+    switch (f) {
+    case TLLM_FINISH_STOP: return "stop";
+    case TLLM_FINISH_INTERRUPTED: return "interrupted";
+    default: return "length";
+    }
+}
+
+int tllm_gen_defaults_load(const char *dir, const struct tllm_model *m, struct tllm_gen_defaults *d) {
+    memset(d, 0, sizeof *d);
+    d->sampler = tllm_sampler_defaults();
+    if (m && m->cfg.eos_id >= 0) d->eos[d->n_eos++] = m->cfg.eos_id;
+    char *path = tllm_path_join(dir, "generation_config.json");
+    if (!path) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    struct json_object *g;
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        free(path);
+        return TLLM_OK;
+    }
+    fclose(probe);
+    int rc = tllm_json_load_file(path, 1u << 20, &g);
+    if (!rc && !json_object_is_type(g, json_type_object)) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: not a JSON object", path);
+    double v;
+    int64_t k;
+    int do_sample = 1;
+    if (!rc) rc = tllm_json_bool(g, "do_sample", 1, 1, &do_sample, path);
+    if (!rc && !(rc = tllm_json_num(g, "temperature", 0, 100, 1, 1.0, &v, path)))
+        d->sampler.temperature = do_sample ? (float)v : 0.0f;
+    if (!rc && !(rc = tllm_json_int(g, "top_k", 0, 1 << 24, 1, 0, &k, path))) d->sampler.top_k = (int)k;
+    if (!rc && !(rc = tllm_json_num(g, "top_p", 0, 1, 1, 1.0, &v, path))) d->sampler.top_p = (float)v;
+    if (!rc && !(rc = tllm_json_num(g, "min_p", 0, 1, 1, 0.0, &v, path))) d->sampler.min_p = (float)v;
+    if (!rc && !(rc = tllm_json_num(g, "repetition_penalty", 0.01, 100, 1, 1.0, &v, path)))
+        d->sampler.repeat_penalty = (float)v;
+    struct json_object *e;
+    if (!rc && json_object_object_get_ex(g, "eos_token_id", &e)) {
+        if (json_object_is_type(e, json_type_int)) {
+            d->n_eos = 0;
+            d->eos[d->n_eos++] = json_object_get_int(e);
+        } else if (json_object_is_type(e, json_type_array)) {
+            d->n_eos = 0;
+            for (size_t i = 0; i < json_object_array_length(e) && d->n_eos < TLLM_MAX_EOS; i++)
+                d->eos[d->n_eos++] = json_object_get_int(json_object_array_get_idx(e, i));
+        }
+    }
+    if (!rc) json_object_put(g);
+    free(path);
+    return rc;
+}
+
+void tllm_gen_result_free(struct tllm_gen_result *r) {
+    tllm_ids_free(&r->ids);
+    tllm_buf_free(&r->text);
+}
+
+/* How many bytes at the end of text could be the start of a stop string (and must be held back). */
+static size_t stop_holdback(const char *text, size_t len, const char *const *stop, int n_stop) {
+    size_t hold = 0;
+    for (int i = 0; i < n_stop; i++) {
+        size_t sl = strlen(stop[i]);
+        for (size_t k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (memcmp(text + len - k, stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sampler *s, const int32_t *prompt,
+                  int n_prompt, const struct tllm_gen_params *p, tllm_gen_cb cb, void *user,
+                  struct tllm_gen_result *r) {
+    memset(r, 0, sizeof *r);
+    r->n_prompt = n_prompt;
+    if (n_prompt <= 0) return tllm_fail(TLLM_ERR_ARG, "the prompt is empty");
+    if (n_prompt >= ctx->n_ctx - ctx->pos + 1)
+        return tllm_fail(TLLM_ERR_LIMIT, "the prompt (%d tokens) does not fit in the context (%d tokens, %d free)",
+                         n_prompt, ctx->n_ctx, ctx->n_ctx - ctx->pos);
+    int vocab = ctx->m->cfg.vocab_size;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    if (!logits) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_prompt; i++) tllm_sampler_accept(s, prompt[i]);
+    double t0 = tllm_now();
+    int rc = tllm_ctx_forward(ctx, prompt, n_prompt, logits, TLLM_LOGITS_LAST);
+    r->prompt_secs = tllm_now() - t0;
+    struct tllm_tok_stream ts;
+    if (tok) tllm_tok_stream_init(&ts, tok, p->skip_special);
+    size_t emitted = 0;
+    t0 = tllm_now();
+    r->finish = TLLM_FINISH_LENGTH;
+    int n_stop = tok ? p->n_stop : 0, stopped = 0;
+    while (!rc) {
+        if (p->max_new >= 0 && (int)r->ids.len >= p->max_new) break;
+        int32_t id = tllm_sampler_sample(s, logits);
+        int is_eos = 0;
+        for (int i = 0; i < p->n_eos; i++) is_eos |= id == p->eos[i];
+        if (is_eos) {
+            r->finish = TLLM_FINISH_STOP;
+            break;
+        }
+        if ((rc = tllm_ids_push(&r->ids, id))) break;
+        tllm_sampler_accept(s, id);
+        size_t safe = r->text.len;
+        if (tok) {
+            if ((rc = tllm_tok_stream_push(&ts, id, &r->text))) break;
+            /* a stop string may have been completed by this token */
+            for (int i = 0; i < n_stop && !stopped; i++) {
+                size_t sl = strlen(p->stop[i]), from = emitted > sl ? emitted - sl : 0;
+                char *hit = sl ? memmem(r->text.data + from, r->text.len - from, p->stop[i], sl) : NULL;
+                if (hit) {
+                    r->text.len = (size_t)(hit - r->text.data);
+                    r->text.data[r->text.len] = '\0';
+                    stopped = 1;
+                }
+            }
+            safe = stopped ? r->text.len : r->text.len - stop_holdback(r->text.data, r->text.len, p->stop, n_stop);
+            if (safe > emitted && cb && cb(r->text.data + emitted, safe - emitted, user)) {
+                emitted = safe;
+                r->finish = TLLM_FINISH_INTERRUPTED;
+                break;
+            }
+            if (safe > emitted) emitted = safe;
+            if (stopped) {
+                r->finish = TLLM_FINISH_STOP;
+                break;
+            }
+        } else if (cb && cb("", 0, user)) {
+            r->finish = TLLM_FINISH_INTERRUPTED;
+            break;
+        }
+        if (ctx->pos >= ctx->n_ctx) {
+            r->finish = TLLM_FINISH_CONTEXT;
+            break;
+        }
+        rc = tllm_ctx_forward(ctx, &id, 1, logits, TLLM_LOGITS_LAST);
+    }
+    r->gen_secs = tllm_now() - t0;
+    if (!rc && tok && !stopped) { /* what was held back is final now */
+        rc = tllm_tok_stream_flush(&ts, &r->text);
+        if (!rc && r->text.len > emitted && cb) cb(r->text.data + emitted, r->text.len - emitted, user);
+    }
+    if (!rc && !r->text.data) rc = tllm_buf_append(&r->text, "", 0);
+    free(logits);
+    return rc;
+}

@@ -1,0 +1,47 @@
+/* Sampling the next token from logits. Order as Hugging Face applies it: repetition/presence/
+ * frequency penalties, temperature, top-k, top-p, min-p. No full sort of the vocabulary: top-k is a
+ * heap selection, top-p widens a partial selection until it holds the requested mass. */
+#ifndef TLLM_SAMPLER_H
+#define TLLM_SAMPLER_H
+
+#include <stdint.h>
+
+struct tllm_sampler_params {
+    float temperature;       /* <= 0: greedy */
+    int top_k;               /* 0: off */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float repeat_penalty;    /* 1: off (HF: divide positive logits, multiply negative ones) */
+    int repeat_last_n;       /* window of recent tokens the penalties look at */
+    float presence_penalty;  /* 0: off (OpenAI: minus this for every token present in the window) */
+    float frequency_penalty; /* 0: off (minus this times the token's count in the window) */
+    uint64_t seed;
+};
+
+/* temperature 0 (greedy), no penalties, window 64. */
+struct tllm_sampler_params tllm_sampler_defaults(void);
+
+struct tllm_sampler_cand {
+    int32_t id;
+    float logit;
+};
+
+struct tllm_sampler {
+    struct tllm_sampler_params p;
+    int vocab;
+    uint64_t rng;
+    struct tllm_sampler_cand *cands; /* [vocab] scratch */
+    int32_t *recent;                 /* ring of the last repeat_last_n tokens */
+    int n_recent, recent_pos;
+};
+
+int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *p, int vocab);
+void tllm_sampler_free(struct tllm_sampler *s);
+/* Forget the history and reseed. */
+void tllm_sampler_reset(struct tllm_sampler *s);
+/* Record a token (prompt or generated) for the penalties. */
+void tllm_sampler_accept(struct tllm_sampler *s, int32_t id);
+/* Pick the next token. Penalties modify `logits` in place. */
+int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits);
+
+#endif
