@@ -9,6 +9,10 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"chat", cmd_chat, "chat with a model (interactive, readline)"},
+    {"generate", cmd_generate, "generate text from a prompt, or from a file of prompts to JSONL"},
+    {"bench", cmd_bench, "prefill and decode speed, llama-bench style"},
+    {"info", cmd_info, "describe a checkpoint: shapes, quantization, bytes per token"},
     {"tokenize", cmd_tokenize, "encode text (or a chat) to token ids, or decode ids to text"},
     {"logits", cmd_logits, "write the float32 logits of a list of token ids"},
     {"quantize", cmd_quantize, "quantize a Hugging Face checkpoint to MLX's 2/4/8-bit layout"},

@@ -71,7 +71,7 @@ int tllm_json_parse(const char *text, size_t len, struct json_object **out, cons
 
 int tllm_json_load_file(const char *path, size_t max_bytes, struct json_object **out) {
     char *text;
-    size_t len;
+    size_t len = 0;
     *out = NULL;
     int rc = tllm_read_file(path, max_bytes, &text, &len);
     if (rc) return rc;

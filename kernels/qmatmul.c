@@ -21,9 +21,23 @@ static void dequant_chunk(const struct tllm_qweights *w, int r, int c0, int len,
         float s = tllm_load_f32(w->scales, w->dtype, gi), b = tllm_load_f32(w->biases, w->dtype, gi);
         const uint32_t *wp = row + g0 / per_word;
         float *o = out + (g0 - c0);
-        for (int k = 0; k < w->group_size / per_word; k++) {
-            uint32_t word = wp[k];
-            for (int e = 0; e < per_word; e++) o[k * per_word + e] = s * (float)((word >> (e * bits)) & mask) + b;
+        int words = w->group_size / per_word;
+        switch (bits) { /* constant shifts per case, so each loop vectorizes */
+        case 4:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < 8; e++) o[k * 8 + e] = s * (float)((wp[k] >> (e * 4)) & 15u) + b;
+            break;
+        case 8:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < 4; e++) o[k * 4 + e] = s * (float)((wp[k] >> (e * 8)) & 255u) + b;
+            break;
+        case 2:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < 16; e++) o[k * 16 + e] = s * (float)((wp[k] >> (e * 2)) & 3u) + b;
+            break;
+        default:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < per_word; e++) o[k * per_word + e] = s * (float)((wp[k] >> (e * bits)) & mask) + b;
         }
     }
 }
@@ -44,9 +58,14 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
             dequant_chunk(w, r, c0, len, buf);
             for (int t = 0; t < n; t++) {
                 const float *xt = x + (size_t)t * w->cols + c0;
-                float acc = 0.0f;
-                for (int j = 0; j < len; j++) acc += buf[j] * xt[j];
-                y[(size_t)t * w->rows + r] += acc;
+                /* independent partial sums, so the compiler can vectorize without reassociating */
+                float acc[8] = {0};
+                int j = 0;
+                for (; j + 8 <= len; j += 8)
+                    for (int k = 0; k < 8; k++) acc[k] += buf[j + k] * xt[j + k];
+                float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+                for (; j < len; j++) sum += buf[j] * xt[j]; /* scalar tail */
+                y[(size_t)t * w->rows + r] += sum;
             }
         }
     }

@@ -14,6 +14,7 @@ static char tmpdir[256];
 static const char *good; /* a good q4-g64 model directory */
 
 static char *slurp(const char *path, size_t *n) {
+    *n = 0;
     FILE *fp = fopen(path, "rb");
     if (!fp) return NULL;
     fseek(fp, 0, SEEK_END);

@@ -1,0 +1,190 @@
+/* tllm bench: llama-bench style prefill (pp) and decode (tg) speed, mean +- stddev over repetitions. */
+#include <json-c/json.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine/error.h"
+#include "engine/threadpool.h"
+#include "session.h"
+
+static const char usage[] =
+    "usage: tllm bench -m DIR [-p 512] [-n 128] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
+    "  -p LIST   prompt lengths to prefill (pp tests; 0 skips)\n"
+    "  -n LIST   tokens to decode (tg tests; 0 skips)\n"
+    "  -r N      repetitions of each test after one warm-up (default 5)\n"
+    "  -t LIST   thread counts (default: physical cores)\n"
+    "  -o FMT    md (default), json (llama-bench's field names) or csv\n"
+    "Tokenization and sampling are not timed: tests feed random token ids.\n";
+
+struct result {
+    const char *test_kind; /* "pp" or "tg" */
+    int n_prompt, n_gen, threads, reps;
+    double samples_ts[64];
+    double avg_ts, stddev_ts;
+};
+
+static void parse_list(const char *flag, const char *s, int *out, int *n, int lo) {
+    int k;
+    int32_t *v = cli_parse_ids(flag, s, &k);
+    if (k > 16) cli_die("%s: at most 16 values", flag);
+    for (int i = 0; i < k; i++) {
+        if (v[i] < lo) cli_die("%s: %d is below %d", flag, v[i], lo);
+        out[i] = v[i];
+    }
+    *n = k;
+    free(v);
+}
+
+static double run_test(struct cli_session *s, int n_prompt, int n_gen, int32_t *ids, float *logits) {
+    tllm_ctx_reset(&s->ctx);
+    double t0 = tllm_now();
+    if (n_prompt > 0) {
+        if (tllm_ctx_forward(&s->ctx, ids, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
+        return (double)n_prompt / (tllm_now() - t0);
+    }
+    for (int i = 0; i < n_gen; i++)
+        if (tllm_ctx_forward(&s->ctx, &ids[i], 1, logits, TLLM_LOGITS_LAST)) cli_die_lib();
+    return (double)n_gen / (tllm_now() - t0);
+}
+
+static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
+    const struct tllm_qweights *w = &m->layers[0].wq;
+    if (m->cfg.quant.bits == 0 && w->format == TLLM_WF_DENSE) return tllm_dtype_name(w->dtype);
+    snprintf(buf, n, "Q%d g%d%s", w->bits ? w->bits : m->cfg.quant.bits, w->bits ? w->group_size : m->cfg.quant.group_size,
+             m->cfg.n_overrides ? " mixed" : "");
+    return buf;
+}
+
+int cmd_bench(int argc, char **argv) {
+    struct cli_model_opts mo = {0};
+    int pp[16] = {512}, n_pp = 1, tg[16] = {128}, n_tg = 1, th[16] = {0}, n_th = 1, reps = 5;
+    const char *fmt = "md";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) parse_list(a, cli_value(argc, argv, &i), pp, &n_pp, 0);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) parse_list(a, cli_value(argc, argv, &i), tg, &n_tg, 0);
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) parse_list(a, cli_value(argc, argv, &i), th, &n_th, 1);
+        else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            fmt = cli_value(argc, argv, &i);
+            if (strcmp(fmt, "md") && strcmp(fmt, "json") && strcmp(fmt, "csv")) cli_die("-o: '%s' is not md, json or csv", fmt);
+        } else if (!strcmp(a, "--device")) {
+            const char *d = cli_value(argc, argv, &i);
+            if (strcmp(d, "cpu") != 0) cli_die("--device %s: this build runs on the CPU only", d);
+        } else if (cli_model_opt(argc, argv, &i, &mo)) {
+            if (!strcmp(a, "-t") || !strcmp(a, "-c")) continue;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s\n%s", usage, cli_model_opts_help);
+            return 0;
+        } else cli_die("bench: unknown option '%s' (see tllm bench --help)", a);
+    }
+    if (th[0] == 0) th[0] = tllm_physical_cores();
+    int max_len = 1;
+    for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? pp[i] : max_len;
+    for (int i = 0; i < n_tg; i++) max_len = tg[i] > max_len ? tg[i] : max_len;
+    if (!mo.n_ctx) mo.n_ctx = max_len;
+    struct cli_session s;
+    mo.threads = th[0];
+    cli_session_open(&s, &mo, 0);
+    if (max_len > s.ctx.n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx.n_ctx);
+    int32_t *ids = malloc((size_t)max_len * sizeof *ids);
+    float *logits = malloc((size_t)s.m->cfg.vocab_size * sizeof(float));
+    uint64_t rng = 42;
+    for (int i = 0; i < max_len; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((rng >> 33) % (uint64_t)s.m->cfg.vocab_size);
+    }
+    struct result res[64];
+    int n_res = 0;
+    for (int ti = 0; ti < n_th; ti++) {
+        if (tllm_threadpool_size() != th[ti]) { /* the context's scratch depends on the pool size */
+            tllm_ctx_free(&s.ctx);
+            if (tllm_threadpool_start(th[ti]) || tllm_ctx_init(&s.ctx, s.m, mo.n_ctx, 0)) cli_die_lib();
+        }
+        for (int kind = 0; kind < 2; kind++)
+            for (int k = 0; k < (kind ? n_tg : n_pp); k++) {
+                int np = kind ? 0 : pp[k], ng = kind ? tg[k] : 0;
+                if (np == 0 && ng == 0) continue;
+                struct result *r = &res[n_res++];
+                memset(r, 0, sizeof *r);
+                *r = (struct result){.test_kind = kind ? "tg" : "pp", .n_prompt = np, .n_gen = ng, .threads = th[ti], .reps = reps};
+                run_test(&s, np, ng, ids, logits); /* warm-up */
+                double sum = 0, sq = 0;
+                for (int i = 0; i < reps; i++) {
+                    r->samples_ts[i] = run_test(&s, np, ng, ids, logits);
+                    sum += r->samples_ts[i];
+                }
+                r->avg_ts = sum / reps;
+                for (int i = 0; i < reps; i++) sq += (r->samples_ts[i] - r->avg_ts) * (r->samples_ts[i] - r->avg_ts);
+                r->stddev_ts = reps > 1 ? sqrt(sq / (reps - 1)) : 0;
+            }
+    }
+    const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
+    size_t size = s.m->ckpt->total_bytes, bpt = tllm_model_bytes_per_token(s.m), params = tllm_model_n_params(s.m);
+    char qbuf[64];
+    const char *quant = quant_name(s.m, qbuf, sizeof qbuf);
+    if (!strcmp(fmt, "json")) {
+        struct json_object *arr = json_object_new_array();
+        for (int i = 0; i < n_res; i++) {
+            struct result *r = &res[i];
+            struct json_object *o = json_object_new_object(), *ns = json_object_new_array(), *ts = json_object_new_array();
+            json_object_object_add(o, "model_filename", json_object_new_string(mo.dir));
+            json_object_object_add(o, "model_type", json_object_new_string(quant));
+            json_object_object_add(o, "model_size", json_object_new_int64((int64_t)size));
+            json_object_object_add(o, "model_n_params", json_object_new_int64((int64_t)params));
+            json_object_object_add(o, "backend", json_object_new_string("CPU"));
+            json_object_object_add(o, "backends", json_object_new_string("CPU"));
+            json_object_object_add(o, "n_threads", json_object_new_int(r->threads));
+            json_object_object_add(o, "n_batch", json_object_new_int(s.ctx.n_batch));
+            json_object_object_add(o, "n_prompt", json_object_new_int(r->n_prompt));
+            json_object_object_add(o, "n_gen", json_object_new_int(r->n_gen));
+            double avg_ns = 0, sd_ns = 0;
+            int n_tok = r->n_prompt + r->n_gen;
+            for (int k = 0; k < r->reps; k++) {
+                double t_ns = 1e9 * n_tok / r->samples_ts[k];
+                avg_ns += t_ns / r->reps;
+                json_object_array_add(ns, json_object_new_int64((int64_t)t_ns));
+                json_object_array_add(ts, json_object_new_double(r->samples_ts[k]));
+            }
+            for (int k = 0; k < r->reps; k++) {
+                double d = 1e9 * n_tok / r->samples_ts[k] - avg_ns;
+                sd_ns += d * d;
+            }
+            sd_ns = r->reps > 1 ? sqrt(sd_ns / (r->reps - 1)) : 0;
+            json_object_object_add(o, "avg_ns", json_object_new_int64((int64_t)avg_ns));
+            json_object_object_add(o, "stddev_ns", json_object_new_int64((int64_t)sd_ns));
+            json_object_object_add(o, "avg_ts", json_object_new_double(r->avg_ts));
+            json_object_object_add(o, "stddev_ts", json_object_new_double(r->stddev_ts));
+            json_object_object_add(o, "samples_ns", ns);
+            json_object_object_add(o, "samples_ts", ts);
+            json_object_object_add(o, "weight_bytes_per_token", json_object_new_int64((int64_t)bpt));
+            if (r->n_gen)
+                json_object_object_add(o, "effective_bandwidth_gbs", json_object_new_double((double)bpt * r->avg_ts / 1e9));
+            json_object_array_add(arr, o);
+        }
+        puts(json_object_to_json_string_ext(arr, JSON_C_TO_STRING_PRETTY));
+        json_object_put(arr);
+    } else if (!strcmp(fmt, "csv")) {
+        puts("model,model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,avg_ts,stddev_ts,effective_bandwidth_gbs");
+        for (int i = 0; i < n_res; i++)
+            printf("%s,%s,%zu,%zu,CPU,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, res[i].threads,
+                   res[i].n_prompt, res[i].n_gen, res[i].avg_ts, res[i].stddev_ts,
+                   res[i].n_gen ? (double)bpt * res[i].avg_ts / 1e9 : 0);
+    } else {
+        printf("| model | quant | size | params | backend | threads | test | t/s | weights GB/s |\n");
+        printf("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < n_res; i++) {
+            char bw[32] = "";
+            if (res[i].n_gen) snprintf(bw, sizeof bw, "%.1f", (double)bpt * res[i].avg_ts / 1e9);
+            printf("| %s | %s | %.1f MiB | %.1f M | CPU | %d | %s%d | %.2f ± %.2f | %s |\n", name, quant,
+                   (double)size / (1 << 20), (double)params / 1e6, res[i].threads, res[i].test_kind,
+                   res[i].n_prompt + res[i].n_gen, res[i].avg_ts, res[i].stddev_ts, bw);
+        }
+    }
+    free(ids);
+    free(logits);
+    cli_session_close(&s);
+    return 0;
+}
