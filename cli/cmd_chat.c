@@ -296,7 +296,7 @@ int cmd_chat(int argc, char **argv) {
         tllm_buf_free(&in);
     } else {
         char *hist = history_path();
-        if (hist) read_history(hist);
+        if (hist && read_history(hist) != 0) write_history(hist); /* append_history needs the file to exist */
         rl_catch_signals = 0;
         sigaction(SIGINT, &sa, NULL);
         fprintf(stderr, "tllm chat: %s (%d layers, context %d). /help for commands, Ctrl-C stops a reply, Ctrl-D leaves.\n",

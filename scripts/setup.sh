@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config libjson-c-dev libpcre2-dev libutf8proc-dev libreadline-dev
-      ocl-icd-opencl-dev opencl-headers pocl-opencl-icd)
+      ocl-icd-opencl-dev opencl-headers pocl-opencl-icd python3)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
