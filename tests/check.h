@@ -3,6 +3,7 @@
 #ifndef TLLM_CHECK_H
 #define TLLM_CHECK_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 extern int check_passed, check_failed;
@@ -22,5 +23,8 @@ extern int check_passed, check_failed;
 #define CHECK_SKIP 77
 
 int check_done(void);
+
+/* A whole file in a NUL-terminated heap buffer (NULL if unreadable); *n = its length. */
+char *check_slurp(const char *path, size_t *n);
 
 #endif

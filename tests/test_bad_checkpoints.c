@@ -13,20 +13,6 @@
 static char tmpdir[256];
 static const char *good; /* a good q4-g64 model directory */
 
-static char *slurp(const char *path, size_t *n) {
-    *n = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, fp);
-    b[*n] = 0;
-    fclose(fp);
-    return b;
-}
-
 static void spit(const char *path, const void *data, size_t n) {
     FILE *fp = fopen(path, "wb");
     fwrite(data, 1, n, fp);
@@ -44,7 +30,7 @@ static const char *fresh(const char *name) {
         size_t n;
         snprintf(src, sizeof src, "%s/%s", good, files[i]);
         snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
-        char *b = slurp(src, &n);
+        char *b = check_slurp(src, &n);
         spit(dst, b, n);
         free(b);
     }
@@ -56,7 +42,7 @@ static void mutate_header(const char *dir, void (*mutate)(struct json_object *))
     char path[600];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     size_t n;
-    char *b = slurp(path, &n);
+    char *b = check_slurp(path, &n);
     uint64_t hlen;
     memcpy(&hlen, b, 8);
     struct json_object *h = json_tokener_parse(b + 8);
@@ -147,7 +133,7 @@ int main(int argc, char **argv) {
 
     d = fresh("truncated");
     snprintf(path, sizeof path, "%s/model.safetensors", d);
-    char *b = slurp(path, &n);
+    char *b = check_slurp(path, &n);
     spit(path, b, n / 2);
     free(b);
     expect_fail("truncated file", d, TLLM_ERR_FORMAT, "model.safetensors: tensor '",
@@ -160,7 +146,7 @@ int main(int argc, char **argv) {
 
     d = fresh("header-past-eof");
     snprintf(path, sizeof path, "%s/model.safetensors", d);
-    b = slurp(path, &n);
+    b = check_slurp(path, &n);
     uint64_t big = (uint64_t)n; /* header length = whole file: runs past the end */
     memcpy(b, &big, 8);
     spit(path, b, n);
@@ -170,7 +156,7 @@ int main(int argc, char **argv) {
 
     d = fresh("header-bad-json");
     snprintf(path, sizeof path, "%s/model.safetensors", d);
-    b = slurp(path, &n);
+    b = check_slurp(path, &n);
     b[8] = '[';
     b[9] = '}';
     spit(path, b, n);
@@ -284,7 +270,7 @@ int main(int argc, char **argv) {
         char src[800], dst[800];
         snprintf(src, sizeof src, "%s/%s", argv[2], sh[i]);
         snprintf(dst, sizeof dst, "%s/%s", path, sh[i]);
-        b = slurp(src, &n);
+        b = check_slurp(src, &n);
         spit(dst, b, n);
         free(b);
     }

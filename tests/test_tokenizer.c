@@ -17,16 +17,7 @@ static char dir[1024];
 static char *slurp(const char *name, size_t *n) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, fp);
-    b[*n] = 0;
-    fclose(fp);
-    return b;
+    return check_slurp(path, n);
 }
 
 static int ids_equal(const struct tllm_ids *got, const int32_t *want, size_t n) {

@@ -161,6 +161,20 @@ static int load_added(struct tllm_tok *t, struct json_object *arr, const char *p
     return TLLM_OK;
 }
 
+typedef int (*node_loader)(struct tllm_tok *t, struct json_object *node, const char *path);
+
+/* A {"type": "Sequence", KEY: [...]} node: load each element in order. */
+static int load_sequence(struct tllm_tok *t, struct json_object *node, const char *key, node_loader load,
+                         const char *path) {
+    struct json_object *seq = get(node, key);
+    size_t k = seq && json_object_is_type(seq, json_type_array) ? json_object_array_length(seq) : 0;
+    for (size_t i = 0; i < k; i++) {
+        int rc = load(t, json_object_array_get_idx(seq, i), path);
+        if (rc) return rc;
+    }
+    return TLLM_OK;
+}
+
 static int load_normalizer(struct tllm_tok *t, struct json_object *n, const char *path) {
     const char *ty = type_of(n);
     if (!n) return TLLM_OK;
@@ -168,15 +182,7 @@ static int load_normalizer(struct tllm_tok *t, struct json_object *n, const char
         t->nfc = 1;
         return TLLM_OK;
     }
-    if (ty && !strcmp(ty, "Sequence")) {
-        struct json_object *seq = get(n, "normalizers");
-        size_t k = seq && json_object_is_type(seq, json_type_array) ? json_object_array_length(seq) : 0;
-        for (size_t i = 0; i < k; i++) {
-            int rc = load_normalizer(t, json_object_array_get_idx(seq, i), path);
-            if (rc) return rc;
-        }
-        return TLLM_OK;
-    }
+    if (ty && !strcmp(ty, "Sequence")) return load_sequence(t, n, "normalizers", load_normalizer, path);
     return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: normalizer type '%s' is not supported (NFC is)", path,
                      ty ? ty : "?");
 }
@@ -217,15 +223,7 @@ static int compile_split(struct tllm_tok *t, struct json_object *p, const char *
 static int load_pretokenizer(struct tllm_tok *t, struct json_object *p, const char *path) {
     const char *ty = type_of(p);
     if (!p) return TLLM_OK;
-    if (ty && !strcmp(ty, "Sequence")) {
-        struct json_object *seq = get(p, "pretokenizers");
-        size_t k = seq && json_object_is_type(seq, json_type_array) ? json_object_array_length(seq) : 0;
-        for (size_t i = 0; i < k; i++) {
-            int rc = load_pretokenizer(t, json_object_array_get_idx(seq, i), path);
-            if (rc) return rc;
-        }
-        return TLLM_OK;
-    }
+    if (ty && !strcmp(ty, "Sequence")) return load_sequence(t, p, "pretokenizers", load_pretokenizer, path);
     if (ty && !strcmp(ty, "Split")) return compile_split(t, p, path);
     if (ty && !strcmp(ty, "ByteLevel")) {
         struct json_object *aps = get(p, "add_prefix_space"), *ur = get(p, "use_regex");
