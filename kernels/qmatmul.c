@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "qmatmul.h"
+#include "qmatmul_simd.h"
 
 #define QM_CHUNK 256 /* a multiple of every group size */
 
@@ -49,7 +50,25 @@ void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
     }
 }
 
+#define QM_MATVEC_MAX_TOKENS 2 /* up to this many tokens, unpack in registers per token (decode) */
+#define QM_MAX_GROUPS 4096     /* per-group x sums live on the stack */
+
 void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
+    if (w->format == TLLM_WF_AFFINE && (w->bits == 4 || w->bits == 8) && n <= QM_MATVEC_MAX_TOKENS &&
+        w->cols / w->group_size <= QM_MAX_GROUPS && tllm_cpu_has_avx2()) {
+        float xsum[QM_MAX_GROUPS];
+        int ng = w->cols / w->group_size;
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * w->cols;
+            for (int g = 0; g < ng; g++) {
+                float sum = 0.0f;
+                for (int j = 0; j < w->group_size; j++) sum += xt[g * w->group_size + j];
+                xsum[g] = sum;
+            }
+            tllm_qmatvec_affine_avx2(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
+        }
+        return;
+    }
     float buf[QM_CHUNK];
     for (int r = r0; r < r1; r++) {
         for (int t = 0; t < n; t++) y[(size_t)t * w->rows + r] = 0.0f;
