@@ -12,8 +12,16 @@ bad() { fail=$((fail+1)); echo "FAIL: $*" >&2; }
 [ "$(stat -c %s "$tmp/all.f32" 2>/dev/null)" = $((3*4096*4)) ] && ok || bad "all rows: wrong size"
 "$TLLM" logits -m "$DATA/models/q4-g64" --ids 1,2,3 --last -o "$tmp/last.f32" && ok || bad "--last failed"
 [ "$(stat -c %s "$tmp/last.f32" 2>/dev/null)" = $((4096*4)) ] && ok || bad "--last: wrong size"
-# the last row of the full output equals --last
-cmp -s <(tail -c $((4096*4)) "$tmp/all.f32") "$tmp/last.f32" && ok || bad "--last differs from the last row"
+# the last row of the full output equals --last (1e-5 of the row's scale: the kernels for 1 and for
+# many tokens sum in different orders)
+python3 - "$tmp/all.f32" "$tmp/last.f32" <<'PY' && ok || bad "--last differs from the last row"
+import array, sys
+a = array.array("f"); a.frombytes(open(sys.argv[1], "rb").read())
+b = array.array("f"); b.frombytes(open(sys.argv[2], "rb").read())
+row = a[-len(b):]
+scale = max(abs(v) for v in row)
+sys.exit(0 if max(abs(x - y) for x, y in zip(row, b)) <= 1e-5 * scale else 1)
+PY
 
 # errors: non-zero exit, one line on stderr starting with "tllm: ", no output file
 expect_err() { # expected-substring args...
