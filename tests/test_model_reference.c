@@ -8,11 +8,58 @@
 #include "engine/context.h"
 #include "engine/error.h"
 #include "engine/threadpool.h"
+#include "kernels/qmatmul.h"
 #include "reference.h"
 
 #define TOL_REL_RMS 1e-4 /* relative RMS error of a logits row */
 #define TOL_REL_MAX 1e-3 /* max abs error / max |ref| of a logits row */
 #define MARGIN_MIN 1e-3  /* compare argmax only where top1 - top2 exceeds this */
+/* int8-activation decode (opt-in, --int8). Measured on these random-weight fixtures: worst relative RMS
+ * 4.5e-2 to 6.5e-2 for 4-bit models, argmax 92-100% where the margin exceeds 0.1. That misses issue 6's
+ * 2e-2 target, which is why the path is opt-in; these bounds pin the measured accuracy so that a
+ * regression (a layout or scale bug gives errors near 100%) fails. */
+#define TOL_INT8_REL_RMS 8e-2
+#define MARGIN_MIN_INT8 0.1
+#define MIN_INT8_ARGMAX_AGREEMENT 0.9
+
+/* Token-by-token decode with int8 activations (the CLI's default) against the reference. */
+static void test_int8(const char *dir) {
+    struct ref_fixture r;
+    struct tllm_model *m;
+    printf("%s (int8 activations)\n", dir);
+    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK) {
+        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+        return;
+    }
+    size_t vocab = (size_t)r.vocab;
+    float *logits = malloc((size_t)r.n_seq * vocab * sizeof(float));
+    struct tllm_ctx ctx;
+    CHECK(tllm_ctx_init(&ctx, m, r.n_seq, 16) == TLLM_OK, "ctx");
+    tllm_qmatmul_set_int8(1);
+    for (int p = 0; p < r.n_seq; p++)
+        CHECK(tllm_ctx_forward(&ctx, &r.sequence[p], 1, logits + (size_t)p * vocab, TLLM_LOGITS_LAST) == TLLM_OK, "decode");
+    tllm_qmatmul_set_int8(0);
+    double worst = 0;
+    for (int j = 0; j < r.n_logits_rows; j++) {
+        double rms, mx;
+        ref_compare_row(r.logits + (size_t)j * vocab, logits + (size_t)r.logits_rows[j] * vocab, r.vocab, &rms, &mx);
+        CHECK(rms <= TOL_INT8_REL_RMS, "%s int8: position %d relative RMS %.3g", dir, r.logits_rows[j], rms);
+        worst = rms > worst ? rms : worst;
+    }
+    int agree = 0, compared = 0;
+    for (int p = 0; p < r.n_seq - 1; p++) {
+        if (r.margins[p] <= MARGIN_MIN_INT8) continue;
+        int a = argmax_f32(logits + (size_t)p * vocab, r.vocab);
+        compared++;
+        agree += a == r.top1[p];
+    }
+    CHECK(agree >= MIN_INT8_ARGMAX_AGREEMENT * compared, "%s int8: argmax agrees at %d of %d positions", dir, agree, compared);
+    printf("  int8     worst rel RMS %.2e, argmax %d/%d (margin > %.1f)\n", worst, agree, compared, MARGIN_MIN_INT8);
+    tllm_ctx_free(&ctx);
+    free(logits);
+    tllm_model_free(m);
+    ref_free(&r);
+}
 
 /* Check logits [n_seq x vocab] (row p = after sequence[0..p]) against the reference. */
 static void check_logits(const char *dir, const char *how, const struct ref_fixture *r,
@@ -132,6 +179,7 @@ int main(int argc, char **argv) {
             continue;
         }
         test_model(argv[i]);
+        test_int8(argv[i]);
         ran++;
     }
     if (!ran) {
