@@ -74,7 +74,7 @@ int cmd_bench(int argc, char **argv) {
             const char *d = cli_value(argc, argv, &i);
             if (strcmp(d, "cpu") != 0) cli_die("--device %s: this build runs on the CPU only", d);
         } else if (cli_model_opt(argc, argv, &i, &mo)) {
-            if (!strcmp(a, "-t") || !strcmp(a, "-c")) continue;
+            continue;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("%s\n%s", usage, cli_model_opts_help);
             return 0;
@@ -96,7 +96,8 @@ int cmd_bench(int argc, char **argv) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((rng >> 33) % (uint64_t)s.m->cfg.vocab_size);
     }
-    struct result res[64];
+    struct result *res = calloc((size_t)n_th * (size_t)(n_pp + n_tg), sizeof *res); /* every test x threads */
+    if (!res) cli_die("out of memory");
     int n_res = 0;
     for (int ti = 0; ti < n_th; ti++) {
         if (tllm_threadpool_size() != th[ti]) { /* the context's scratch depends on the pool size */
@@ -183,6 +184,7 @@ int cmd_bench(int argc, char **argv) {
                    res[i].n_prompt + res[i].n_gen, res[i].avg_ts, res[i].stddev_ts, bw);
         }
     }
+    free(res);
     free(ids);
     free(logits);
     cli_session_close(&s);

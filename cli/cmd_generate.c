@@ -51,8 +51,10 @@ static void print_stats(const struct cli_session *s, const struct tllm_gen_resul
             tllm_finish_name(r->finish));
 }
 
-static struct json_object *result_json(const struct tllm_gen_result *r, int with_ids) {
+/* The JSON record of a result; `id` (may be NULL) comes first, as batch output lines start with it. */
+static struct json_object *result_json(const struct tllm_gen_result *r, struct json_object *id, int with_ids) {
     struct json_object *o = json_object_new_object();
+    if (id) json_object_object_add(o, "id", json_object_get(id));
     if (with_ids) {
         struct json_object *ids = json_object_new_array();
         for (size_t i = 0; i < r->ids.len; i++) json_object_array_add(ids, json_object_new_int(r->ids.data[i]));
@@ -69,10 +71,19 @@ static struct json_object *result_json(const struct tllm_gen_result *r, int with
     return o;
 }
 
+/* A user prompt as ids: raw text, or (chat) wrapped in the chat template with an optional system prompt. */
+static int encode_user_prompt(struct cli_session *s, const char *text, size_t len, int chat, const char *system,
+                              struct tllm_ids *out) {
+    if (!chat) return tllm_tok_encode(s->tok, text, len, 1, out);
+    struct tllm_chat_msg m[2] = {{"system", system}, {"user", text}};
+    return cli_encode_chat(s, system ? m : m + 1, system ? 2 : 1, out);
+}
+
 /* Run one generation from a fresh context. */
 static int run_one(struct cli_session *s, const struct tllm_sampler_params *sp, const struct tllm_ids *prompt,
                    int max_new, const char *const *stop, int n_stop, tllm_gen_cb cb, struct tllm_gen_result *r) {
     struct tllm_sampler smp;
+    memset(r, 0, sizeof *r); /* freeable even when we fail before generating */
     if (tllm_sampler_init(&smp, sp, s->m->cfg.vocab_size)) return -1;
     tllm_ctx_reset(&s->ctx);
     struct tllm_gen_params gp = {.max_new = max_new, .eos = s->gd.eos, .n_eos = s->gd.n_eos, .stop = stop,
@@ -125,6 +136,100 @@ static void error_record(FILE *out, struct json_object *id, const char *fmt, con
     fprintf(stderr, "\rtllm: %s:%ld: %s\n", file, lineno, msg);
 }
 
+/* One line of a prompt file: what to generate and with which options; err set when the line is bad. */
+struct batch_line {
+    struct json_object *id;  /* the line's "id", else its number */
+    struct tllm_sampler_params sp;
+    const char *stop[CLI_MAX_STOP];
+    int n_stop, max_new;
+    struct tllm_ids prompt;
+    char err[256];
+};
+
+static void batch_line_init(struct batch_line *bl, long lineno, const struct tllm_sampler_params *base,
+                            const struct cli_sampling *cs, int max_new) {
+    memset(bl, 0, sizeof *bl);
+    bl->id = json_object_new_int64(lineno);
+    bl->sp = *base;
+    bl->max_new = max_new;
+    for (int i = 0; i < cs->n_stop; i++) bl->stop[bl->n_stop++] = cs->stop[i];
+}
+
+/* A JSONL line's per-line options (OpenAI names) over the defaults. */
+static void batch_jsonl_options(struct json_object *o, struct batch_line *bl) {
+    struct json_object *v;
+    static const char *const num_keys[] = {"temperature", "top_p", "min_p"};
+    float *num_dst[] = {&bl->sp.temperature, &bl->sp.top_p, &bl->sp.min_p};
+    for (int k = 0; k < 3 && !bl->err[0]; k++) {
+        if (!json_object_object_get_ex(o, num_keys[k], &v)) continue;
+        if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
+            snprintf(bl->err, sizeof bl->err, "\"%s\" must be a number", num_keys[k]);
+        else *num_dst[k] = (float)json_object_get_double(v);
+    }
+    static const char *const int_keys[] = {"max_tokens", "top_k", "seed"};
+    for (int k = 0; k < 3 && !bl->err[0]; k++) {
+        if (!json_object_object_get_ex(o, int_keys[k], &v)) continue;
+        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < (k == 0 ? -1 : 0))
+            snprintf(bl->err, sizeof bl->err, "\"%s\" must be a non-negative integer", int_keys[k]);
+        else if (k == 0) bl->max_new = (int)json_object_get_int64(v);
+        else if (k == 1) bl->sp.top_k = (int)json_object_get_int64(v);
+        else bl->sp.seed = (uint64_t)json_object_get_int64(v);
+    }
+    if (bl->err[0] || !json_object_object_get_ex(o, "stop", &v)) return;
+    static const char bad_stop[] = "\"stop\" must be a string or a list of strings";
+    if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0) {
+        if (bl->n_stop < CLI_MAX_STOP) bl->stop[bl->n_stop++] = json_object_get_string(v);
+    } else if (json_object_is_type(v, json_type_array)) {
+        for (size_t k = 0; k < json_object_array_length(v) && bl->n_stop < CLI_MAX_STOP; k++) {
+            struct json_object *e = json_object_array_get_idx(v, k);
+            if (!json_object_is_type(e, json_type_string) || !json_object_get_string_len(e)) {
+                snprintf(bl->err, sizeof bl->err, "%s", bad_stop);
+                return;
+            }
+            bl->stop[bl->n_stop++] = json_object_get_string(e);
+        }
+    } else {
+        snprintf(bl->err, sizeof bl->err, "%s", bad_stop);
+    }
+}
+
+/* A JSONL line's options, then its "messages" or "prompt" encoded into bl->prompt. */
+static void batch_jsonl_prompt(struct cli_session *s, struct json_object *o, int chat, const char *system,
+                               struct batch_line *bl) {
+    batch_jsonl_options(o, bl);
+    if (bl->err[0]) return;
+    struct json_object *msgs = NULL, *pr = NULL;
+    json_object_object_get_ex(o, "messages", &msgs);
+    json_object_object_get_ex(o, "prompt", &pr);
+    if (msgs) {
+        int nm = json_object_is_type(msgs, json_type_array) ? (int)json_object_array_length(msgs) : 0;
+        if (nm <= 0) {
+            snprintf(bl->err, sizeof bl->err, "\"messages\" must be a non-empty list");
+            return;
+        }
+        struct tllm_chat_msg *m = calloc((size_t)nm, sizeof *m);
+        if (!m) cli_die("out of memory");
+        for (int k = 0; k < nm && !bl->err[0]; k++) {
+            struct json_object *e = json_object_array_get_idx(msgs, (size_t)k), *r, *c;
+            if (!json_object_object_get_ex(e, "role", &r) || !json_object_object_get_ex(e, "content", &c) ||
+                !json_object_is_type(r, json_type_string) || !json_object_is_type(c, json_type_string))
+                snprintf(bl->err, sizeof bl->err, "each message needs string \"role\" and \"content\"");
+            else
+                m[k] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
+        }
+        if (!bl->err[0] && cli_encode_chat(s, m, nm, &bl->prompt)) snprintf(bl->err, sizeof bl->err, "%s", tllm_errmsg());
+        free(m);
+    } else if (pr && json_object_is_type(pr, json_type_string)) {
+        if (json_object_get_string_len(pr) == 0)
+            snprintf(bl->err, sizeof bl->err, "the prompt is empty");
+        else if (encode_user_prompt(s, json_object_get_string(pr), (size_t)json_object_get_string_len(pr), chat,
+                                    system, &bl->prompt))
+            snprintf(bl->err, sizeof bl->err, "%s", tllm_errmsg());
+    } else {
+        snprintf(bl->err, sizeof bl->err, "expected a string \"prompt\" or a \"messages\" list");
+    }
+}
+
 static int run_batch(struct cli_session *s, const char *file, const char *out_path, const struct cli_sampling *cs,
                      int max_new, int chat, const char *system) {
     FILE *in = fopen(file, "rb");
@@ -152,126 +257,58 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     size_t gen_tokens = 0;
     double t_start = tllm_now(), gen_time = 0;
     struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
+    struct json_object *v;
     while (!interrupted && (n = getline(&line, &cap, in)) > 0) {
         lineno++;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-        struct json_object *o = NULL, *id = json_object_new_int64(lineno), *v;
-        struct tllm_sampler_params sp = base;
-        const char *stop[CLI_MAX_STOP];
-        int n_stop = 0, line_max = max_new;
-        for (int i = 0; i < cs->n_stop; i++) stop[n_stop++] = cs->stop[i];
-        struct tllm_ids prompt = {0};
-        const char *err = NULL;
-        char detail[256] = "";
-        if (jsonl == 1) {
-            if (tllm_json_parse(line, (size_t)n, &o, "line") || !json_object_is_type(o, json_type_object)) {
-                err = "not a JSON object";
-            } else {
-                if (json_object_object_get_ex(o, "id", &v)) {
-                    json_object_put(id);
-                    id = json_object_get(v);
-                }
-                const char *num_keys[] = {"temperature", "top_p", "min_p"};
-                float *num_dst[] = {&sp.temperature, &sp.top_p, &sp.min_p};
-                for (int k = 0; k < 3 && !err; k++)
-                    if (json_object_object_get_ex(o, num_keys[k], &v)) {
-                        if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
-                            snprintf(detail, sizeof detail, "\"%s\" must be a number", num_keys[k]), err = detail;
-                        else *num_dst[k] = (float)json_object_get_double(v);
-                    }
-                const char *int_keys[] = {"max_tokens", "top_k", "seed"};
-                for (int k = 0; k < 3 && !err; k++)
-                    if (json_object_object_get_ex(o, int_keys[k], &v)) {
-                        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < (k == 0 ? -1 : 0))
-                            snprintf(detail, sizeof detail, "\"%s\" must be a non-negative integer", int_keys[k]), err = detail;
-                        else if (k == 0) line_max = (int)json_object_get_int64(v);
-                        else if (k == 1) sp.top_k = (int)json_object_get_int64(v);
-                        else sp.seed = (uint64_t)json_object_get_int64(v);
-                    }
-                if (!err && json_object_object_get_ex(o, "stop", &v)) {
-                    if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0 && n_stop < CLI_MAX_STOP)
-                        stop[n_stop++] = json_object_get_string(v);
-                    else if (json_object_is_type(v, json_type_array))
-                        for (size_t k = 0; k < json_object_array_length(v) && n_stop < CLI_MAX_STOP; k++) {
-                            struct json_object *e = json_object_array_get_idx(v, k);
-                            if (!json_object_is_type(e, json_type_string) || !json_object_get_string_len(e)) err = "\"stop\" must be a string or a list of strings";
-                            else stop[n_stop++] = json_object_get_string(e);
-                        }
-                    else err = "\"stop\" must be a string or a list of strings";
-                }
-                struct json_object *msgs = NULL, *pr = NULL;
-                json_object_object_get_ex(o, "messages", &msgs);
-                json_object_object_get_ex(o, "prompt", &pr);
-                if (err) {
-                } else if (msgs) {
-                    int nm = json_object_is_type(msgs, json_type_array) ? (int)json_object_array_length(msgs) : -1;
-                    struct tllm_chat_msg *m = nm > 0 ? calloc((size_t)nm, sizeof *m) : NULL;
-                    for (int k = 0; k < nm && !err; k++) {
-                        struct json_object *e = json_object_array_get_idx(msgs, (size_t)k), *r, *c;
-                        if (!json_object_object_get_ex(e, "role", &r) || !json_object_object_get_ex(e, "content", &c) ||
-                            !json_object_is_type(r, json_type_string) || !json_object_is_type(c, json_type_string))
-                            err = "each message needs string \"role\" and \"content\"";
-                        else m[k] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
-                    }
-                    if (nm <= 0) err = "\"messages\" must be a non-empty list";
-                    else if (!err && cli_encode_chat(s, m, nm, &prompt))
-                        snprintf(detail, sizeof detail, "%s", tllm_errmsg()), err = detail;
-                    free(m);
-                } else if (pr && json_object_is_type(pr, json_type_string)) {
-                    const char *text = json_object_get_string(pr);
-                    if (!*text) err = "the prompt is empty";
-                    else if (chat) {
-                        struct tllm_chat_msg m[2] = {{"system", system}, {"user", text}};
-                        if (cli_encode_chat(s, system ? m : m + 1, system ? 2 : 1, &prompt))
-                            snprintf(detail, sizeof detail, "%s", tllm_errmsg()), err = detail;
-                    } else if (tllm_tok_encode(s->tok, text, (size_t)json_object_get_string_len(pr), 1, &prompt))
-                        snprintf(detail, sizeof detail, "%s", tllm_errmsg()), err = detail;
-                } else {
-                    err = "expected a string \"prompt\" or a \"messages\" list";
-                }
-            }
-        } else if (n == 0) {
-            err = "the prompt is empty";
-        } else if (chat) {
-            struct tllm_chat_msg m[2] = {{"system", system}, {"user", line}};
-            if (cli_encode_chat(s, system ? m : m + 1, system ? 2 : 1, &prompt))
-                snprintf(detail, sizeof detail, "%s", tllm_errmsg()), err = detail;
-        } else if (tllm_tok_encode(s->tok, line, (size_t)n, 1, &prompt)) {
-            snprintf(detail, sizeof detail, "%s", tllm_errmsg()), err = detail;
+        struct batch_line bl;
+        batch_line_init(&bl, lineno, &base, cs, max_new);
+        struct json_object *o = NULL;
+        if (jsonl == 1 && (tllm_json_parse(line, (size_t)n, &o, "line") || !json_object_is_type(o, json_type_object)))
+            snprintf(bl.err, sizeof bl.err, "not a JSON object");
+        else if (o && json_object_object_get_ex(o, "id", &v)) {
+            json_object_put(bl.id);
+            bl.id = json_object_get(v);
         }
-        const char *key = json_object_to_json_string_ext(id, JSON_C_TO_STRING_PLAIN);
-        if (json_object_object_get_ex(done, key, NULL)) {
+        /* ids already answered are skipped before any work on them */
+        if (json_object_object_get_ex(done, json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN), NULL)) {
             skipped++;
-        } else if (err) {
-            error_record(out, id, "%s", err, file, lineno);
-            errors++;
         } else {
-            struct tllm_gen_result r;
-            int rc = run_one(s, &sp, &prompt, line_max, stop, n_stop, stop_if_interrupted, &r);
-            if (rc) {
-                error_record(out, id, "%s", tllm_errmsg(), file, lineno);
-                errors++;
-            } else if (r.finish != TLLM_FINISH_INTERRUPTED) { /* an interrupted line is redone on resume */
-                struct json_object *rec = result_json(&r, 0);
-                struct json_object *withid = json_object_new_object();
-                json_object_object_add(withid, "id", json_object_get(id));
-                json_object_object_foreach(rec, k2, v2) json_object_object_add(withid, k2, json_object_get(v2));
-                if (emit(out, withid) != 0) cli_die("%s: write failed: %s", out_path ? out_path : "stdout", strerror(errno));
-                json_object_put(withid);
-                json_object_put(rec);
-                answered++;
-                gen_tokens += r.ids.len;
-                gen_time += r.gen_secs;
+            if (bl.err[0]) {
+            } else if (o) {
+                batch_jsonl_prompt(s, o, chat, system, &bl);
+            } else if (n == 0) {
+                snprintf(bl.err, sizeof bl.err, "the prompt is empty");
+            } else if (encode_user_prompt(s, line, (size_t)n, chat, system, &bl.prompt)) {
+                snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
             }
-            tllm_gen_result_free(&r);
+            struct tllm_gen_result r;
+            if (bl.err[0]) {
+                error_record(out, bl.id, "%s", bl.err, file, lineno);
+                errors++;
+            } else if (run_one(s, &bl.sp, &bl.prompt, bl.max_new, bl.stop, bl.n_stop, stop_if_interrupted, &r)) {
+                error_record(out, bl.id, "%s", tllm_errmsg(), file, lineno);
+                errors++;
+                tllm_gen_result_free(&r);
+            } else {
+                if (r.finish != TLLM_FINISH_INTERRUPTED) { /* an interrupted line is redone on resume */
+                    struct json_object *rec = result_json(&r, bl.id, 0);
+                    if (emit(out, rec) != 0) cli_die("%s: write failed: %s", out_path ? out_path : "stdout", strerror(errno));
+                    json_object_put(rec);
+                    answered++;
+                    gen_tokens += r.ids.len;
+                    gen_time += r.gen_secs;
+                }
+                tllm_gen_result_free(&r);
+            }
         }
         if (progress) {
             double el = tllm_now() - t_start, per = lineno > skipped ? el / (double)(lineno - skipped) : 0;
             fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, total,
                     gen_time > 0 ? (double)gen_tokens / gen_time : 0, per * (double)(total - lineno));
         }
-        tllm_ids_free(&prompt);
-        json_object_put(id);
+        tllm_ids_free(&bl.prompt);
+        json_object_put(bl.id);
         json_object_put(o);
     }
     free(line);
@@ -320,18 +357,15 @@ int cmd_generate(int argc, char **argv) {
         int32_t *v = cli_parse_ids("--prompt-ids", ids_s, &n);
         tllm_ids_append(&ids, v, (size_t)n);
         free(v);
-    } else if (chat) {
-        struct tllm_chat_msg m[2] = {{"system", system}, {"user", prompt}};
-        if (cli_encode_chat(&s, system ? m : m + 1, system ? 2 : 1, &ids)) cli_die_lib();
     } else {
         if (!*prompt) cli_die("generate: the prompt is empty");
-        if (tllm_tok_encode(s.tok, prompt, strlen(prompt), 1, &ids)) cli_die_lib();
+        if (encode_user_prompt(&s, prompt, strlen(prompt), chat, system, &ids)) cli_die_lib();
     }
     struct tllm_sampler_params sp = cli_sampling_resolve(&s, &cs);
     struct tllm_gen_result r;
     if (run_one(&s, &sp, &ids, max_new, cs.stop, cs.n_stop, json ? stop_if_interrupted : stream_out, &r)) cli_die_lib();
     if (json) {
-        struct json_object *o = result_json(&r, 1);
+        struct json_object *o = result_json(&r, NULL, 1);
         json_object_object_add(o, "load_secs", json_object_new_double(s.load_secs));
         json_object_object_add(o, "peak_rss_bytes", json_object_new_int64((int64_t)tllm_peak_rss()));
         puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));

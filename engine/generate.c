@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../tokenizer/tokenizer.h"
 #include "checkpoint.h"
@@ -39,12 +40,10 @@ int tllm_gen_defaults_load(const char *dir, const struct tllm_model *m, struct t
     char *path = tllm_path_join(dir, "generation_config.json");
     if (!path) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     struct json_object *g;
-    FILE *probe = fopen(path, "rb");
-    if (!probe) {
+    if (access(path, F_OK) != 0) { /* no generation_config.json: the defaults stand */
         free(path);
         return TLLM_OK;
     }
-    fclose(probe);
     int rc = tllm_json_load_file(path, 1u << 20, &g);
     if (!rc && !json_object_is_type(g, json_type_object)) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: not a JSON object", path);
     double v;

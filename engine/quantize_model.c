@@ -67,17 +67,39 @@ struct item {
     const struct tllm_tensor *src;
     char module[192];
     struct tllm_quant_spec spec; /* bits 0: copied as is */
+    enum tllm_dtype sb_dtype;    /* scales/biases dtype when quantized */
 };
 
-/* Quantize rows of a float tensor into q/scales/biases buffers. */
-static void quantize_matrix(const void *src, enum tllm_dtype sdt, int rows, int cols, struct tllm_quant_spec s,
-                            enum tllm_dtype sbt, uint32_t *q, char *scales, char *biases, float *rowbuf) {
+/* A float matrix quantized into three new heap buffers (codes, scales, biases), MLX-style. */
+struct quantized {
+    uint32_t *q;
+    char *scales, *biases;
+    size_t q_bytes, sb_bytes;
+};
+
+static int quantize_matrix(const void *src, enum tllm_dtype sdt, int rows, int cols, struct tllm_quant_spec s,
+                           enum tllm_dtype sbt, struct quantized *out, const char *name) {
     size_t words = (size_t)cols * s.bits / 32, ng = (size_t)cols / s.group_size, esz = tllm_dtype_size(sbt);
+    out->q_bytes = (size_t)rows * words * 4;
+    out->sb_bytes = (size_t)rows * ng * esz;
+    out->q = malloc(out->q_bytes);
+    out->scales = malloc(out->sb_bytes);
+    out->biases = malloc(out->sb_bytes);
+    float *rowbuf = malloc((size_t)cols * sizeof(float));
+    if (!out->q || !out->scales || !out->biases || !rowbuf) {
+        free(out->q);
+        free(out->scales);
+        free(out->biases);
+        free(rowbuf);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory quantizing %s", name);
+    }
     for (int r = 0; r < rows; r++) {
         tllm_convert_to_f32((const char *)src + (size_t)r * cols * tllm_dtype_size(sdt), sdt, rowbuf, (size_t)cols);
-        tllm_quantize_row_affine(rowbuf, cols, s.bits, s.group_size, sbt, q + r * words, scales + r * ng * esz,
-                                 biases + r * ng * esz);
+        tllm_quantize_row_affine(rowbuf, cols, s.bits, s.group_size, sbt, out->q + r * words,
+                                 out->scales + r * ng * esz, out->biases + r * ng * esz);
     }
+    free(rowbuf);
+    return TLLM_OK;
 }
 
 int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const struct tllm_quantize_opts *o) {
@@ -149,12 +171,12 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
             copy_spec(&specs[n_specs++], t);
             continue;
         }
-        enum tllm_dtype sbt = o->sb_dtype != TLLM_DT_INVALID ? o->sb_dtype : t->dtype;
+        it->sb_dtype = o->sb_dtype != TLLM_DT_INVALID ? o->sb_dtype : t->dtype;
         static const char *const sfx[] = {"weight", "scales", "biases"};
         for (int s = 0; s < 3; s++) {
             struct tllm_st_spec *sp = &specs[n_specs++];
             snprintf(sp->name, sizeof sp->name, "%s.%s", it->module, sfx[s]);
-            sp->dtype = s == 0 ? TLLM_DT_U32 : sbt;
+            sp->dtype = s == 0 ? TLLM_DT_U32 : it->sb_dtype;
             sp->ndim = 2;
             sp->shape[0] = rows;
             sp->shape[1] = s == 0 ? cols * it->spec.bits / 32 : cols / it->spec.group_size;
@@ -177,24 +199,17 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
         if (it->spec.bits == 0) {
             rc = tllm_st_writer_write(&w, t->data, t->nbytes);
         } else {
-            int rows = (int)t->shape[0], cols = (int)t->shape[1];
-            enum tllm_dtype sbt = o->sb_dtype != TLLM_DT_INVALID ? o->sb_dtype : t->dtype;
-            size_t qn = (size_t)rows * cols * it->spec.bits / 32 * 4;
-            size_t sn = (size_t)rows * (cols / it->spec.group_size) * tllm_dtype_size(sbt);
-            uint32_t *q = malloc(qn);
-            char *sc = malloc(sn), *bi = malloc(sn);
-            float *rowbuf = malloc((size_t)cols * sizeof(float));
-            if (!q || !sc || !bi || !rowbuf) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory quantizing %s", t->name);
+            struct quantized qz;
+            rc = quantize_matrix(t->data, t->dtype, (int)t->shape[0], (int)t->shape[1], it->spec, it->sb_dtype, &qz,
+                                 t->name);
             if (!rc) {
-                quantize_matrix(t->data, t->dtype, rows, cols, it->spec, sbt, q, sc, bi, rowbuf);
-                rc = tllm_st_writer_write(&w, q, qn);
-                if (!rc) rc = tllm_st_writer_write(&w, sc, sn);
-                if (!rc) rc = tllm_st_writer_write(&w, bi, sn);
+                rc = tllm_st_writer_write(&w, qz.q, qz.q_bytes);
+                if (!rc) rc = tllm_st_writer_write(&w, qz.scales, qz.sb_bytes);
+                if (!rc) rc = tllm_st_writer_write(&w, qz.biases, qz.sb_bytes);
+                free(qz.q);
+                free(qz.scales);
+                free(qz.biases);
             }
-            free(q);
-            free(sc);
-            free(bi);
-            free(rowbuf);
         }
         done += t->nbytes;
         if (rc) tllm_st_writer_abort(&w);
@@ -229,25 +244,23 @@ static int own(struct tllm_model *m, void *p) {
 
 static int quantize_in_place(struct tllm_model *m, struct tllm_qweights *w, int bits, int gs) {
     if (w->format != TLLM_WF_DENSE || w->cols % gs != 0) return TLLM_OK;
-    enum tllm_dtype sbt = w->dtype == TLLM_DT_F32 ? TLLM_DT_F32 : w->dtype; /* as MLX: the source dtype */
-    size_t qn = (size_t)w->rows * w->cols * bits / 32 * 4, sn = (size_t)w->rows * (w->cols / gs) * tllm_dtype_size(sbt);
-    uint32_t *q = malloc(qn);
-    char *sc = malloc(sn), *bi = malloc(sn);
-    float *rowbuf = malloc((size_t)w->cols * sizeof(float));
-    int rc = (!q || !sc || !bi || !rowbuf) ? tllm_fail(TLLM_ERR_NOMEM, "out of memory quantizing %s", w->name) : TLLM_OK;
-    if (!rc) quantize_matrix(w->w, w->dtype, w->rows, w->cols, (struct tllm_quant_spec){bits, gs}, sbt, q, sc, bi, rowbuf);
-    free(rowbuf);
-    if (!rc && !(rc = own(m, q)) && !(rc = own(m, sc)) && !(rc = own(m, bi))) {
-        w->format = TLLM_WF_AFFINE;
-        w->dtype = sbt;
-        w->bits = bits;
-        w->group_size = gs;
-        w->w = q;
-        w->scales = sc;
-        w->biases = bi;
-        return TLLM_OK;
-    }
-    return rc;
+    struct quantized qz; /* scales and biases in the source dtype, as MLX stores them */
+    int rc = quantize_matrix(w->w, w->dtype, w->rows, w->cols, (struct tllm_quant_spec){bits, gs}, w->dtype, &qz,
+                             w->name);
+    if (rc) return rc;
+    void *bufs[3] = {qz.q, qz.scales, qz.biases};
+    for (int i = 0; i < 3; i++)
+        if ((rc = own(m, bufs[i]))) { /* own() freed bufs[i]; the rest are not owned yet */
+            for (int j = i + 1; j < 3; j++) free(bufs[j]);
+            return rc;
+        }
+    w->format = TLLM_WF_AFFINE;
+    w->bits = bits;
+    w->group_size = gs;
+    w->w = qz.q;
+    w->scales = qz.scales;
+    w->biases = qz.biases;
+    return TLLM_OK;
 }
 
 int tllm_model_quantize(struct tllm_model *m, int bits, int gs) {

@@ -53,7 +53,6 @@ void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
 
 static int use_int8;
 void tllm_qmatmul_set_int8(int on) { use_int8 = on; }
-int tllm_qmatmul_int8(void) { return use_int8; }
 
 #define QM_INT8_MAX_COLS 32768
 

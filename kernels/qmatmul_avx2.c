@@ -68,9 +68,6 @@ TGT void tllm_qmatvec_affine_avx2(const struct tllm_qweights *w, const float *x,
     }
 }
 
-/* Integer activations, 4-bit weights: x is int8 per block of 32 (scale dx[k]) and stored per pair of
- * blocks as 32 bytes of even elements then 32 bytes of odd ones, matching the low and high nibbles
- * of 32 bytes of codes, so maddubs(codes, x) needs no unpacking. cols % 64 == 0. */
 /* One pair of blocks (64 weights, 32 bytes of codes): the int32 dot per block, times each block's dx. */
 TGT static inline __m256 pair_dot_q4_int8(const uint8_t *q, const int8_t *xq, const float *dx8) {
     const __m256i m = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
