@@ -33,6 +33,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_matvec(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 
 #endif

@@ -18,7 +18,8 @@ const char cli_model_opts_help[] =
     "  -c, --ctx-size N       context length in tokens (default: min(model maximum, 4096))\n"
     "  --quantize BITS        quantize a bf16/f16 checkpoint on load (2, 4, 8) [--group-size 64]\n"
     "  --no-template          plain prompts even where the checkpoint has a chat template\n"
-    "  --int8                 int8 activations (per 32) in the 4-bit decode matvec: faster, less exact\n";
+    "  --exact                float32 activations in every matmul (default: int8 activations against packed\n"
+    "                         quantized weights, as llama.cpp does; see README: Performance)\n";
 
 const char cli_sampling_help[] =
     "sampling options (defaults: the checkpoint's generation_config.json, else greedy):\n"
@@ -42,7 +43,7 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
     else if (!strcmp(a, "--quantize")) o->quantize_bits = (int)cli_int(a, cli_value(argc, argv, i), 2, 8);
     else if (!strcmp(a, "--group-size")) o->quantize_group = (int)cli_int(a, cli_value(argc, argv, i), 32, 128);
     else if (!strcmp(a, "--no-template")) o->no_template = 1;
-    else if (!strcmp(a, "--int8")) o->int8 = 1;
+    else if (!strcmp(a, "--exact")) o->exact = 1;
     else return 0;
     return 1;
 }
@@ -87,10 +88,10 @@ void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int
     if (!o->dir) cli_die("-m DIR is required (a model directory)");
     double t0 = tllm_now();
     if (tllm_threadpool_start(o->threads)) cli_die_lib();
-    tllm_qmatmul_set_int8(o->int8);
     if (tllm_model_load(o->dir, &s->m)) cli_die_lib();
     if (o->quantize_bits && tllm_model_quantize(s->m, o->quantize_bits, o->quantize_group ? o->quantize_group : 64))
         cli_die_lib();
+    if (!o->exact && tllm_model_pack(s->m)) cli_die_lib();
     char *tj = tllm_path_join(o->dir, "tokenizer.json"), *tc = tllm_path_join(o->dir, "tokenizer_config.json");
     if (access(tj, F_OK) == 0) {
         if (tllm_tok_load(tj, &s->tok)) cli_die_lib();

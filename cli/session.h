@@ -17,7 +17,7 @@ struct cli_model_opts {
     int quantize_bits;  /* --quantize */
     int quantize_group; /* --group-size */
     int no_template;    /* --no-template */
-    int int8;           /* --int8: int8 activations in the 4-bit decode matvec (faster, less exact) */
+    int exact;          /* --exact: float32 activations everywhere (no packed int8 kernels) */
 };
 
 /* Sampling flags given on the command line (each overrides generation_config.json). */

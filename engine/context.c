@@ -8,6 +8,7 @@
 
 #include "../kernels/ops.h"
 #include "../kernels/qmatmul.h"
+#include "../kernels/qpack.h"
 #include "error.h"
 #include "threadpool.h"
 
@@ -38,9 +39,16 @@ int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, i
     ctx->scores = malloc((size_t)ctx->n_scratch * n_ctx * sizeof(float));
     ctx->rope_cos = malloc(nb * half * sizeof(float));
     ctx->rope_sin = malloc(nb * half * sizeof(float));
+    size_t max_cols = (size_t)c->dim;
+    if (q_dim > max_cols) max_cols = q_dim;
+    if ((size_t)c->ffn_dim > max_cols) max_cols = (size_t)c->ffn_dim;
+    ctx->xq = malloc(nb * max_cols);
+    ctx->xq2 = malloc(TLLM_XQ_L2_MAX_TOKENS * max_cols);
+    ctx->xq_d = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
+    ctx->xq_sum = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
     if (!ctx->key_cache || !ctx->value_cache || !ctx->x || !ctx->xb || !ctx->q || !ctx->k ||
         !ctx->v || !ctx->att_out || !ctx->proj || !ctx->hb || !ctx->hb2 || !ctx->scores ||
-        !ctx->rope_cos || !ctx->rope_sin) {
+        !ctx->rope_cos || !ctx->rope_sin || !ctx->xq || !ctx->xq2 || !ctx->xq_d || !ctx->xq_sum) {
         tllm_ctx_free(ctx);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory for a context of %d tokens (KV cache %zu MiB)",
                          n_ctx, 2 * cache * sizeof(float) >> 20);
@@ -63,6 +71,10 @@ void tllm_ctx_free(struct tllm_ctx *ctx) {
     free(ctx->scores);
     free(ctx->rope_cos);
     free(ctx->rope_sin);
+    free(ctx->xq);
+    free(ctx->xq2);
+    free(ctx->xq_d);
+    free(ctx->xq_sum);
     memset(ctx, 0, sizeof *ctx);
 }
 
@@ -72,28 +84,64 @@ void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
     if (pos >= 0 && pos < ctx->pos) ctx->pos = pos;
 }
 
+/* The input of one or more matmuls (q/k/v share one, gate/up another): n rows of cols floats, and
+ * their int8 form once a packed weight has asked for it. */
+struct act {
+    struct tllm_ctx *ctx;
+    const float *x; /* [n x cols] */
+    int n, cols;
+    struct tllm_xq q;
+    int quantized;
+};
+
+static struct act act_of(struct tllm_ctx *ctx, const float *x, int n, int cols) {
+    int8_t *q2 = n <= TLLM_XQ_L2_MAX_TOKENS ? ctx->xq2 : NULL;
+    struct act a = {ctx, x, n, cols, {n, cols, ctx->xq, q2, ctx->xq_d, ctx->xq_sum}, 0};
+    return a;
+}
+
 struct linear_args {
     const struct tllm_qweights *w;
-    const float *x;
-    int n;
+    struct act *a;
     float *y;
 };
 
-#define LINEAR_ROW_ALIGN 16 /* rows per thread come in multiples of this (cache lines of y) */
+#define LINEAR_ROW_ALIGN 16 /* rows per thread come in multiples of this (cache lines of y; packed row blocks) */
 
-static void linear_task(void *arg, int ith, int nth) {
-    const struct linear_args *a = arg;
-    int rows = a->w->rows;
+static void rows_of_thread(int rows, int ith, int nth, int *r0, int *r1) {
     int chunk = (rows + nth - 1) / nth;
     chunk = (chunk + LINEAR_ROW_ALIGN - 1) / LINEAR_ROW_ALIGN * LINEAR_ROW_ALIGN;
-    int r0 = ith * chunk, r1 = r0 + chunk < rows ? r0 + chunk : rows;
-    if (r0 < r1) tllm_qmatmul(a->w, a->x, a->n, a->y, r0, r1);
+    *r0 = ith * chunk;
+    *r1 = *r0 + chunk < rows ? *r0 + chunk : rows;
+}
+
+static void linear_task(void *arg, int ith, int nth) {
+    const struct linear_args *la = arg;
+    int r0, r1;
+    rows_of_thread(la->w->rows, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    if (la->w->pack)
+        tllm_qpack_matmul(la->w->pack, &la->a->q, la->y, r0 / TLLM_QPACK_ROWS,
+                          (r1 + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS);
+    else
+        tllm_qmatmul(la->w, la->a->x, la->a->n, la->y, r0, r1);
+}
+
+static void quantize_task(void *arg, int ith, int nth) {
+    struct act *a = arg;
+    int per = (a->n + nth - 1) / nth, t0 = ith * per, t1 = t0 + per < a->n ? t0 + per : a->n;
+    if (t0 < t1) tllm_xq_quantize(&a->q, a->x, t0, t1);
 }
 
 /* y[n x rows] = x[n x cols] . W^T, rows split over the thread pool. */
-static void linear(const struct tllm_qweights *w, const float *x, int n, float *y) {
-    struct linear_args a = {w, x, n, y};
-    tllm_parallel(linear_task, &a);
+static void linear(const struct tllm_qweights *w, struct act *a, float *y) {
+    if (w->pack && !a->quantized) {
+        if (a->n >= 4) tllm_parallel(quantize_task, a);
+        else tllm_xq_quantize(&a->q, a->x, 0, a->n);
+        a->quantized = 1;
+    }
+    struct linear_args la = {w, a, y};
+    tllm_parallel(linear_task, &la);
 }
 
 static void add_bias(float *y, const float *b, int n, int dim) {
@@ -127,8 +175,12 @@ static void attention_task(void *arg, int ith, int nth) {
             const float *q = ctx->q + (size_t)t * q_dim + (size_t)h * hd;
             for (int p = 0; p < len; p++) {
                 const float *k = kc + (size_t)p * kv_dim + koff;
-                float dot = 0.0f;
-                for (int i = 0; i < hd; i++) dot += q[i] * k[i];
+                float part[8] = {0}; /* independent sums: one serial chain would cost 4 cycles a term */
+                int i = 0;
+                for (; i + 8 <= hd; i += 8)
+                    for (int j = 0; j < 8; j++) part[j] += q[i + j] * k[i + j];
+                float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+                for (; i < hd; i++) dot += q[i] * k[i];
                 s[p] = dot * scale;
             }
             tllm_softmax(s, len);
@@ -168,9 +220,10 @@ static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float 
         for (int t = 0; t < n; t++)
             tllm_rmsnorm(ctx->xb + (size_t)t * dim, ctx->x + (size_t)t * dim, L->attn_norm, dim,
                          c->norm_eps);
-        linear(&L->wq, ctx->xb, n, ctx->q);
-        linear(&L->wk, ctx->xb, n, ctx->k);
-        linear(&L->wv, ctx->xb, n, ctx->v);
+        struct act a = act_of(ctx, ctx->xb, n, dim);
+        linear(&L->wq, &a, ctx->q);
+        linear(&L->wk, &a, ctx->k);
+        linear(&L->wv, &a, ctx->v);
         add_bias(ctx->q, L->bq, n, q_dim);
         add_bias(ctx->k, L->bk, n, kv_dim);
         add_bias(ctx->v, L->bv, n, kv_dim);
@@ -184,17 +237,20 @@ static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float 
         memcpy(kc, ctx->k, (size_t)n * kv_dim * sizeof(float));
         memcpy(vc, ctx->v, (size_t)n * kv_dim * sizeof(float));
         attention(ctx, l, pos0, n);
-        linear(&L->wo, ctx->att_out, n, ctx->proj);
+        a = act_of(ctx, ctx->att_out, n, q_dim);
+        linear(&L->wo, &a, ctx->proj);
         for (size_t i = 0; i < (size_t)n * dim; i++) ctx->x[i] += ctx->proj[i];
 
         /* MLP block */
         for (int t = 0; t < n; t++)
             tllm_rmsnorm(ctx->xb + (size_t)t * dim, ctx->x + (size_t)t * dim, L->ffn_norm, dim,
                          c->norm_eps);
-        linear(&L->w_gate, ctx->xb, n, ctx->hb);
-        linear(&L->w_up, ctx->xb, n, ctx->hb2);
+        a = act_of(ctx, ctx->xb, n, dim);
+        linear(&L->w_gate, &a, ctx->hb);
+        linear(&L->w_up, &a, ctx->hb2);
         tllm_swiglu(ctx->hb, ctx->hb2, n * c->ffn_dim);
-        linear(&L->w_down, ctx->hb, n, ctx->proj);
+        a = act_of(ctx, ctx->hb, n, c->ffn_dim);
+        linear(&L->w_down, &a, ctx->proj);
         for (size_t i = 0; i < (size_t)n * dim; i++) ctx->x[i] += ctx->proj[i];
     }
     ctx->pos += n;
@@ -204,7 +260,8 @@ static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float 
     for (int t = first; t < n; t++)
         tllm_rmsnorm(ctx->xb + (size_t)t * dim, ctx->x + (size_t)t * dim, m->final_norm, dim,
                      c->norm_eps);
-    linear(&m->lm_head, ctx->xb + (size_t)first * dim, n - first, logits);
+    struct act a = act_of(ctx, ctx->xb + (size_t)first * dim, n - first, dim);
+    linear(&m->lm_head, &a, logits);
 }
 
 int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,

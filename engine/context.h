@@ -33,6 +33,11 @@ struct tllm_ctx {
     int n_scratch;      /* threads in the pool when the context was made */
     float *rope_cos;    /* [n_batch x head_dim/2] */
     float *rope_sin;    /* [n_batch x head_dim/2] */
+    /* int8 copy of the current matmul input, for packed weights (kernels/qpack.h) */
+    int8_t *xq;         /* [n_batch x max_cols] */
+    int8_t *xq2;        /* [TLLM_XQ_L2_MAX_TOKENS x max_cols] second level for decode steps */
+    float *xq_d;        /* [n_batch x max_cols/32] */
+    float *xq_sum;      /* [n_batch x max_cols/32] */
 };
 
 /* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. */

@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/qpack.h"
 #include "error.h"
+#include "threadpool.h"
 
 static void fmt_shape(char *buf, size_t n, const struct tllm_tensor *t) {
     size_t k = (size_t)snprintf(buf, n, "[");
@@ -182,8 +184,53 @@ void tllm_model_free(struct tllm_model *m) {
     free(m->vectors);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
+    for (int i = 0; i < m->n_packs; i++) tllm_qpack_free(&m->packs[i]);
+    free(m->packs);
     free(m->dir);
     free(m);
+}
+
+struct pack_args {
+    struct tllm_qweights **ws;
+    struct tllm_qpack *packs;
+    int n, failed; /* index + 1 of a matrix that did not fit in memory */
+};
+
+static void pack_task(void *arg, int ith, int nth) {
+    struct pack_args *a = arg;
+    for (int i = ith; i < a->n; i += nth)
+        if (tllm_qpack_init(&a->packs[i], a->ws[i])) a->failed = i + 1; /* the message is this thread's */
+}
+
+int tllm_model_pack(struct tllm_model *m) {
+    if (m->n_packs) return TLLM_OK;
+    const struct tllm_config *c = &m->cfg;
+    int cap = 7 * c->n_layers + 1, n = 0;
+    struct tllm_qweights **ws = malloc((size_t)cap * sizeof *ws);
+    struct tllm_qpack *packs = calloc((size_t)cap, sizeof *packs);
+    if (!ws || !packs) {
+        free(ws);
+        free(packs);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        struct tllm_layer *L = &m->layers[l];
+        struct tllm_qweights *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (tllm_qpack_supported(lw[i])) ws[n++] = lw[i];
+    }
+    if (tllm_qpack_supported(&m->lm_head)) ws[n++] = &m->lm_head;
+    struct pack_args a = {ws, packs, n, 0};
+    tllm_parallel(pack_task, &a);
+    m->packs = packs;
+    m->n_packs = n; /* freed with the model even when one failed */
+    int rc = TLLM_OK;
+    if (a.failed)
+        rc = tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory packing weights for int8 activations", ws[a.failed - 1]->name);
+    else
+        for (int i = 0; i < n; i++) ws[i]->pack = &packs[i];
+    free(ws);
+    return rc;
 }
 
 size_t tllm_model_bytes_per_token(const struct tllm_model *m) {

@@ -32,11 +32,17 @@ struct tllm_model {
     float *vectors;               /* one allocation behind every norm and bias above (float32) */
     void **owned;                 /* weights quantized on load (tllm_model_quantize) */
     int n_owned;
+    struct tllm_qpack *packs;     /* [n_packs] int8-activation copies of the linears (tllm_model_pack) */
+    int n_packs;
 };
 
 /* Load DIR/config.json and DIR's safetensors. Errors name the file and the tensor. */
 int tllm_model_load(const char *dir, struct tllm_model **out);
 void tllm_model_free(struct tllm_model *m);
+
+/* Re-pack every affine linear (and the lm_head) for the integer-activation kernels (kernels/qpack.h):
+ * faster, within ~1e-2 of the float path. Unpacked weights keep the exact float kernels. */
+int tllm_model_pack(struct tllm_model *m);
 
 /* Bytes of weights read to decode one token (every linear once, the lm_head, one embedding row). */
 size_t tllm_model_bytes_per_token(const struct tllm_model *m);

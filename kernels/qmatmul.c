@@ -51,29 +51,6 @@ void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
     }
 }
 
-static int use_int8;
-void tllm_qmatmul_set_int8(int on) { use_int8 = on; }
-
-#define QM_INT8_MAX_COLS 32768
-
-/* x -> int8 per block of 32 (round to nearest, scale max|x|/127), each pair of blocks stored as its
- * 32 even elements then its 32 odd ones (the order of 4-bit codes' low and high nibbles); dx8 holds
- * each pair's two block scales as 4 + 4 lanes. */
-static void quantize_x_q4pairs(const float *x, int cols, int8_t *xq, float *dx8) {
-    for (int b = 0; b < cols / 32; b++) {
-        const float *xb = x + b * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
-        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-        for (int k = 0; k < 4; k++) dx8[(b / 2) * 8 + (b % 2) * 4 + k] = d; /* the kernel's lane order */
-        int8_t *dst = xq + (b / 2) * 64 + (b % 2) * 16;
-        for (int j = 0; j < 16; j++) {
-            dst[j] = (int8_t)lrintf(xb[2 * j] * id);          /* even elements */
-            dst[32 + j] = (int8_t)lrintf(xb[2 * j + 1] * id); /* odd elements */
-        }
-    }
-}
-
 #define QM_MATVEC_MAX_TOKENS 2 /* up to this many tokens, unpack in registers per token (decode) */
 #define QM_MAX_GROUPS 4096     /* per-group x sums live on the stack */
 
@@ -89,15 +66,7 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
                 for (int j = 0; j < w->group_size; j++) sum += xt[g * w->group_size + j];
                 xsum[g] = sum;
             }
-            if (use_int8 && w->bits == 4 && w->dtype == TLLM_DT_BF16 && w->cols % 64 == 0 &&
-                w->cols <= QM_INT8_MAX_COLS) {
-                int8_t xq[QM_INT8_MAX_COLS] __attribute__((aligned(32)));
-                float dx[QM_INT8_MAX_COLS / 8];
-                quantize_x_q4pairs(xt, w->cols, xq, dx);
-                tllm_qmatvec_q4_int8_avx2(w, xq, dx, xsum, y + (size_t)t * w->rows, r0, r1);
-            } else {
-                tllm_qmatvec_affine_avx2(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
-            }
+            tllm_qmatvec_affine_avx2(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
         }
         return;
     }

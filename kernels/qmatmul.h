@@ -16,8 +16,4 @@ void tllm_qw_dequant_row_ref(const struct tllm_qweights *w, int r, float *out);
 void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1);
 void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out);
 
-/* Integer activations (llama.cpp's Q8_1 idea): quantize x to int8 per 32 for the 4-bit matvec.
- * Faster, less exact (see README: Performance); off by default (the float path is the exact one). */
-void tllm_qmatmul_set_int8(int on);
-
 #endif

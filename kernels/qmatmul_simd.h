@@ -12,9 +12,4 @@ int tllm_cpu_has_avx2(void);
 void tllm_qmatvec_affine_avx2(const struct tllm_qweights *w, const float *x, const float *xsum, float *y, int r0,
                               int r1);
 
-/* The same with int8 activations (4-bit weights, BF16 scales, cols % 64 == 0): xq and dx8 as laid out
- * by quantize_x_q4pairs in qmatmul.c. */
-void tllm_qmatvec_q4_int8_avx2(const struct tllm_qweights *w, const int8_t *xq, const float *dx8, const float *xsum,
-                               float *y, int r0, int r1);
-
 #endif

@@ -9,6 +9,8 @@
 
 #include "../engine/dtype.h"
 
+struct tllm_qpack;
+
 enum tllm_wformat {
     TLLM_WF_DENSE,  /* w: [rows x cols] of `dtype` */
     TLLM_WF_AFFINE, /* q: uint32 [rows x cols*bits/32]; scales, biases: [rows x cols/group_size] of `dtype` */
@@ -24,6 +26,7 @@ struct tllm_qweights {
     const void *w;          /* dense values or packed codes (lowest bits first within a word) */
     const void *scales;     /* affine only */
     const void *biases;     /* affine only */
+    const struct tllm_qpack *pack; /* the same weights packed for int8 activations, or NULL (qpack.h) */
 };
 
 /* Bytes of weights (plus scales and biases) that one full pass over the matrix reads. */

@@ -14,47 +14,56 @@
 #define TOL_REL_RMS 1e-4 /* relative RMS error of a logits row */
 #define TOL_REL_MAX 1e-3 /* max abs error / max |ref| of a logits row */
 #define MARGIN_MIN 1e-3  /* compare argmax only where top1 - top2 exceeds this */
-/* int8-activation decode (opt-in, --int8). Measured on these random-weight fixtures: worst relative RMS
- * 4.5e-2 to 6.5e-2 for 4-bit models, argmax 92-100% where the margin exceeds 0.1. That misses issue 6's
- * 2e-2 target, which is why the path is opt-in; these bounds pin the measured accuracy so that a
- * regression (a layout or scale bug gives errors near 100%) fails. */
-#define TOL_INT8_REL_RMS 8e-2
+/* Packed weights with int8 activations (the CLI's default). Decode steps use two int8 levels and must
+ * be near float: measured 1.3e-4 to 2.2e-4 relative RMS on these fixtures. Prefill uses one level
+ * (llama.cpp's Q8_1 scheme): measured 1.4e-2 to 2.5e-2 (about 0.5% error per matmul, compounded over
+ * the layers of these random-weight models); the bound pins that, and a layout or scale bug would
+ * give errors near 100%. */
+#define TOL_INT8_DECODE_REL_RMS 1e-3
+#define TOL_INT8_PREFILL_REL_RMS 4e-2
 #define MARGIN_MIN_INT8 0.1
 #define MIN_INT8_ARGMAX_AGREEMENT 0.9
 
-/* Token-by-token decode with int8 activations (the CLI's default) against the reference. */
+static void check_int8(const char *dir, const char *how, const struct ref_fixture *r, const float *logits, double tol,
+                       double min_agree) {
+    size_t vocab = (size_t)r->vocab;
+    double worst = 0;
+    for (int j = 0; j < r->n_logits_rows; j++) {
+        double rms, mx;
+        ref_compare_row(r->logits + (size_t)j * vocab, logits + (size_t)r->logits_rows[j] * vocab, r->vocab, &rms, &mx);
+        CHECK(rms <= tol, "%s int8 %s: position %d relative RMS %.3g", dir, how, r->logits_rows[j], rms);
+        worst = rms > worst ? rms : worst;
+    }
+    int agree = 0, compared = 0;
+    for (int p = 0; p < r->n_seq - 1; p++) {
+        if (r->margins[p] <= MARGIN_MIN_INT8) continue;
+        compared++;
+        agree += argmax_f32(logits + (size_t)p * vocab, r->vocab) == r->top1[p];
+    }
+    CHECK(agree >= min_agree * compared, "%s int8 %s: argmax agrees at %d of %d positions", dir, how, agree, compared);
+    printf("  int8 %-8s worst rel RMS %.2e, argmax %d/%d (margin > %.1f)\n", how, worst, agree, compared, MARGIN_MIN_INT8);
+}
+
 static void test_int8(const char *dir) {
     struct ref_fixture r;
     struct tllm_model *m;
-    printf("%s (int8 activations)\n", dir);
+    printf("%s (packed, int8 activations)\n", dir);
     if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK) {
         CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
         return;
     }
+    CHECK(tllm_model_pack(m) == TLLM_OK, "pack: %s", tllm_errmsg());
+    CHECK(m->n_packs > 0 || m->cfg.quant.bits == 0, "%s: a quantized model got no packed weights", dir);
     size_t vocab = (size_t)r.vocab;
     float *logits = malloc((size_t)r.n_seq * vocab * sizeof(float));
     struct tllm_ctx ctx;
     CHECK(tllm_ctx_init(&ctx, m, r.n_seq, 16) == TLLM_OK, "ctx");
-    tllm_qmatmul_set_int8(1);
     for (int p = 0; p < r.n_seq; p++)
         CHECK(tllm_ctx_forward(&ctx, &r.sequence[p], 1, logits + (size_t)p * vocab, TLLM_LOGITS_LAST) == TLLM_OK, "decode");
-    tllm_qmatmul_set_int8(0);
-    double worst = 0;
-    for (int j = 0; j < r.n_logits_rows; j++) {
-        double rms, mx;
-        ref_compare_row(r.logits + (size_t)j * vocab, logits + (size_t)r.logits_rows[j] * vocab, r.vocab, &rms, &mx);
-        CHECK(rms <= TOL_INT8_REL_RMS, "%s int8: position %d relative RMS %.3g", dir, r.logits_rows[j], rms);
-        worst = rms > worst ? rms : worst;
-    }
-    int agree = 0, compared = 0;
-    for (int p = 0; p < r.n_seq - 1; p++) {
-        if (r.margins[p] <= MARGIN_MIN_INT8) continue;
-        int a = argmax_f32(logits + (size_t)p * vocab, r.vocab);
-        compared++;
-        agree += a == r.top1[p];
-    }
-    CHECK(agree >= MIN_INT8_ARGMAX_AGREEMENT * compared, "%s int8: argmax agrees at %d of %d positions", dir, agree, compared);
-    printf("  int8     worst rel RMS %.2e, argmax %d/%d (margin > %.1f)\n", worst, agree, compared, MARGIN_MIN_INT8);
+    check_int8(dir, "decode", &r, logits, TOL_INT8_DECODE_REL_RMS, 1.0);
+    tllm_ctx_reset(&ctx);
+    CHECK(tllm_ctx_forward(&ctx, r.sequence, r.n_seq, logits, TLLM_LOGITS_ALL) == TLLM_OK, "prefill");
+    check_int8(dir, "prefill", &r, logits, TOL_INT8_PREFILL_REL_RMS, MIN_INT8_ARGMAX_AGREEMENT);
     tllm_ctx_free(&ctx);
     free(logits);
     tllm_model_free(m);

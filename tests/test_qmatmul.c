@@ -8,10 +8,12 @@
 #include "engine/error.h"
 #include "engine/safetensors.h"
 #include "kernels/qmatmul.h"
+#include "kernels/qpack.h"
 #include "kernels/quantize.h"
 
 #define TOL_KERNEL_REL 1e-5 /* fast kernel vs scalar reference, relative to sum |w*x| */
 #define TOL_INT8_REL 1e-2   /* int8-activation kernel vs reference, relative to sum |w*x| */
+#define TOL_INT8X2_REL 1e-4 /* the same with the second int8 level (residual) */
 
 static void test_vectors(const char *path) {
     struct tllm_st_file *f;
@@ -133,19 +135,70 @@ static uint32_t rnd(void) {
 }
 static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
 
+/* Worst |y0 - y1| / sum_j |w_rj x_tj| over every output. */
+static double worst_rel_err(const struct tllm_qweights *w, const float *x, int n, const float *y0, const float *y1) {
+    double worst = 0;
+    float *row = malloc((size_t)w->cols * 4);
+    for (int r = 0; r < w->rows; r++) {
+        tllm_qw_dequant_row_ref(w, r, row);
+        for (int t = 0; t < n; t++) {
+            double mag = 0;
+            for (int j = 0; j < w->cols; j++) mag += fabs((double)row[j] * x[(size_t)t * w->cols + j]);
+            double e = fabs((double)y0[(size_t)t * w->rows + r] - y1[(size_t)t * w->rows + r]) / (mag + 1e-30);
+            worst = e > worst ? e : worst;
+        }
+    }
+    free(row);
+    return worst;
+}
+
+static int int8_cases; /* packed runs whose error shows they really took the integer path */
+
+/* The int8-activation kernels: the portable one within TOL_INT8_REL of the float reference, and the
+ * SIMD one identical to it (same float operations in the same order; the integer dots are exact). */
+static void check_packed(const struct tllm_qweights *w, const float *x, int n, const float *y_ref) {
+    struct tllm_qpack p;
+    if (tllm_qpack_init(&p, w) != TLLM_OK) {
+        CHECK(0, "pack: %s", tllm_errmsg());
+        return;
+    }
+    int nb = w->cols / TLLM_XQ_BLOCK;
+    for (int levels = 1; levels <= (n <= TLLM_XQ_L2_MAX_TOKENS ? 2 : 1); levels++) {
+    struct tllm_xq xq = {n, w->cols, malloc((size_t)n * w->cols), levels == 2 ? malloc((size_t)n * w->cols) : NULL,
+                         malloc((size_t)n * nb * 4), malloc((size_t)n * nb * 4)};
+    tllm_xq_quantize(&xq, x, 0, n);
+    float *y1 = malloc((size_t)n * w->rows * 4), *y2 = malloc((size_t)n * w->rows * 4);
+    /* two calls over split block ranges, as two threads would */
+    int split = p.n_blocks / 2;
+    tllm_qpack_matmul_ref(&p, &xq, y1, 0, split);
+    tllm_qpack_matmul_ref(&p, &xq, y1, split, p.n_blocks);
+    double worst = worst_rel_err(w, x, n, y_ref, y1), tol = levels == 2 ? TOL_INT8X2_REL : TOL_INT8_REL;
+    CHECK(worst <= tol, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: rel err %.3g", w->bits, w->group_size,
+          tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels, worst);
+    if (levels == 1 && worst > 1e-5) int8_cases++;
+    if (tllm_cpu_has_avx512vnni()) {
+        tllm_qpack_matmul_avx512(&p, &xq, y2, 0, split);
+        tllm_qpack_matmul_avx512(&p, &xq, y2, split, p.n_blocks);
+        CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: AVX-512 != portable",
+              w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels);
+    }
+    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(y1), free(y2);
+    }
+    tllm_qpack_free(&p);
+}
+
 /* Random matrices of every format; fast kernel == reference within TOL_KERNEL_REL. */
-static int int8_cases; /* int8 runs whose error shows they really took the integer path */
 
 static void test_kernels_vs_ref(void) {
     static const int bits_list[] = {2, 4, 8}, gs_list[] = {32, 64, 128};
     static const enum tllm_dtype dts[] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
-    static const int rows_list[] = {1, 7, 33}, cols_mult[] = {1, 3}, ntok[] = {1, 5};
+    static const int rows_list[] = {1, 7, 33}, cols_mult[] = {1, 3}, ntok[] = {1, 5, 11};
     for (int bi = 0; bi < 3; bi++)
         for (int gi = 0; gi < 3; gi++)
             for (int di = 0; di < 3; di++)
                 for (int ri = 0; ri < 3; ri++)
                     for (int ci = 0; ci < 2; ci++)
-                        for (int ni = 0; ni < 2; ni++) {
+                        for (int ni = 0; ni < 3; ni++) {
                             int bits = bits_list[bi], gs = gs_list[gi], rows = rows_list[ri];
                             int cols = gs * cols_mult[ci] * (ci ? 3 : 1), n = ntok[ni];
                             size_t nw = (size_t)rows * cols * bits / 32, ng = (size_t)rows * cols / gs;
@@ -166,30 +219,15 @@ static void test_kernels_vs_ref(void) {
                                   *y1 = malloc((size_t)n * rows * 4);
                             for (int i = 0; i < n * cols; i++) x[i] = rndf();
                             tllm_qmatmul_ref(&w, x, n, y0, 0, rows);
-                            for (int int8 = 0; int8 < 2; int8++) {
-                            if (int8 && !(bits == 4 && cols % 64 == 0 && n == 1)) continue;
-                            tllm_qmatmul_set_int8(int8);
                             tllm_qmatmul(&w, x, n, y1, 0, rows);
-                            tllm_qmatmul_set_int8(0);
-                            double worst = 0;
-                            for (int t = 0; t < n; t++)
-                                for (int r = 0; r < rows; r++) {
-                                    double mag = 0;
-                                    float *row = malloc((size_t)cols * 4);
-                                    tllm_qw_dequant_row_ref(&w, r, row);
-                                    for (int j = 0; j < cols; j++) mag += fabs((double)row[j] * x[t * cols + j]);
-                                    free(row);
-                                    double e = fabs((double)y0[t * rows + r] - y1[t * rows + r]) / (mag + 1e-30);
-                                    worst = e > worst ? e : worst;
-                                }
-                            CHECK(worst <= (int8 ? TOL_INT8_REL : TOL_KERNEL_REL),
-                                  "bits %d gs %d %s rows %d cols %d n %d int8 %d: rel err %.3g", bits, gs,
-                                  tllm_dtype_name(dts[di]), rows, cols, n, int8, worst);
-                            if (int8 && worst > 1e-4) int8_cases++;
-                            }
+                            double worst = worst_rel_err(&w, x, n, y0, y1);
+                            CHECK(worst <= TOL_KERNEL_REL, "bits %d gs %d %s rows %d cols %d n %d: rel err %.3g", bits,
+                                  gs, tllm_dtype_name(dts[di]), rows, cols, n, worst);
+                            if (tllm_qpack_supported(&w)) check_packed(&w, x, n, y0);
                             free(q); free(sb); free(sb16); free(x); free(y0); free(y1);
                         }
     CHECK(int8_cases > 0, "no int8 case differed from the float path: the int8 kernel did not run");
+    printf("packed int8 kernels: %d cases, SIMD %s\n", int8_cases, tllm_cpu_has_avx512vnni() ? "AVX-512 VNNI compared bit for bit" : "absent (portable kernel only)");
     /* dense matrices too */
     for (int di = 0; di < 3; di++) {
         int rows = 9, cols = 300, n = 3;
