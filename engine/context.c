@@ -12,6 +12,8 @@
 #include "error.h"
 #include "threadpool.h"
 
+#define ATT_QUERY_BLOCK 16 /* queries per attention task: heads x query blocks are shared out */
+
 int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
     memset(ctx, 0, sizeof *ctx);
     const struct tllm_config *c = &m->cfg;
@@ -36,7 +38,7 @@ int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, i
     ctx->hb = malloc(nb * c->ffn_dim * sizeof(float));
     ctx->hb2 = malloc(nb * c->ffn_dim * sizeof(float));
     ctx->n_scratch = tllm_threadpool_size();
-    ctx->scores = malloc((size_t)ctx->n_scratch * n_ctx * sizeof(float));
+    ctx->scores = malloc((size_t)ctx->n_scratch * ATT_QUERY_BLOCK * n_ctx * sizeof(float));
     ctx->rope_cos = malloc(nb * half * sizeof(float));
     ctx->rope_sin = malloc(nb * half * sizeof(float));
     size_t max_cols = (size_t)c->dim;
@@ -155,7 +157,7 @@ struct attn_args {
 };
 
 /* Causal GQA attention for n new tokens at positions pos0.., whose K/V are already in the cache.
- * Heads are split over the threads; each thread has its own row of score scratch. */
+ * Tasks are (head, block of queries), dealt round-robin so the causal triangle's cost evens out. */
 static void attention_task(void *arg, int ith, int nth) {
     const struct attn_args *a = arg;
     struct tllm_ctx *ctx = a->ctx;
@@ -163,34 +165,16 @@ static void attention_task(void *arg, int ith, int nth) {
     if (nth > ctx->n_scratch) nth = ctx->n_scratch;
     const struct tllm_config *c = &ctx->m->cfg;
     int hd = c->head_dim, kv_dim = c->n_kv_heads * hd, q_dim = c->n_heads * hd;
-    int group = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hd);
-    const float *kc = ctx->key_cache + (size_t)a->l * ctx->n_ctx * kv_dim;
-    const float *vc = ctx->value_cache + (size_t)a->l * ctx->n_ctx * kv_dim;
-    float *s = ctx->scores + (size_t)ith * ctx->n_ctx;
-    for (int h = ith; h < c->n_heads; h += nth) {
-        size_t koff = (size_t)(h / group) * hd;
-        for (int t = 0; t < a->n; t++) {
-            int len = a->pos0 + t + 1; /* attend to positions 0..pos0+t */
-            const float *q = ctx->q + (size_t)t * q_dim + (size_t)h * hd;
-            for (int p = 0; p < len; p++) {
-                const float *k = kc + (size_t)p * kv_dim + koff;
-                float part[8] = {0}; /* independent sums: one serial chain would cost 4 cycles a term */
-                int i = 0;
-                for (; i + 8 <= hd; i += 8)
-                    for (int j = 0; j < 8; j++) part[j] += q[i + j] * k[i + j];
-                float dot = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-                for (; i < hd; i++) dot += q[i] * k[i];
-                s[p] = dot * scale;
-            }
-            tllm_softmax(s, len);
-            float *o = ctx->att_out + (size_t)t * q_dim + (size_t)h * hd;
-            memset(o, 0, (size_t)hd * sizeof(float));
-            for (int p = 0; p < len; p++) {
-                const float *v = vc + (size_t)p * kv_dim + koff;
-                for (int i = 0; i < hd; i++) o[i] += s[p] * v[i];
-            }
-        }
+    int group = c->n_heads / c->n_kv_heads, blocks = (a->n + ATT_QUERY_BLOCK - 1) / ATT_QUERY_BLOCK;
+    float *s = ctx->scores + (size_t)ith * ATT_QUERY_BLOCK * ctx->n_ctx;
+    for (int task = ith; task < c->n_heads * blocks; task += nth) {
+        int h = task % c->n_heads, t0 = task / c->n_heads * ATT_QUERY_BLOCK;
+        int nq = a->n - t0 < ATT_QUERY_BLOCK ? a->n - t0 : ATT_QUERY_BLOCK;
+        const float *kt = ctx->key_cache + ((size_t)a->l * c->n_kv_heads + (size_t)(h / group)) * hd * ctx->n_ctx;
+        const float *vc = ctx->value_cache + (size_t)a->l * ctx->n_ctx * kv_dim + (size_t)(h / group) * hd;
+        tllm_attention(ctx->q + (size_t)t0 * q_dim + (size_t)h * hd, (size_t)q_dim, nq, a->pos0 + t0, kt,
+                       (size_t)ctx->n_ctx, vc, (size_t)kv_dim, hd, s, ctx->att_out + (size_t)t0 * q_dim + (size_t)h * hd,
+                       (size_t)q_dim);
     }
 }
 
@@ -227,14 +211,15 @@ static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float 
         add_bias(ctx->q, L->bq, n, q_dim);
         add_bias(ctx->k, L->bk, n, kv_dim);
         add_bias(ctx->v, L->bv, n, kv_dim);
-        float *kc = ctx->key_cache + ((size_t)l * ctx->n_ctx + pos0) * kv_dim;
+        float *kt = ctx->key_cache + (size_t)l * ctx->n_ctx * kv_dim;
         float *vc = ctx->value_cache + ((size_t)l * ctx->n_ctx + pos0) * kv_dim;
         for (int t = 0; t < n; t++) {
             const float *ct = ctx->rope_cos + (size_t)t * half, *st = ctx->rope_sin + (size_t)t * half;
             tllm_rope(ctx->q + (size_t)t * q_dim, c->n_heads, hd, ct, st);
             tllm_rope(ctx->k + (size_t)t * kv_dim, c->n_kv_heads, hd, ct, st);
         }
-        memcpy(kc, ctx->k, (size_t)n * kv_dim * sizeof(float));
+        for (int t = 0; t < n; t++) /* keys go in transposed: [kv_head][head_dim][position] */
+            for (int j = 0; j < kv_dim; j++) kt[(size_t)j * ctx->n_ctx + pos0 + t] = ctx->k[(size_t)t * kv_dim + j];
         memcpy(vc, ctx->v, (size_t)n * kv_dim * sizeof(float));
         attention(ctx, l, pos0, n);
         a = act_of(ctx, ctx->att_out, n, q_dim);

@@ -17,7 +17,7 @@ struct tllm_ctx {
     int n_ctx;          /* KV cache capacity in tokens */
     int n_batch;        /* most tokens one internal forward step handles */
     int pos;            /* tokens in the cache so far */
-    float *key_cache;   /* [n_layers x n_ctx x kv_dim] */
+    float *key_cache;   /* [n_layers x n_kv_heads x head_dim x n_ctx]: transposed, so q.K^T vectorizes over positions */
     float *value_cache; /* [n_layers x n_ctx x kv_dim] */
     /* activations for up to n_batch tokens */
     float *x;           /* [n_batch x dim] residual stream */
@@ -29,7 +29,7 @@ struct tllm_ctx {
     float *proj;        /* [n_batch x dim] o_proj / down_proj output */
     float *hb;          /* [n_batch x ffn_dim] gate, then silu(gate)*up */
     float *hb2;         /* [n_batch x ffn_dim] up */
-    float *scores;      /* [n_scratch x n_ctx] attention scores, a row per thread */
+    float *scores;      /* [n_scratch x 16 x n_ctx] attention scores, a block of query rows per thread */
     int n_scratch;      /* threads in the pool when the context was made */
     float *rope_cos;    /* [n_batch x head_dim/2] */
     float *rope_sin;    /* [n_batch x head_dim/2] */

@@ -2,6 +2,8 @@
 #ifndef TLLM_OPS_H
 #define TLLM_OPS_H
 
+#include <stddef.h>
+
 /* out = x / rms(x) * weight, over n elements (out may alias x). */
 void tllm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
 
@@ -10,6 +12,21 @@ void tllm_rope(float *v, int n_heads, int head_dim, const float *cos_t, const fl
 
 /* cos/sin tables for one position, computed in float32 as Hugging Face's Qwen2 rotary embedding does. */
 void tllm_rope_tables(int pos, int head_dim, float theta, float *cos_t, float *sin_t);
+
+/* Hot loops written for the auto-vectorizer, compiled once per x86-64 level (AVX-512, AVX2+FMA,
+ * baseline) and chosen by the loader (GCC target_clones), since the binary is built without -march. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(TLLM_NO_CLONES)
+#define TLLM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TLLM_CLONES
+#endif
+
+/* Causal attention of nq consecutive queries of one head, the j-th at position pos0 + j.
+ * q: [nq rows, q_stride apart]; kt: the head's keys transposed, kt[i * kt_stride + p] (head_dim x
+ * positions); v: value rows v_stride apart; scores: scratch of nq x (pos0 + nq); out: [nq rows,
+ * out_stride apart] of head_dim. */
+void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                    const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
 
 /* In-place softmax over n elements. */
 void tllm_softmax(float *x, int n);

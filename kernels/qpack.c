@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../engine/error.h"
+#include "ops.h"
 
 int tllm_qpack_supported(const struct tllm_qweights *w) {
     return w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8) &&
@@ -88,7 +89,7 @@ size_t tllm_qpack_nbytes(const struct tllm_qpack *p) {
     return (size_t)p->n_blocks * (p->block_bytes + 2 * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS * tllm_dtype_size(p->dtype));
 }
 
-void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {
+TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {
     const int nb = xq->cols / TLLM_XQ_BLOCK;
     for (int t = t0; t < t1; t++)
         for (int b = 0; b < nb; b++) {
