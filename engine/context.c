@@ -9,6 +9,7 @@
 #include "../kernels/ops.h"
 #include "../kernels/qmatmul.h"
 #include "../kernels/qpack.h"
+#include "cl.h"
 #include "error.h"
 #include "threadpool.h"
 
@@ -77,13 +78,34 @@ void tllm_ctx_free(struct tllm_ctx *ctx) {
     free(ctx->xq2);
     free(ctx->xq_d);
     free(ctx->xq_sum);
+    free(ctx->logits_buf);
     memset(ctx, 0, sizeof *ctx);
 }
 
-void tllm_ctx_reset(struct tllm_ctx *ctx) { ctx->pos = 0; }
+void tllm_ctx_reset(struct tllm_ctx *ctx) { ctx->pos = ctx->host_valid = ctx->dev_valid = 0; }
 
 void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
-    if (pos >= 0 && pos < ctx->pos) ctx->pos = pos;
+    if (pos < 0 || pos >= ctx->pos) return;
+    ctx->pos = pos;
+    if (ctx->host_valid > pos) ctx->host_valid = pos;
+    if (ctx->dev_valid > pos) ctx->dev_valid = pos;
+}
+
+void tllm_ctx_use_cl(struct tllm_ctx *ctx, struct tllm_cl *cl) {
+    ctx->cl = cl;
+    ctx->dev_valid = 0;
+}
+
+/* One token on the device: first bring the device cache up to date with what the CPU computed. */
+static int cl_decode(struct tllm_ctx *ctx, int32_t id, float *logits, int32_t *next) {
+    if (ctx->dev_valid < ctx->pos) {
+        if (tllm_cl_kv_upload(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->dev_valid, ctx->pos)) return TLLM_ERR_IO;
+        ctx->dev_valid = ctx->pos;
+    }
+    int rc = tllm_cl_step(ctx->cl, id, ctx->pos, logits, next);
+    if (rc) return rc;
+    ctx->dev_valid = ++ctx->pos;
+    return TLLM_OK;
 }
 
 /* The input of one or more matmuls (q/k/v share one, gate/up another): n rows of cols floats, and
@@ -260,6 +282,12 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", ids[i],
                              c->vocab_size);
+    if (ctx->cl && n == 1 && mode != TLLM_LOGITS_ALL)
+        return cl_decode(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL, NULL);
+    if (ctx->cl && ctx->host_valid < ctx->pos) { /* positions the device decoded: the CPU needs them now */
+        if (tllm_cl_kv_download(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->host_valid, ctx->pos)) return TLLM_ERR_IO;
+        ctx->host_valid = ctx->pos;
+    }
     for (int done = 0; done < n;) {
         int step = n - done < ctx->n_batch ? n - done : ctx->n_batch;
         int last_step = done + step == n;
@@ -275,5 +303,22 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
         forward_step(ctx, ids + done, step, out, smode);
         done += step;
     }
+    ctx->host_valid = ctx->pos;
+    return TLLM_OK;
+}
+
+int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next) {
+    const struct tllm_config *c = &ctx->m->cfg;
+    if (id < 0 || id >= c->vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, c->vocab_size);
+    if (ctx->pos >= ctx->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens", ctx->pos);
+    if (ctx->cl) return cl_decode(ctx, id, NULL, next);
+    if (!ctx->logits_buf && !(ctx->logits_buf = malloc((size_t)c->vocab_size * sizeof(float))))
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    int rc = tllm_ctx_forward(ctx, &id, 1, ctx->logits_buf, TLLM_LOGITS_LAST);
+    if (rc) return rc;
+    int best = 0;
+    for (int i = 1; i < c->vocab_size; i++)
+        if (ctx->logits_buf[i] > ctx->logits_buf[best]) best = i;
+    *next = best;
     return TLLM_OK;
 }

@@ -38,6 +38,11 @@ struct tllm_ctx {
     int8_t *xq2;        /* [TLLM_XQ_L2_MAX_TOKENS x max_cols] second level for decode steps */
     float *xq_d;        /* [n_batch x max_cols/32] */
     float *xq_sum;      /* [n_batch x max_cols/32] */
+    /* decode on an OpenCL device (tllm_ctx_use_cl): its own KV cache, synced by position ranges */
+    struct tllm_cl *cl;
+    int host_valid;     /* positions [0, host_valid) of the host cache are current */
+    int dev_valid;      /* positions [0, dev_valid) of the device cache are current */
+    float *logits_buf;  /* [vocab], for tllm_ctx_decode_argmax on the CPU */
 };
 
 /* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. */
@@ -52,5 +57,14 @@ void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos);
  * Fails with TLLM_ERR_LIMIT (cache untouched) when the tokens would not fit, TLLM_ERR_ARG on a bad id. */
 int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
                      enum tllm_logits_mode mode);
+
+struct tllm_cl;
+/* Run single-token steps on an OpenCL device from now on (NULL: back to the CPU). The device's
+ * cache must have been made for this context's n_ctx. Multi-token steps stay on the CPU threads. */
+void tllm_ctx_use_cl(struct tllm_ctx *ctx, struct tllm_cl *cl);
+
+/* Feed one token and return the argmax of its logits (on the device when one is in use: only the id
+ * crosses the bus). */
+int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next);
 
 #endif

@@ -1,0 +1,38 @@
+/* OpenCL decode backend: the whole per-token forward pass on an OpenCL 1.2 device (kernels/decode.cl).
+ * Weights are uploaded once; the KV cache lives on the device and is synced with the CPU context's
+ * cache by position ranges, so prefill (CPU threads) and decode (device) can alternate. */
+#ifndef TLLM_CL_H
+#define TLLM_CL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model.h"
+
+struct tllm_cl;
+
+/* List every OpenCL platform and device, numbered as --device opencl:N counts them. Returns the count
+ * (0 when no platform or no ICD loader is found). */
+int tllm_cl_list(FILE *out);
+
+/* Pick a device: index >= 0 for opencl:N, -1 for the first GPU (else the first device), -2 for a GPU
+ * only (auto). Uploads the model's weights and makes a device KV cache of n_ctx positions.
+ * Fails with a message naming what went wrong (no platform, build log, out of device memory). */
+int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index);
+void tllm_cl_free(struct tllm_cl *cl);
+/* "NVIDIA H200 (NVIDIA CUDA)" */
+const char *tllm_cl_device_name(const struct tllm_cl *cl);
+
+/* One decode step for token `id` at position pos (the device cache holds positions [0, pos)).
+ * logits != NULL: copied back [vocab]; next != NULL: argmax on the device. */
+int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next);
+
+/* Copy cache positions [p0, p1) host -> device or device -> host; the host layout is the CPU
+ * context's (keys [layer][kv_head][dim][n_ctx], values [layer][n_ctx][kv_dim]). */
+int tllm_cl_kv_upload(struct tllm_cl *cl, const float *key_cache, const float *value_cache, int p0, int p1);
+int tllm_cl_kv_download(struct tllm_cl *cl, float *key_cache, float *value_cache, int p0, int p1);
+
+/* Kernel launches of one decode step (for reports). */
+int tllm_cl_launches_per_token(const struct tllm_cl *cl);
+
+#endif

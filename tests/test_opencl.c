@@ -1,0 +1,115 @@
+/* The OpenCL decode path on every fixture (PoCL on the CPU in CI): token-by-token logits match the
+ * transformers reference, greedy ids match the CPU path, and CPU prefill / device decode alternate
+ * with the KV cache synced both ways. A missing device is a clean error. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/cl.h"
+#include "engine/context.h"
+#include "engine/error.h"
+#include "reference.h"
+
+#define TOL_CL_REL_RMS 1e-3 /* relative RMS of a logits row (issue 7) */
+#define MARGIN_MIN_CL 1e-2  /* compare argmax where top1 - top2 exceeds this */
+
+static void test_fixture(const char *dir, int device) {
+    struct ref_fixture r;
+    struct tllm_model *m;
+    printf("%s\n", dir);
+    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK) {
+        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+        return;
+    }
+    size_t vocab = (size_t)r.vocab;
+    float *logits = malloc((size_t)r.n_seq * vocab * sizeof(float));
+    struct tllm_ctx ctx;
+    struct tllm_cl *cl;
+    CHECK(tllm_ctx_init(&ctx, m, r.n_seq + 4, 16) == TLLM_OK, "ctx");
+    if (tllm_cl_init(&cl, m, ctx.n_ctx, device) != TLLM_OK) {
+        CHECK(0, "%s: opencl init: %s", dir, tllm_errmsg());
+        tllm_cl_free(cl);
+        goto out;
+    }
+    tllm_ctx_use_cl(&ctx, cl);
+    /* every token through the device */
+    for (int p = 0; p < r.n_seq; p++)
+        CHECK(tllm_ctx_forward(&ctx, &r.sequence[p], 1, logits + (size_t)p * vocab, TLLM_LOGITS_LAST) == TLLM_OK,
+              "decode %d: %s", p, tllm_errmsg());
+    double worst = 0;
+    for (int j = 0; j < r.n_logits_rows; j++) {
+        double rms, mx;
+        ref_compare_row(r.logits + (size_t)j * vocab, logits + (size_t)r.logits_rows[j] * vocab, r.vocab, &rms, &mx);
+        CHECK(rms <= TOL_CL_REL_RMS, "%s opencl: position %d relative RMS %.3g", dir, r.logits_rows[j], rms);
+        worst = rms > worst ? rms : worst;
+    }
+    int agree = 0, compared = 0;
+    for (int p = 0; p < r.n_seq - 1; p++) {
+        if (r.margins[p] <= MARGIN_MIN_CL) continue;
+        int a = argmax_f32(logits + (size_t)p * vocab, r.vocab);
+        compared++;
+        agree += a == r.top1[p];
+        CHECK(a == r.top1[p], "%s opencl: argmax at %d is %d, reference %d", dir, p, a, r.top1[p]);
+    }
+    printf("  opencl decode: worst rel RMS %.2e, argmax %d/%d\n", worst, agree, compared);
+
+    /* CPU prefill of the prompt, then greedy on the device (argmax there), then a CPU step that needs
+     * the device's K/V, then the device again: the greedy ids must be the reference's */
+    tllm_ctx_reset(&ctx);
+    CHECK(tllm_ctx_forward(&ctx, r.prompt_ids, r.n_prompt, NULL, TLLM_LOGITS_NONE) == TLLM_OK, "prefill");
+    int32_t next = 0, id = r.prompt_ids[r.n_prompt - 1];
+    tllm_ctx_truncate(&ctx, r.n_prompt - 1); /* re-feed the last prompt token to get its argmax */
+    int half = r.n_greedy / 2, same = 0;
+    for (int i = 0; i < r.n_greedy; i++) {
+        if (i == half && i > 0) {
+            /* two tokens through the CPU (a multi-token step), whose attention reads device-made K/V */
+            int32_t two[2] = {id, r.greedy_ids[i]};
+            float *l2 = malloc(2 * vocab * sizeof(float));
+            CHECK(tllm_ctx_forward(&ctx, two, 2, l2, TLLM_LOGITS_ALL) == TLLM_OK, "cpu step: %s", tllm_errmsg());
+            same += argmax_f32(l2, r.vocab) == r.greedy_ids[i];
+            next = argmax_f32(l2 + vocab, r.vocab);
+            free(l2);
+            if (++i >= r.n_greedy) break;
+            same += next == r.greedy_ids[i];
+            id = next;
+            continue;
+        }
+        CHECK(tllm_ctx_decode_argmax(&ctx, id, &next) == TLLM_OK, "argmax step: %s", tllm_errmsg());
+        same += next == r.greedy_ids[i];
+        id = next;
+    }
+    CHECK(same == r.n_greedy, "%s: %d of %d greedy ids match with CPU/device alternating", dir, same, r.n_greedy);
+    printf("  greedy, CPU prefill + device decode + CPU step: %d/%d ids\n", same, r.n_greedy);
+    tllm_ctx_use_cl(&ctx, NULL);
+    tllm_cl_free(cl);
+out:
+    tllm_ctx_free(&ctx);
+    free(logits);
+    tllm_model_free(m);
+    ref_free(&r);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_opencl MODEL_DIR...\n");
+        return 2;
+    }
+    int n = tllm_cl_list(stdout);
+    if (n == 0) {
+        /* setup.sh installs PoCL; without any platform there is nothing to run on */
+        printf("no OpenCL device: skipped\n");
+        return 77;
+    }
+    /* a device that is not there: a message, no crash */
+    struct tllm_model *m;
+    if (tllm_model_load(argv[1], &m) == TLLM_OK) {
+        struct tllm_cl *cl;
+        CHECK(tllm_cl_init(&cl, m, 16, 999) != TLLM_OK && strstr(tllm_errmsg(), "opencl:999"), "bad index: %s",
+              tllm_errmsg());
+        tllm_cl_free(cl);
+        tllm_model_free(m);
+    }
+    const char *dev = getenv("TLLM_TEST_CL_DEVICE"); /* default: the first GPU, else the first device */
+    for (int i = 1; i < argc; i++) test_fixture(argv[i], dev ? atoi(dev) : -1);
+    return check_done();
+}
