@@ -8,6 +8,7 @@
 #include "engine/error.h"
 #include "engine/threadpool.h"
 #include "session.h"
+#include "engine/cl.h"
 
 static const char usage[] =
     "usage: tllm bench -m DIR [-p 512] [-n 128] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
@@ -44,8 +45,11 @@ static double run_test(struct cli_session *s, int n_prompt, int n_gen, int32_t *
         if (tllm_ctx_forward(&s->ctx, ids, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
         return (double)n_prompt / (tllm_now() - t0);
     }
+    /* decode as greedy generation does: logits and their argmax (on the device when one is in use) */
+    int32_t next;
     for (int i = 0; i < n_gen; i++)
-        if (tllm_ctx_forward(&s->ctx, &ids[i], 1, logits, TLLM_LOGITS_LAST)) cli_die_lib();
+        if (tllm_ctx_decode_argmax(&s->ctx, ids[i], &next)) cli_die_lib();
+    (void)logits;
     return (double)n_gen / (tllm_now() - t0);
 }
 
@@ -70,9 +74,6 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             fmt = cli_value(argc, argv, &i);
             if (strcmp(fmt, "md") && strcmp(fmt, "json") && strcmp(fmt, "csv")) cli_die("-o: '%s' is not md, json or csv", fmt);
-        } else if (!strcmp(a, "--device")) {
-            const char *d = cli_value(argc, argv, &i);
-            if (strcmp(d, "cpu") != 0) cli_die("--device %s: this build runs on the CPU only", d);
         } else if (cli_model_opt(argc, argv, &i, &mo)) {
             continue;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -88,6 +89,8 @@ int cmd_bench(int argc, char **argv) {
     struct cli_session s;
     mo.threads = th[0];
     cli_session_open(&s, &mo, 0);
+    if (s.cl) fprintf(stderr, "decode on %s, %d kernel launches per token; prefill on %d CPU threads\n",
+                      cli_session_backend(&s), tllm_cl_launches_per_token(s.cl), th[0]);
     if (max_len > s.ctx.n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx.n_ctx);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);
     float *logits = malloc((size_t)s.m->cfg.vocab_size * sizeof(float));
@@ -103,6 +106,7 @@ int cmd_bench(int argc, char **argv) {
         if (tllm_threadpool_size() != th[ti]) { /* the context's scratch depends on the pool size */
             tllm_ctx_free(&s.ctx);
             if (tllm_threadpool_start(th[ti]) || tllm_ctx_init(&s.ctx, s.m, mo.n_ctx, 0)) cli_die_lib();
+            cli_session_attach_device(&s);
         }
         for (int kind = 0; kind < 2; kind++)
             for (int k = 0; k < (kind ? n_tg : n_pp); k++) {
@@ -135,8 +139,8 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "model_type", json_object_new_string(quant));
             json_object_object_add(o, "model_size", json_object_new_int64((int64_t)size));
             json_object_object_add(o, "model_n_params", json_object_new_int64((int64_t)params));
-            json_object_object_add(o, "backend", json_object_new_string("CPU"));
-            json_object_object_add(o, "backends", json_object_new_string("CPU"));
+            json_object_object_add(o, "backend", json_object_new_string(s.cl ? "OpenCL" : "CPU"));
+            json_object_object_add(o, "backends", json_object_new_string(cli_session_backend(&s)));
             json_object_object_add(o, "n_threads", json_object_new_int(r->threads));
             json_object_object_add(o, "n_batch", json_object_new_int(s.ctx.n_batch));
             json_object_object_add(o, "n_prompt", json_object_new_int(r->n_prompt));
@@ -170,7 +174,7 @@ int cmd_bench(int argc, char **argv) {
     } else if (!strcmp(fmt, "csv")) {
         puts("model,model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,avg_ts,stddev_ts,effective_bandwidth_gbs");
         for (int i = 0; i < n_res; i++)
-            printf("%s,%s,%zu,%zu,CPU,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, res[i].threads,
+            printf("%s,%s,%zu,%zu,%s,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, s.cl ? "OpenCL" : "CPU", res[i].threads,
                    res[i].n_prompt, res[i].n_gen, res[i].avg_ts, res[i].stddev_ts,
                    res[i].n_gen ? (double)bpt * res[i].avg_ts / 1e9 : 0);
     } else {
@@ -179,8 +183,8 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < n_res; i++) {
             char bw[32] = "";
             if (res[i].n_gen) snprintf(bw, sizeof bw, "%.1f", (double)bpt * res[i].avg_ts / 1e9);
-            printf("| %s | %s | %.1f MiB | %.1f M | CPU | %d | %s%d | %.2f ± %.2f | %s |\n", name, quant,
-                   (double)size / (1 << 20), (double)params / 1e6, res[i].threads, res[i].test_kind,
+            printf("| %s | %s | %.1f MiB | %.1f M | %s | %d | %s%d | %.2f ± %.2f | %s |\n", name, quant,
+                   (double)size / (1 << 20), (double)params / 1e6, s.cl ? "OpenCL" : "CPU", res[i].threads, res[i].test_kind,
                    res[i].n_prompt + res[i].n_gen, res[i].avg_ts, res[i].stddev_ts, bw);
         }
     }

@@ -13,6 +13,7 @@ static const struct {
     {"generate", cmd_generate, "generate text from a prompt, or from a file of prompts to JSONL"},
     {"bench", cmd_bench, "prefill and decode speed, llama-bench style"},
     {"bench-matvec", cmd_bench_matvec, "the decode matvec alone at real shapes, in GB/s"},
+    {"devices", cmd_devices, "list OpenCL devices for --device opencl:N"},
     {"info", cmd_info, "describe a checkpoint: shapes, quantization, bytes per token"},
     {"tokenize", cmd_tokenize, "encode text (or a chat) to token ids, or decode ids to text"},
     {"logits", cmd_logits, "write the float32 logits of a list of token ids"},

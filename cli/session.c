@@ -1,5 +1,7 @@
 #include "session.h"
 
+#include "engine/cl.h"
+
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,7 +21,9 @@ const char cli_model_opts_help[] =
     "  --quantize BITS        quantize a bf16/f16 checkpoint on load (2, 4, 8) [--group-size 64]\n"
     "  --no-template          plain prompts even where the checkpoint has a chat template\n"
     "  --exact                float32 activations in every matmul (default: int8 activations against packed\n"
-    "                         quantized weights, as llama.cpp does; see README: Performance)\n";
+    "                         quantized weights, as llama.cpp does; see README: Performance)\n"
+    "  --device D             cpu, opencl (first GPU, else first device), opencl:N (tllm devices), or\n"
+    "                         auto (default: OpenCL when a GPU is there); decode runs there, prefill on the CPU\n";
 
 const char cli_sampling_help[] =
     "sampling options (defaults: the checkpoint's generation_config.json, else greedy):\n"
@@ -44,6 +48,7 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
     else if (!strcmp(a, "--group-size")) o->quantize_group = (int)cli_int(a, cli_value(argc, argv, i), 32, 128);
     else if (!strcmp(a, "--no-template")) o->no_template = 1;
     else if (!strcmp(a, "--exact")) o->exact = 1;
+    else if (!strcmp(a, "--device")) o->device = cli_value(argc, argv, i);
     else return 0;
     return 1;
 }
@@ -83,6 +88,26 @@ struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, con
     return p;
 }
 
+/* --device: a failure to start OpenCL is reported and the CPU takes over (auto stays quiet when
+ * there is simply no GPU). */
+static void open_device(struct cli_session *s, const char *dev) {
+    int index;
+    if (!strcmp(dev, "cpu")) return;
+    if (!strcmp(dev, "auto")) index = -2;
+    else if (!strcmp(dev, "opencl")) index = -1;
+    else if (!strncmp(dev, "opencl:", 7)) index = (int)cli_int("--device opencl:N", dev + 7, 0, 1000);
+    else cli_die("--device: '%s' is not cpu, opencl, opencl:N or auto", dev);
+    if (tllm_cl_init(&s->cl, s->m, s->ctx.n_ctx, index) != TLLM_OK) {
+        int nothing_there = strstr(tllm_errmsg(), "no GPU") || strstr(tllm_errmsg(), "no OpenCL platform");
+        if (!(index == -2 && nothing_there))
+            fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
+        tllm_cl_free(s->cl);
+        s->cl = NULL;
+        return;
+    }
+    tllm_ctx_use_cl(&s->ctx, s->cl);
+}
+
 void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int need_tok) {
     memset(s, 0, sizeof *s);
     if (!o->dir) cli_die("-m DIR is required (a model directory)");
@@ -107,10 +132,23 @@ void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int
     if (tllm_gen_defaults_load(o->dir, s->m, &s->gd)) cli_die_lib();
     int n_ctx = o->n_ctx ? o->n_ctx : (s->m->cfg.max_pos < 4096 ? s->m->cfg.max_pos : 4096);
     if (tllm_ctx_init(&s->ctx, s->m, n_ctx, 0)) cli_die_lib();
+    open_device(s, o->device ? o->device : "auto");
     s->load_secs = tllm_now() - t0;
 }
 
+void cli_session_attach_device(struct cli_session *s) {
+    if (s->cl) tllm_ctx_use_cl(&s->ctx, s->cl);
+}
+
+const char *cli_session_backend(const struct cli_session *s) {
+    static char buf[300];
+    if (!s->cl) return "CPU";
+    snprintf(buf, sizeof buf, "OpenCL %s", tllm_cl_device_name(s->cl));
+    return buf;
+}
+
 void cli_session_close(struct cli_session *s) {
+    tllm_cl_free(s->cl);
     tllm_ctx_free(&s->ctx);
     tllm_chat_template_free(&s->tpl);
     tllm_tok_free(s->tok);

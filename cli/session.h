@@ -18,6 +18,7 @@ struct cli_model_opts {
     int quantize_group; /* --group-size */
     int no_template;    /* --no-template */
     int exact;          /* --exact: float32 activations everywhere (no packed int8 kernels) */
+    const char *device; /* --device cpu|opencl|opencl:N|auto (NULL = auto) */
 };
 
 /* Sampling flags given on the command line (each overrides generation_config.json). */
@@ -40,12 +41,17 @@ struct cli_session {
     struct tllm_chat_template tpl;
     struct tllm_gen_defaults gd;
     struct tllm_ctx ctx;
+    struct tllm_cl *cl;              /* the OpenCL device decoding, or NULL (CPU) */
     double load_secs;
 };
 
 /* Load model (+ tokenizer if present; required if need_tok) and a context; dies on error. */
 void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int need_tok);
 void cli_session_close(struct cli_session *s);
+/* (Re)attach the session's device to s->ctx, e.g. after the context was made anew. */
+void cli_session_attach_device(struct cli_session *s);
+/* "CPU" or "OpenCL <device name>" */
+const char *cli_session_backend(const struct cli_session *s);
 
 /* generation_config.json defaults with the command line's overrides applied. */
 struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, const struct cli_sampling *c);

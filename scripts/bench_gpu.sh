@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command for the GPU measurement (issue 7): checks the OpenCL path on the GPU against the
+# reference fixtures, synthesizes a full-size Qwen2.5-0.5B 4-bit checkpoint and runs tllm bench on it.
+#   bash scripts/bench_gpu.sh [BUILD_DIR]
+# BUILD_DIR defaults to build-static (made by `cmake -B build-static -DTLLM_STATIC_DEPS=ON`, so the
+# binary needs only libOpenCL on the GPU machine, which has no json-c/pcre2/utf8proc headers); when it
+# is missing, the script builds with cmake. Results go to $OUT (or ./gpu-results).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${1:-build-static}
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+if [ ! -x "$B/tllm" ]; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release && cmake --build "$B" -j"$(nproc)" --target tllm-cli test_opencl
+fi
+# NVIDIA's OpenCL is installed without an ICD file on the lent machines: register it
+if [ -e /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 ] || ldconfig -p | grep -q libnvidia-opencl; then
+  mkdir -p /tmp/icd && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
+fi
+"$B/tllm" devices | tee "$OUT/devices.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
+# correctness on this GPU: every small fixture, token by token, against transformers' logits
+"$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl.txt" 2>&1 && echo "test_opencl: pass" || { echo "test_opencl: FAIL"; tail -20 "$OUT/test_opencl.txt"; }
+M=/tmp/tllm-synth-qwen2.5-0.5b-q4
+[ -f "$M/model.safetensors" ] || "$B/tllm" synth --config configs/qwen2.5-0.5b-instruct.json --out "$M" --tokenizer tests/data/tokenizer
+T=$(nproc)
+"$B/tllm" bench -m "$M" --device opencl -p 512 -n 128 -r 5 -t "$T" | tee "$OUT/bench_opencl.md"
+"$B/tllm" bench -m "$M" --device opencl -p 512 -n 128 -r 5 -t "$T" -o json > "$OUT/bench_opencl.json"
+"$B/tllm" bench -m "$M" --device cpu -p 512 -n 128 -r 3 -t "$T" | tee "$OUT/bench_cpu.md"
