@@ -18,6 +18,10 @@
 #define MAX_HEAD_DIM 256
 #endif
 
+#ifndef MV_LOCAL_X
+#define MV_LOCAL_X 8192 /* inputs up to this many floats are staged (normalized) in local memory */
+#endif
+
 #define MV_RPG (MV_LWS / MV_TPR) /* rows (or row pairs) per work-group */
 
 /* Weight formats: bits 0 = dense of dtype dt, else MLX affine with scales/biases of dtype dt.
@@ -44,16 +48,22 @@ inline float inv_rms(__global const float *x, int n, float eps, __local float *r
     return rsqrt(r / (float)n + eps);
 }
 
-/* This thread's share of row r . xin, where xin[j] = x[j] * (normw ? inv * normw[j] : 1). */
+/* xin = x * inv * normw (or x) into local memory, when it fits; returns whether it did. */
+inline int stage_x(__global const float *x, int n, __global const float *normw, float inv, __local float *xs) {
+    if (n > MV_LOCAL_X) return 0;
+    for (int j = get_local_id(0); j < n; j += MV_LWS) xs[j] = normw ? x[j] * inv * normw[j] : x[j];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return 1;
+}
+
+/* This thread's share of row r . xin, where xin is xs (staged) or x[j] * (normw ? inv * normw[j] : 1). */
 inline float row_part(__global const uchar *W, __global const uchar *S, __global const uchar *B, int r, int cols,
                       int bits, int gs, int dt, __global const float *x, __global const float *normw, float inv,
-                      int lane) {
+                      __local const float *xs, int staged, int lane) {
+#define XIN(j) (staged ? xs[j] : normw ? x[j] * inv * normw[j] : x[j])
     float acc = 0.0f;
     if (bits == 0) {
-        for (int j = lane; j < cols; j += MV_TPR) {
-            float xv = normw ? x[j] * inv * normw[j] : x[j];
-            acc += ld(W, dt, (size_t)r * cols + j) * xv;
-        }
+        for (int j = lane; j < cols; j += MV_TPR) acc += ld(W, dt, (size_t)r * cols + j) * XIN(j);
         return acc;
     }
     const int per = 32 / bits, wpr = cols / per, ng = cols / gs;
@@ -64,13 +74,14 @@ inline float row_part(__global const uchar *W, __global const uchar *S, __global
         int j0 = w * per, g = j0 / gs;
         float qx = 0.0f, sx = 0.0f;
         for (int e = 0; e < per; e++) {
-            float xv = normw ? x[j0 + e] * inv * normw[j0 + e] : x[j0 + e];
+            float xv = XIN(j0 + e);
             qx += (float)((word >> (e * bits)) & mask) * xv;
             sx += xv;
         }
         acc += ld(S, dt, (size_t)r * ng + g) * qx + ld(B, dt, (size_t)r * ng + g) * sx;
     }
     return acc;
+#undef XIN
 }
 
 /* Sum of `v` over the MV_TPR threads of each row slot; the result is valid in lane 0. */
@@ -107,8 +118,10 @@ __kernel void matvec(WARGS(0), int rows, int cols, __global const float *x, __gl
     __local float red[MV_LWS];
     int lid = get_local_id(0), r = get_group_id(0) * MV_RPG + lid / MV_TPR, lane = lid % MV_TPR;
     __global const float *normw = norm_off >= 0 ? vecs + norm_off : 0;
+    __local float xs[MV_LOCAL_X];
     float inv = normw ? inv_rms(x, cols, eps, red) : 1.0f;
-    float part = r < rows ? row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, lane) : 0.0f;
+    int staged = stage_x(x, cols, normw, inv, xs);
+    float part = r < rows ? row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane) : 0.0f;
     float sum = row_reduce(part, red);
     if (lane == 0 && r < rows) {
         if (mode == 1) y[r] += sum;
@@ -122,11 +135,13 @@ __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, __global const flo
     __local float red[MV_LWS];
     int lid = get_local_id(0), r = get_group_id(0) * MV_RPG + lid / MV_TPR, lane = lid % MV_TPR;
     __global const float *normw = vecs + norm_off;
+    __local float xs[MV_LOCAL_X];
     float inv = inv_rms(x, cols, eps, red);
+    int staged = stage_x(x, cols, normw, inv, xs);
     float g = 0.0f, u = 0.0f;
     if (r < rows) {
-        g = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, lane);
-        u = row_part(W1, S1, B1, r, cols, bits1, gs1, dt1, x, normw, inv, lane);
+        g = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
+        u = row_part(W1, S1, B1, r, cols, bits1, gs1, dt1, x, normw, inv, xs, staged, lane);
     }
     g = row_reduce(g, red);
     u = row_reduce(u, red);
@@ -146,21 +161,23 @@ __kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, i
     int n_units = (n_heads + 2 * n_kv) * half_d;
     int head = unit / half_d, i = unit % half_d; /* head over the concatenation q heads, k heads, v heads */
     __global const float *normw = vecs + norm_off;
+    __local float xs[MV_LOCAL_X];
     float inv = inv_rms(x, cols, eps, red);
+    int staged = stage_x(x, cols, normw, inv, xs);
     float a = 0.0f, b = 0.0f;
     if (unit < n_units) {
         if (head < n_heads) {
             int r = head * hd + i;
-            a = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, lane);
-            b = row_part(W0, S0, B0, r + half_d, cols, bits0, gs0, dt0, x, normw, inv, lane);
+            a = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
+            b = row_part(W0, S0, B0, r + half_d, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
         } else if (head < n_heads + n_kv) {
             int r = (head - n_heads) * hd + i;
-            a = row_part(W1, S1, B1, r, cols, bits1, gs1, dt1, x, normw, inv, lane);
-            b = row_part(W1, S1, B1, r + half_d, cols, bits1, gs1, dt1, x, normw, inv, lane);
+            a = row_part(W1, S1, B1, r, cols, bits1, gs1, dt1, x, normw, inv, xs, staged, lane);
+            b = row_part(W1, S1, B1, r + half_d, cols, bits1, gs1, dt1, x, normw, inv, xs, staged, lane);
         } else {
             int r = (head - n_heads - n_kv) * hd + i;
-            a = row_part(W2, S2, B2, r, cols, bits2, gs2, dt2, x, normw, inv, lane);
-            b = row_part(W2, S2, B2, r + half_d, cols, bits2, gs2, dt2, x, normw, inv, lane);
+            a = row_part(W2, S2, B2, r, cols, bits2, gs2, dt2, x, normw, inv, xs, staged, lane);
+            b = row_part(W2, S2, B2, r + half_d, cols, bits2, gs2, dt2, x, normw, inv, xs, staged, lane);
         }
     }
     a = row_reduce(a, red);
