@@ -56,6 +56,14 @@ inline int stage_x(__global const float *x, int n, __global const float *normw, 
     return 1;
 }
 
+/* The prologue of a matvec: 1/rms(x) when normw is given (else 1), and xin staged when it fits. */
+inline float prologue(__global const float *x, int n, __global const float *normw, float eps, __local float *red,
+                      __local float *xs, int *staged) {
+    float inv = normw ? inv_rms(x, n, eps, red) : 1.0f;
+    *staged = stage_x(x, n, normw, inv, xs);
+    return inv;
+}
+
 /* This thread's share of row r . xin, where xin is xs (staged) or x[j] * (normw ? inv * normw[j] : 1). */
 inline float row_part(__global const uchar *W, __global const uchar *S, __global const uchar *B, int r, int cols,
                       int bits, int gs, int dt, __global const float *x, __global const float *normw, float inv,
@@ -119,8 +127,8 @@ __kernel void matvec(WARGS(0), int rows, int cols, __global const float *x, __gl
     int lid = get_local_id(0), r = get_group_id(0) * MV_RPG + lid / MV_TPR, lane = lid % MV_TPR;
     __global const float *normw = norm_off >= 0 ? vecs + norm_off : 0;
     __local float xs[MV_LOCAL_X];
-    float inv = normw ? inv_rms(x, cols, eps, red) : 1.0f;
-    int staged = stage_x(x, cols, normw, inv, xs);
+    int staged;
+    float inv = prologue(x, cols, normw, eps, red, xs, &staged);
     float part = r < rows ? row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane) : 0.0f;
     float sum = row_reduce(part, red);
     if (lane == 0 && r < rows) {
@@ -136,8 +144,8 @@ __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, __global const flo
     int lid = get_local_id(0), r = get_group_id(0) * MV_RPG + lid / MV_TPR, lane = lid % MV_TPR;
     __global const float *normw = vecs + norm_off;
     __local float xs[MV_LOCAL_X];
-    float inv = inv_rms(x, cols, eps, red);
-    int staged = stage_x(x, cols, normw, inv, xs);
+    int staged;
+    float inv = prologue(x, cols, normw, eps, red, xs, &staged);
     float g = 0.0f, u = 0.0f;
     if (r < rows) {
         g = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
@@ -162,8 +170,8 @@ __kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, i
     int head = unit / half_d, i = unit % half_d; /* head over the concatenation q heads, k heads, v heads */
     __global const float *normw = vecs + norm_off;
     __local float xs[MV_LOCAL_X];
-    float inv = inv_rms(x, cols, eps, red);
-    int staged = stage_x(x, cols, normw, inv, xs);
+    int staged;
+    float inv = prologue(x, cols, normw, eps, red, xs, &staged);
     float a = 0.0f, b = 0.0f;
     if (unit < n_units) {
         if (head < n_heads) {
