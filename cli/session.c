@@ -97,10 +97,9 @@ static void open_device(struct cli_session *s, const char *dev) {
     else if (!strcmp(dev, "opencl")) index = -1;
     else if (!strncmp(dev, "opencl:", 7)) index = (int)cli_int("--device opencl:N", dev + 7, 0, 1000);
     else cli_die("--device: '%s' is not cpu, opencl, opencl:N or auto", dev);
-    if (tllm_cl_init(&s->cl, s->m, s->ctx.n_ctx, index) != TLLM_OK) {
-        int nothing_there = strstr(tllm_errmsg(), "no GPU") || strstr(tllm_errmsg(), "no OpenCL platform");
-        if (!(index == -2 && nothing_there))
-            fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
+    int rc = tllm_cl_init(&s->cl, s->m, s->ctx.n_ctx, index);
+    if (rc) {
+        if (!(index == -2 && rc == TLLM_ERR_UNSUPPORTED)) fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
         tllm_cl_free(s->cl);
         s->cl = NULL;
         return;

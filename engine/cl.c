@@ -214,7 +214,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     cl_device_id devs[MAX_DEVICES];
     cl_platform_id plats[MAX_DEVICES];
     int n = all_devices(devs, plats, MAX_DEVICES), pick = -1;
-    if (n == 0) return tllm_fail(TLLM_ERR_IO, "opencl: no OpenCL platform or device found (is an ICD installed?)");
+    if (n == 0) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no OpenCL platform or device found (is an ICD installed?)");
     if (index >= 0) {
         if (index >= n) return tllm_fail(TLLM_ERR_ARG, "opencl:%d: there are %d OpenCL devices (tllm devices lists them)", index, n);
         pick = index;
@@ -224,7 +224,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
             clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof t, &t, NULL);
             if (t & CL_DEVICE_TYPE_GPU) pick = i;
         }
-        if (pick < 0 && index == -2) return tllm_fail(TLLM_ERR_IO, "opencl: no GPU among %d OpenCL devices", n);
+        if (pick < 0 && index == -2) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no GPU among %d OpenCL devices", n);
         if (pick < 0) pick = 0;
     }
     const struct tllm_config *c = &m->cfg;

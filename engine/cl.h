@@ -17,7 +17,8 @@ int tllm_cl_list(FILE *out);
 
 /* Pick a device: index >= 0 for opencl:N, -1 for the first GPU (else the first device), -2 for a GPU
  * only (auto). Uploads the model's weights and makes a device KV cache of n_ctx positions.
- * Fails with a message naming what went wrong (no platform, build log, out of device memory). */
+ * Fails with a message naming what went wrong: TLLM_ERR_UNSUPPORTED when there is nothing to run on
+ * (no platform, or no GPU for -2), other codes for a build failure or too little device memory. */
 int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index);
 void tllm_cl_free(struct tllm_cl *cl);
 /* "NVIDIA H200 (NVIDIA CUDA)" */

@@ -98,11 +98,12 @@ void tllm_ctx_use_cl(struct tllm_ctx *ctx, struct tllm_cl *cl) {
 
 /* One token on the device: first bring the device cache up to date with what the CPU computed. */
 static int cl_decode(struct tllm_ctx *ctx, int32_t id, float *logits, int32_t *next) {
+    int rc;
     if (ctx->dev_valid < ctx->pos) {
-        if (tllm_cl_kv_upload(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->dev_valid, ctx->pos)) return TLLM_ERR_IO;
+        if ((rc = tllm_cl_kv_upload(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->dev_valid, ctx->pos))) return rc;
         ctx->dev_valid = ctx->pos;
     }
-    int rc = tllm_cl_step(ctx->cl, id, ctx->pos, logits, next);
+    rc = tllm_cl_step(ctx->cl, id, ctx->pos, logits, next);
     if (rc) return rc;
     ctx->dev_valid = ++ctx->pos;
     return TLLM_OK;
@@ -111,7 +112,6 @@ static int cl_decode(struct tllm_ctx *ctx, int32_t id, float *logits, int32_t *n
 /* The input of one or more matmuls (q/k/v share one, gate/up another): n rows of cols floats, and
  * their int8 form once a packed weight has asked for it. */
 struct act {
-    struct tllm_ctx *ctx;
     const float *x; /* [n x cols] */
     int n, cols;
     struct tllm_xq q;
@@ -120,7 +120,7 @@ struct act {
 
 static struct act act_of(struct tllm_ctx *ctx, const float *x, int n, int cols) {
     int8_t *q2 = n <= TLLM_XQ_L2_MAX_TOKENS ? ctx->xq2 : NULL;
-    struct act a = {ctx, x, n, cols, {n, cols, ctx->xq, q2, ctx->xq_d, ctx->xq_sum}, 0};
+    struct act a = {x, n, cols, {n, cols, ctx->xq, q2, ctx->xq_d, ctx->xq_sum}, 0};
     return a;
 }
 
@@ -130,7 +130,7 @@ struct linear_args {
     float *y;
 };
 
-#define LINEAR_ROW_ALIGN 16 /* rows per thread come in multiples of this (cache lines of y; packed row blocks) */
+#define LINEAR_ROW_ALIGN TLLM_QPACK_ROWS /* thread ranges start on a packed row block (and a cache line of y) */
 
 static void rows_of_thread(int rows, int ith, int nth, int *r0, int *r1) {
     int chunk = (rows + nth - 1) / nth;
@@ -285,7 +285,8 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
     if (ctx->cl && n == 1 && mode != TLLM_LOGITS_ALL)
         return cl_decode(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL, NULL);
     if (ctx->cl && ctx->host_valid < ctx->pos) { /* positions the device decoded: the CPU needs them now */
-        if (tllm_cl_kv_download(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->host_valid, ctx->pos)) return TLLM_ERR_IO;
+        int rc = tllm_cl_kv_download(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->host_valid, ctx->pos);
+        if (rc) return rc;
         ctx->host_valid = ctx->pos;
     }
     for (int done = 0; done < n;) {

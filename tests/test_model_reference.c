@@ -8,7 +8,6 @@
 #include "engine/context.h"
 #include "engine/error.h"
 #include "engine/threadpool.h"
-#include "kernels/qmatmul.h"
 #include "reference.h"
 
 #define TOL_REL_RMS 1e-4 /* relative RMS error of a logits row */
