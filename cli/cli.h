@@ -23,6 +23,11 @@ int32_t *cli_parse_ids(const char *flag, const char *s, int *n);
  * partial file that looks complete. Returns 0 or dies. */
 void cli_write_file_atomic(const char *path, const void *data, size_t n);
 
+/* The model directory for -m `arg` (NULL when not given): a directory as is, a Hugging Face repo id
+ * ("owner/name[@rev]") from the local hub cache, else $TLLM_MODEL, else the bundled demo model (said
+ * on stderr). Dies when a repo id is not in the cache. The result lives until the next call. */
+const char *cli_model_dir(const char *arg);
+
 /* The model directory's tokenizer.json, or die. */
 struct tllm_tok *cli_load_tokenizer(const char *dir);
 

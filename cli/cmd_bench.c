@@ -11,7 +11,7 @@
 #include "engine/cl.h"
 
 static const char usage[] =
-    "usage: tllm bench -m DIR [-p 512] [-n 128] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
+    "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
     "  -p LIST   prompt lengths to prefill (pp tests; 0 skips)\n"
     "  -n LIST   tokens to decode (tg tests; 0 skips)\n"
     "  -r N      repetitions of each test after one warm-up (default 5)\n"

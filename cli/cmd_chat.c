@@ -15,7 +15,7 @@
 #include "session.h"
 
 static const char usage[] =
-    "usage: tllm chat -m DIR [--system S] [-n MAX_REPLY_TOKENS] [options]\n"
+    "usage: tllm chat [-m MODEL] [--system S] [-n MAX_REPLY_TOKENS] [options]\n"
     "  An interactive chat. End a line with \\ to continue it. Ctrl-C stops a reply, Ctrl-D leaves.\n"
     "  With standard input not a terminal, the whole input is one user turn: the reply is printed.\n";
 

@@ -12,9 +12,9 @@
 #include "session.h"
 
 static const char usage[] =
-    "usage: tllm generate -m DIR -p TEXT [-n 256] [--chat] [--system S] [--json] [options]\n"
-    "       tllm generate -m DIR --prompt-ids 1,2,3 [-n 256] [options]\n"
-    "       tllm generate -m DIR --prompts FILE [-o OUT.jsonl] [options]\n"
+    "usage: tllm generate [-m MODEL] -p TEXT [-n 256] [--chat] [--system S] [--json] [options]\n"
+    "       tllm generate [-m MODEL] --prompt-ids 1,2,3 [-n 256] [options]\n"
+    "       tllm generate [-m MODEL] --prompts FILE [-o OUT.jsonl] [options]\n"
     "  -p, --prompt TEXT      a raw completion prompt (with --chat: the user's message)\n"
     "  --prompt-ids LIST      prompt token ids (checkpoints without a tokenizer)\n"
     "  -n, --n-predict N      tokens to generate at most (-1: until the context is full; default 256)\n"

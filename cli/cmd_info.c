@@ -15,11 +15,11 @@ int cmd_info(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) dir = cli_value(argc, argv, &i);
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            puts("usage: tllm info -m DIR");
+            puts("usage: tllm info [-m MODEL]");
             return 0;
         } else cli_die("info: unknown option '%s'", argv[i]);
     }
-    if (!dir) cli_die("info: -m DIR is required");
+    dir = cli_model_dir(dir);
     struct tllm_model *m;
     if (tllm_model_load(dir, &m)) cli_die_lib();
     const struct tllm_config *c = &m->cfg;

@@ -28,7 +28,8 @@ int cmd_logits(int argc, char **argv) {
             return 0;
         } else cli_die("logits: unknown option '%s' (see tllm logits --help)", a);
     }
-    if (!dir || !ids_s || !out) cli_die("logits: -m, --ids and -o are required (see tllm logits --help)");
+    if (!ids_s || !out) cli_die("logits: --ids and -o are required (see tllm logits --help)");
+    dir = cli_model_dir(dir);
     int n;
     int32_t *ids = cli_parse_ids("--ids", ids_s, &n);
     struct tllm_model *m;

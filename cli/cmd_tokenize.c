@@ -177,7 +177,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (text) cli_die("tokenize: more than one TEXT argument (quote the text)");
         else text = a;
     }
-    if (!dir) cli_die("tokenize: -m DIR is required (see tllm tokenize --help)");
+    dir = cli_model_dir(dir);
     int modes = !!file + !!jsonl + !!chat + !!decode + !!text + !!bench;
     if (modes != 1) cli_die("tokenize: give exactly one of TEXT, --file, --jsonl, --chat, --decode, --bench");
     struct tllm_tok *t = cli_load_tokenizer(dir);

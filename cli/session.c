@@ -15,7 +15,9 @@
 
 const char cli_model_opts_help[] =
     "model options:\n"
-    "  -m, --model DIR        model directory (config.json + safetensors [+ tokenizer.json])\n"
+    "  -m, --model MODEL      a model directory (config.json + safetensors [+ tokenizer.json]) or a Hugging\n"
+    "                         Face repo id (owner/name[@rev]) in the local cache ($HF_HOME, ~/.cache/huggingface);\n"
+    "                         default: $TLLM_MODEL, else the bundled demo model (models/tllm-man-demo)\n"
     "  -t, --threads N        CPU threads (default: physical cores)\n"
     "  -c, --ctx-size N       context length in tokens (default: min(model maximum, 4096))\n"
     "  --quantize BITS        quantize a bf16/f16 checkpoint on load (2, 4, 8) [--group-size 64]\n"
@@ -107,9 +109,9 @@ static void open_device(struct cli_session *s, const char *dev) {
     tllm_ctx_use_cl(&s->ctx, s->cl);
 }
 
-void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int need_tok) {
+void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_tok) {
+    o->dir = cli_model_dir(o->dir);
     memset(s, 0, sizeof *s);
-    if (!o->dir) cli_die("-m DIR is required (a model directory)");
     double t0 = tllm_now();
     if (tllm_threadpool_start(o->threads)) cli_die_lib();
     if (tllm_model_load(o->dir, &s->m)) cli_die_lib();

@@ -46,7 +46,8 @@ struct cli_session {
 };
 
 /* Load model (+ tokenizer if present; required if need_tok) and a context; dies on error. */
-void cli_session_open(struct cli_session *s, const struct cli_model_opts *o, int need_tok);
+/* o->dir becomes the resolved model directory (see cli_model_dir). */
+void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_tok);
 void cli_session_close(struct cli_session *s);
 /* (Re)attach the session's device to s->ctx, e.g. after the context was made anew. */
 void cli_session_attach_device(struct cli_session *s);

@@ -127,6 +127,18 @@ int tllm_config_load(const char *path, struct tllm_config *c) {
     if (!rc) rc = tllm_json_num(root, "rms_norm_eps", 0, 1, 1, 1e-6, &d, path);
     c->norm_eps = (float)d;
     if (!rc) rc = tllm_json_num(root, "rope_theta", 1, 1e12, 1, 10000.0, &d, path);
+    /* transformers >= 5 writes {"rope_parameters": {"rope_theta": ..., "rope_type": "default"}} */
+    struct json_object *rp;
+    if (!rc && json_object_object_get_ex(root, "rope_parameters", &rp) && !json_object_is_type(rp, json_type_null)) {
+        const char *rt = NULL;
+        if (!json_object_is_type(rp, json_type_object))
+            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: \"rope_parameters\" is not an object", path);
+        if (!rc) rc = tllm_json_str(rp, "rope_type", &rt, path);
+        if (!rc && rt && strcmp(rt, "default") != 0)
+            rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: rope_parameters.rope_type '%s' is not supported (only default)",
+                           path, rt);
+        if (!rc) rc = tllm_json_num(rp, "rope_theta", 1, 1e12, 1, d, &d, path);
+    }
     c->rope_theta = (float)d;
     if (!rc) rc = tllm_json_bool(root, "tie_word_embeddings", 1, 0, &c->tie_embeddings, path);
     int64_t bos, eos;

@@ -212,13 +212,32 @@ int tllm_st_open(const char *path, struct tllm_st_file **out) {
     return TLLM_OK;
 }
 
+int tllm_st_parse_mem(const void *data, size_t size, const char *name, struct tllm_st_file **out) {
+    *out = NULL;
+    struct tllm_st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(name))) {
+        free(f);
+        return tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory", name);
+    }
+    f->map = (void *)data;
+    f->map_size = size;
+    f->borrowed = 1;
+    int rc = parse_header(f);
+    if (rc) {
+        tllm_st_close(f);
+        return rc;
+    }
+    *out = f;
+    return TLLM_OK;
+}
+
 void tllm_st_close(struct tllm_st_file *f) {
     if (!f) return;
     for (int i = 0; i < f->n_tensors; i++) free((char *)f->tensors[i].name);
     free(f->tensors);
     for (int i = 0; i < f->n_copies; i++) free(f->copies[i]);
     free(f->copies);
-    if (f->map) munmap(f->map, f->map_size);
+    if (f->map && !f->borrowed) munmap(f->map, f->map_size);
     free(f->path);
     free(f);
 }

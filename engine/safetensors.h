@@ -29,12 +29,16 @@ struct tllm_st_file {
     int n_tensors;
     void **copies;               /* aligned copies of misaligned tensors */
     int n_copies;
+    int borrowed;                /* map is the caller's memory (tllm_st_parse_mem), not an mmap */
 };
 
 /* Map and validate `path`. On failure returns a status, *out = NULL, and tllm_errmsg()
  * names the file and, where there is one, the tensor. */
 int tllm_st_open(const char *path, struct tllm_st_file **out);
 void tllm_st_close(struct tllm_st_file *f);
+/* Validate a safetensors image already in memory (`name` stands for the file in messages); the
+ * tensors point into `data`, which must outlive the result. For tests and the fuzzer. */
+int tllm_st_parse_mem(const void *data, size_t size, const char *name, struct tllm_st_file **out);
 
 /* Binary search by name; NULL if absent. */
 const struct tllm_tensor *tllm_st_find(const struct tllm_st_file *f, const char *name);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "engine/config.h"
 #include "engine/error.h"
 #include "engine/model.h"
 
@@ -239,6 +240,26 @@ int main(int argc, char **argv) {
         json_object_put(c);
     }
     expect_fail("missing config key", d, TLLM_ERR_FORMAT, "config.json: missing \"hidden_size\"", NULL);
+
+    /* transformers >= 5 moves rope_theta into rope_parameters: read there, other rope types refused */
+    d = fresh("rope-params");
+    {
+        struct json_object *rp = json_object_new_object();
+        json_object_object_add(rp, "rope_theta", json_object_new_double(500000.0));
+        json_object_object_add(rp, "rope_type", json_object_new_string("default"));
+        set_config(d, "rope_parameters", rp);
+        struct tllm_config cfg;
+        snprintf(path, sizeof path, "%s/config.json", d);
+        CHECK(tllm_config_load(path, &cfg) == TLLM_OK, "rope_parameters: %s", tllm_errmsg());
+        CHECK(cfg.rope_theta == 500000.0f, "rope_parameters: rope_theta %g, expected 500000", cfg.rope_theta);
+        tllm_config_free(&cfg);
+        rp = json_object_new_object();
+        json_object_object_add(rp, "rope_theta", json_object_new_double(500000.0));
+        json_object_object_add(rp, "rope_type", json_object_new_string("yarn"));
+        set_config(d, "rope_parameters", rp);
+    }
+    expect_fail("rope_type yarn", d, TLLM_ERR_UNSUPPORTED, "config.json: rope_parameters.rope_type 'yarn' is not supported",
+                NULL);
 
     d = fresh("heads");
     set_config(d, "num_key_value_heads", json_object_new_int(3));
