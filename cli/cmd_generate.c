@@ -136,100 +136,6 @@ static void error_record(FILE *out, struct json_object *id, const char *fmt, con
     fprintf(stderr, "\rtllm: %s:%ld: %s\n", file, lineno, msg);
 }
 
-/* One line of a prompt file: what to generate and with which options; err set when the line is bad. */
-struct batch_line {
-    struct json_object *id;  /* the line's "id", else its number */
-    struct tllm_sampler_params sp;
-    const char *stop[CLI_MAX_STOP];
-    int n_stop, max_new;
-    struct tllm_ids prompt;
-    char err[256];
-};
-
-static void batch_line_init(struct batch_line *bl, long lineno, const struct tllm_sampler_params *base,
-                            const struct cli_sampling *cs, int max_new) {
-    memset(bl, 0, sizeof *bl);
-    bl->id = json_object_new_int64(lineno);
-    bl->sp = *base;
-    bl->max_new = max_new;
-    for (int i = 0; i < cs->n_stop; i++) bl->stop[bl->n_stop++] = cs->stop[i];
-}
-
-/* A JSONL line's per-line options (OpenAI names) over the defaults. */
-static void batch_jsonl_options(struct json_object *o, struct batch_line *bl) {
-    struct json_object *v;
-    static const char *const num_keys[] = {"temperature", "top_p", "min_p"};
-    float *num_dst[] = {&bl->sp.temperature, &bl->sp.top_p, &bl->sp.min_p};
-    for (int k = 0; k < 3 && !bl->err[0]; k++) {
-        if (!json_object_object_get_ex(o, num_keys[k], &v)) continue;
-        if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
-            snprintf(bl->err, sizeof bl->err, "\"%s\" must be a number", num_keys[k]);
-        else *num_dst[k] = (float)json_object_get_double(v);
-    }
-    static const char *const int_keys[] = {"max_tokens", "top_k", "seed"};
-    for (int k = 0; k < 3 && !bl->err[0]; k++) {
-        if (!json_object_object_get_ex(o, int_keys[k], &v)) continue;
-        if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < (k == 0 ? -1 : 0))
-            snprintf(bl->err, sizeof bl->err, "\"%s\" must be a non-negative integer", int_keys[k]);
-        else if (k == 0) bl->max_new = (int)json_object_get_int64(v);
-        else if (k == 1) bl->sp.top_k = (int)json_object_get_int64(v);
-        else bl->sp.seed = (uint64_t)json_object_get_int64(v);
-    }
-    if (bl->err[0] || !json_object_object_get_ex(o, "stop", &v)) return;
-    static const char bad_stop[] = "\"stop\" must be a string or a list of strings";
-    if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0) {
-        if (bl->n_stop < CLI_MAX_STOP) bl->stop[bl->n_stop++] = json_object_get_string(v);
-    } else if (json_object_is_type(v, json_type_array)) {
-        for (size_t k = 0; k < json_object_array_length(v) && bl->n_stop < CLI_MAX_STOP; k++) {
-            struct json_object *e = json_object_array_get_idx(v, k);
-            if (!json_object_is_type(e, json_type_string) || !json_object_get_string_len(e)) {
-                snprintf(bl->err, sizeof bl->err, "%s", bad_stop);
-                return;
-            }
-            bl->stop[bl->n_stop++] = json_object_get_string(e);
-        }
-    } else {
-        snprintf(bl->err, sizeof bl->err, "%s", bad_stop);
-    }
-}
-
-/* A JSONL line's options, then its "messages" or "prompt" encoded into bl->prompt. */
-static void batch_jsonl_prompt(struct cli_session *s, struct json_object *o, int chat, const char *system,
-                               struct batch_line *bl) {
-    batch_jsonl_options(o, bl);
-    if (bl->err[0]) return;
-    struct json_object *msgs = NULL, *pr = NULL;
-    json_object_object_get_ex(o, "messages", &msgs);
-    json_object_object_get_ex(o, "prompt", &pr);
-    if (msgs) {
-        int nm = json_object_is_type(msgs, json_type_array) ? (int)json_object_array_length(msgs) : 0;
-        if (nm <= 0) {
-            snprintf(bl->err, sizeof bl->err, "\"messages\" must be a non-empty list");
-            return;
-        }
-        struct tllm_chat_msg *m = calloc((size_t)nm, sizeof *m);
-        if (!m) cli_die("out of memory");
-        for (int k = 0; k < nm && !bl->err[0]; k++) {
-            struct json_object *e = json_object_array_get_idx(msgs, (size_t)k), *r, *c;
-            if (!json_object_object_get_ex(e, "role", &r) || !json_object_object_get_ex(e, "content", &c) ||
-                !json_object_is_type(r, json_type_string) || !json_object_is_type(c, json_type_string))
-                snprintf(bl->err, sizeof bl->err, "each message needs string \"role\" and \"content\"");
-            else
-                m[k] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
-        }
-        if (!bl->err[0] && cli_encode_chat(s, m, nm, &bl->prompt)) snprintf(bl->err, sizeof bl->err, "%s", tllm_errmsg());
-        free(m);
-    } else if (pr && json_object_is_type(pr, json_type_string)) {
-        if (json_object_get_string_len(pr) == 0)
-            snprintf(bl->err, sizeof bl->err, "the prompt is empty");
-        else if (encode_user_prompt(s, json_object_get_string(pr), (size_t)json_object_get_string_len(pr), chat,
-                                    system, &bl->prompt))
-            snprintf(bl->err, sizeof bl->err, "%s", tllm_errmsg());
-    } else {
-        snprintf(bl->err, sizeof bl->err, "expected a string \"prompt\" or a \"messages\" list");
-    }
-}
-
 static int run_batch(struct cli_session *s, const char *file, const char *out_path, const struct cli_sampling *cs,
                      int max_new, int chat, const char *system) {
     FILE *in = fopen(file, "rb");
@@ -257,36 +163,27 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     size_t gen_tokens = 0;
     double t_start = tllm_now(), gen_time = 0;
     struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
-    struct json_object *v;
     while (!interrupted && (n = getline(&line, &cap, in)) > 0) {
         lineno++;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-        struct batch_line bl;
-        batch_line_init(&bl, lineno, &base, cs, max_new);
-        struct json_object *o = NULL;
-        if (jsonl == 1 && (tllm_json_parse(line, (size_t)n, &o, "line") || !json_object_is_type(o, json_type_object)))
-            snprintf(bl.err, sizeof bl.err, "not a JSON object");
-        else if (o && json_object_object_get_ex(o, "id", &v)) {
-            json_object_put(bl.id);
-            bl.id = json_object_get(v);
-        }
+        struct cli_prompt_line bl;
+        cli_prompt_line_parse(&bl, line, (size_t)n, jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
+        struct tllm_ids prompt = {0};
         /* ids already answered are skipped before any work on them */
         if (json_object_object_get_ex(done, json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN), NULL)) {
             skipped++;
         } else {
             if (bl.err[0]) {
-            } else if (o) {
-                batch_jsonl_prompt(s, o, chat, system, &bl);
-            } else if (n == 0) {
-                snprintf(bl.err, sizeof bl.err, "the prompt is empty");
-            } else if (encode_user_prompt(s, line, (size_t)n, chat, system, &bl.prompt)) {
+            } else if (bl.n_msgs) {
+                if (cli_encode_chat(s, bl.msgs, bl.n_msgs, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
+            } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
                 snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
             }
             struct tllm_gen_result r;
             if (bl.err[0]) {
                 error_record(out, bl.id, "%s", bl.err, file, lineno);
                 errors++;
-            } else if (run_one(s, &bl.sp, &bl.prompt, bl.max_new, bl.stop, bl.n_stop, stop_if_interrupted, &r)) {
+            } else if (run_one(s, &bl.sp, &prompt, bl.max_new, bl.stop, bl.n_stop, stop_if_interrupted, &r)) {
                 error_record(out, bl.id, "%s", tllm_errmsg(), file, lineno);
                 errors++;
                 tllm_gen_result_free(&r);
@@ -307,9 +204,8 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
             fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, total,
                     gen_time > 0 ? (double)gen_tokens / gen_time : 0, per * (double)(total - lineno));
         }
-        tllm_ids_free(&bl.prompt);
-        json_object_put(bl.id);
-        json_object_put(o);
+        tllm_ids_free(&prompt);
+        cli_prompt_line_free(&bl);
     }
     free(line);
     fclose(in);
@@ -359,6 +255,8 @@ int cmd_generate(int argc, char **argv) {
         free(v);
     } else {
         if (!*prompt) cli_die("generate: the prompt is empty");
+        char err[256];
+        if (cli_check_utf8("-p: the prompt", prompt, strlen(prompt), err, sizeof err)) cli_die("%s", err);
         if (encode_user_prompt(&s, prompt, strlen(prompt), chat, system, &ids)) cli_die_lib();
     }
     struct tllm_sampler_params sp = cli_sampling_resolve(&s, &cs);

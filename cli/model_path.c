@@ -16,7 +16,7 @@
 #endif
 #define DEMO_REL "models/tllm-man-demo"
 
-static char resolved[PATH_MAX + 256];
+static char resolved[PATH_MAX + 256]; /* >= PATH_MAX, as realpath() needs */
 
 static int is_dir(const char *p) {
     struct stat st;
@@ -34,8 +34,9 @@ static const char *demo_dir(void) {
         if (slash) *slash = '\0';
         static const char *const rel[] = {"../" DEMO_REL, "../share/tllm/" DEMO_REL};
         for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
-            snprintf(resolved, sizeof resolved, "%s/%s", exe, rel[i]);
-            if (is_dir(resolved)) return resolved;
+            char path[PATH_MAX + 64];
+            snprintf(path, sizeof path, "%s/%s", exe, rel[i]);
+            if (is_dir(path) && realpath(path, resolved)) return resolved;
         }
     }
     return is_dir(TLLM_DEMO_MODEL_DIR) ? TLLM_DEMO_MODEL_DIR : NULL;

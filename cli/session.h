@@ -5,10 +5,10 @@
 
 #include "engine/context.h"
 #include "engine/generate.h"
+#include "prompt_line.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
-#define CLI_MAX_STOP 16
 
 struct cli_model_opts {
     const char *dir;

@@ -1,0 +1,142 @@
+#include "prompt_line.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/json_util.h"
+#include "tokenizer/tokenizer.h"
+
+int cli_check_utf8(const char *what, const char *s, size_t n, char *err, size_t cap) {
+    for (size_t i = 0; i < n;) {
+        int k = tllm_utf8_valid_len((const unsigned char *)s + i, n - i);
+        if (k == 0) {
+            snprintf(err, cap, "%s is not valid UTF-8 (byte %zu; is the file in another encoding?)", what, i + 1);
+            return -1;
+        }
+        i += (size_t)k;
+    }
+    return 0;
+}
+
+/* A JSONL line's per-line options (OpenAI names) over the defaults. */
+static void options(struct json_object *o, struct cli_prompt_line *pl) {
+    struct json_object *v;
+    static const char *const num_keys[] = {"temperature", "top_p", "min_p"};
+    static const double num_hi[] = {100, 1, 1};
+    float *num_dst[] = {&pl->sp.temperature, &pl->sp.top_p, &pl->sp.min_p};
+    for (int k = 0; k < 3 && !pl->err[0]; k++) {
+        if (!json_object_object_get_ex(o, num_keys[k], &v)) continue;
+        double d = json_object_get_double(v);
+        if (!json_object_is_type(v, json_type_double) && !json_object_is_type(v, json_type_int))
+            snprintf(pl->err, sizeof pl->err, "\"%s\" must be a number", num_keys[k]);
+        else if (!(d >= 0 && d <= num_hi[k]))
+            snprintf(pl->err, sizeof pl->err, "\"%s\" must be in [0, %g]", num_keys[k], num_hi[k]);
+        else *num_dst[k] = (float)d;
+    }
+    static const char *const int_keys[] = {"max_tokens", "top_k", "seed"};
+    static const int64_t int_hi[] = {1 << 24, 1 << 24, INT64_MAX};
+    for (int k = 0; k < 3 && !pl->err[0]; k++) {
+        if (!json_object_object_get_ex(o, int_keys[k], &v)) continue;
+        int64_t x = json_object_get_int64(v);
+        if (!json_object_is_type(v, json_type_int) || x < (k == 0 ? -1 : 0) || x > int_hi[k])
+            snprintf(pl->err, sizeof pl->err, "\"%s\" must be an integer in [%d, %lld]", int_keys[k], k == 0 ? -1 : 0,
+                     (long long)int_hi[k]);
+        else if (k == 0) pl->max_new = (int)x;
+        else if (k == 1) pl->sp.top_k = (int)x;
+        else pl->sp.seed = (uint64_t)x;
+    }
+    if (pl->err[0] || !json_object_object_get_ex(o, "stop", &v)) return;
+    static const char bad_stop[] = "\"stop\" must be a non-empty string or a list of them";
+    if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0) {
+        if (pl->n_stop < CLI_MAX_STOP) pl->stop[pl->n_stop++] = json_object_get_string(v);
+    } else if (json_object_is_type(v, json_type_array)) {
+        for (size_t k = 0; k < json_object_array_length(v) && pl->n_stop < CLI_MAX_STOP; k++) {
+            struct json_object *e = json_object_array_get_idx(v, k);
+            if (!json_object_is_type(e, json_type_string) || !json_object_get_string_len(e)) {
+                snprintf(pl->err, sizeof pl->err, "%s", bad_stop);
+                return;
+            }
+            pl->stop[pl->n_stop++] = json_object_get_string(e);
+        }
+    } else {
+        snprintf(pl->err, sizeof pl->err, "%s", bad_stop);
+    }
+}
+
+static void prompt_of(struct json_object *o, struct cli_prompt_line *pl) {
+    struct json_object *msgs = NULL, *pr = NULL;
+    json_object_object_get_ex(o, "messages", &msgs);
+    json_object_object_get_ex(o, "prompt", &pr);
+    if (msgs) {
+        int nm = json_object_is_type(msgs, json_type_array) ? (int)json_object_array_length(msgs) : 0;
+        if (nm <= 0) {
+            snprintf(pl->err, sizeof pl->err, "\"messages\" must be a non-empty list");
+            return;
+        }
+        if (!(pl->msgs = calloc((size_t)nm, sizeof *pl->msgs))) {
+            snprintf(pl->err, sizeof pl->err, "out of memory");
+            return;
+        }
+        pl->n_msgs = nm;
+        for (int k = 0; k < nm && !pl->err[0]; k++) {
+            struct json_object *e = json_object_array_get_idx(msgs, (size_t)k), *r, *c;
+            if (!json_object_is_type(e, json_type_object) || !json_object_object_get_ex(e, "role", &r) ||
+                !json_object_object_get_ex(e, "content", &c) || !json_object_is_type(r, json_type_string) ||
+                !json_object_is_type(c, json_type_string))
+                snprintf(pl->err, sizeof pl->err, "message %d needs string \"role\" and \"content\"", k);
+            else
+                pl->msgs[k] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
+        }
+    } else if (pr && json_object_is_type(pr, json_type_string)) {
+        pl->text = json_object_get_string(pr);
+        pl->text_len = (size_t)json_object_get_string_len(pr);
+        if (pl->text_len == 0) snprintf(pl->err, sizeof pl->err, "the prompt is empty");
+    } else if (pr) {
+        snprintf(pl->err, sizeof pl->err, "\"prompt\" must be a string");
+    } else {
+        snprintf(pl->err, sizeof pl->err, "expected a string \"prompt\" or a \"messages\" list");
+    }
+}
+
+void cli_prompt_line_parse(struct cli_prompt_line *pl, const char *line, size_t n, int jsonl, long lineno,
+                           const struct tllm_sampler_params *base, const char *const *stop, int n_stop,
+                           int max_new) {
+    memset(pl, 0, sizeof *pl);
+    pl->id = json_object_new_int64(lineno);
+    pl->sp = *base;
+    pl->max_new = max_new;
+    for (int i = 0; i < n_stop && i < CLI_MAX_STOP; i++) pl->stop[pl->n_stop++] = stop[i];
+    if (n > CLI_MAX_PROMPT_LINE) {
+        snprintf(pl->err, sizeof pl->err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
+        return;
+    }
+    if (!jsonl) {
+        pl->text = line;
+        pl->text_len = n;
+        if (n == 0) snprintf(pl->err, sizeof pl->err, "the prompt is empty");
+        else cli_check_utf8("the prompt", line, n, pl->err, sizeof pl->err);
+        return;
+    }
+    /* json-c takes invalid UTF-8 inside strings as is: check the line first, so a line in another
+     * encoding is named as such rather than failing later in the tokenizer's output */
+    if (cli_check_utf8("the line", line, n, pl->err, sizeof pl->err)) return;
+    struct json_object *v;
+    if (tllm_json_parse(line, n, &pl->obj, "line") || !json_object_is_type(pl->obj, json_type_object)) {
+        snprintf(pl->err, sizeof pl->err, "not a JSON object");
+        return;
+    }
+    if (json_object_object_get_ex(pl->obj, "id", &v)) {
+        json_object_put(pl->id);
+        pl->id = json_object_get(v);
+    }
+    options(pl->obj, pl);
+    if (!pl->err[0]) prompt_of(pl->obj, pl);
+}
+
+void cli_prompt_line_free(struct cli_prompt_line *pl) {
+    json_object_put(pl->id);
+    json_object_put(pl->obj);
+    free(pl->msgs);
+    memset(pl, 0, sizeof *pl);
+}
