@@ -41,6 +41,7 @@ int tllm_utf8_valid_len(const unsigned char *s, size_t n) {
 static int lossy(struct tllm_buf *out, const unsigned char *s, size_t n, int hold_tail, size_t *held) {
     size_t i = 0, run = 0; /* run: start of the current stretch of valid bytes */
     *held = 0;
+    if (n == 0) return 0; /* s may be NULL (nothing decoded): no arithmetic on it */
     while (i < n) {
         int need, k = utf8_prefix(s + i, n - i, &need);
         if (k == need) {

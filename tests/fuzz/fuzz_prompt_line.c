@@ -1,0 +1,32 @@
+/* One line of a batch prompt file (text or JSONL, chosen by the first byte), then its messages
+ * rendered with the ChatML template as `tllm generate --prompts` does. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/prompt_line.h"
+#include "fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0) return 0;
+    int jsonl = data[0] & 1;
+    char *line = malloc(size);
+    memcpy(line, data + 1, size - 1);
+    struct tllm_sampler_params base = {.temperature = 0, .top_p = 1, .repeat_penalty = 1};
+    static const char *const stop[] = {"END"};
+    struct cli_prompt_line pl;
+    cli_prompt_line_parse(&pl, line, size - 1, jsonl, 7, &base, stop, 1, 256);
+    if (!pl.id) abort(); /* every line keeps an id for its output record */
+    if (!pl.err[0]) {
+        if (!pl.n_msgs && (!pl.text || !pl.text_len)) abort();
+        if (pl.n_msgs) {
+            struct tllm_chat_template t = {.kind = TLLM_CHAT_CHATML};
+            struct tllm_buf out = {0};
+            tllm_chat_render(&t, pl.msgs, pl.n_msgs, 1, &out);
+            tllm_buf_free(&out);
+        }
+        if (pl.sp.top_p < 0 || pl.sp.top_p > 1 || pl.max_new < -1 || pl.n_stop > CLI_MAX_STOP) abort();
+    }
+    cli_prompt_line_free(&pl);
+    free(line);
+    return 0;
+}
