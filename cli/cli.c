@@ -83,3 +83,30 @@ void cli_write_file_atomic(const char *path, const void *data, size_t n) {
     }
     free(tmp);
 }
+
+ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int *too_long) {
+    size_t len = 0;
+    int c = EOF, any = 0;
+    *too_long = 0;
+    while ((c = getc_unlocked(fp)) != EOF) {
+        any = 1;
+        if (len >= max) {
+            *too_long = 1;
+        } else {
+            if (len + 2 > *cap) {
+                size_t nc = *cap ? *cap * 2 : 256;
+                char *nb = realloc(*buf, nc);
+                if (!nb) cli_die("out of memory");
+                *buf = nb;
+                *cap = nc;
+            }
+            (*buf)[len++] = (char)c;
+        }
+        if (c == '\n') break;
+    }
+    if (!any) return -1;
+    if (*too_long) len = 0; /* nothing of a line that was refused is used */
+    if (!*buf && !(*buf = malloc(*cap = 1))) cli_die("out of memory");
+    (*buf)[len] = '\0';
+    return (ssize_t)len;
+}

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 /* Print "tllm: <message>" to stderr and exit(1). */
 void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
@@ -27,6 +28,10 @@ void cli_write_file_atomic(const char *path, const void *data, size_t n);
  * ("owner/name[@rev]") from the local hub cache, else $TLLM_MODEL, else the bundled demo model (said
  * on stderr). Dies when a repo id is not in the cache. The result lives until the next call. */
 const char *cli_model_dir(const char *arg);
+
+/* getline() that keeps at most `max` bytes of a line: a longer line is read to its end but not
+ * stored (*too_long = 1), so a hostile file cannot make us allocate without bound. -1 at EOF. */
+ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int *too_long);
 
 /* The model directory's tokenizer.json, or die. */
 struct tllm_tok *cli_load_tokenizer(const char *dir);

@@ -104,8 +104,10 @@ static struct json_object *load_done_ids(const char *out) {
     size_t cap = 0;
     ssize_t n;
     long good_end = 0;
-    while ((n = getline(&line, &cap, fp)) > 0) {
-        if (line[n - 1] != '\n') break; /* a torn last line from an interrupted run */
+    int too_long;
+    /* our own records are short; a longer line is not one of them */
+    while ((n = cli_getline(&line, &cap, fp, CLI_MAX_PROMPT_LINE, &too_long)) != -1) {
+        if (too_long || n == 0 || line[n - 1] != '\n') break; /* a torn last line from an interrupted run */
         struct json_object *o = NULL, *id;
         if (tllm_json_parse(line, (size_t)n, &o, out) == TLLM_OK && json_object_object_get_ex(o, "id", &id))
             json_object_object_add(done, json_object_to_json_string_ext(id, JSON_C_TO_STRING_PLAIN), NULL);
@@ -145,7 +147,8 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     ssize_t n;
     long total = 0;
     int jsonl = -1;
-    while ((n = getline(&line, &cap, in)) > 0) { /* count lines, and decide the format from the first */
+    int too_long;
+    while ((n = cli_getline(&line, &cap, in, CLI_MAX_PROMPT_LINE, &too_long)) != -1) { /* count lines, and decide the format from the first */
         total++;
         if (jsonl < 0) {
             char *p = line;
@@ -163,11 +166,12 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     size_t gen_tokens = 0;
     double t_start = tllm_now(), gen_time = 0;
     struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
-    while (!interrupted && (n = getline(&line, &cap, in)) > 0) {
+    while (!interrupted && (n = cli_getline(&line, &cap, in, CLI_MAX_PROMPT_LINE, &too_long)) != -1) {
         lineno++;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
         struct cli_prompt_line bl;
         cli_prompt_line_parse(&bl, line, (size_t)n, jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
+        if (too_long) snprintf(bl.err, sizeof bl.err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
         struct tllm_ids prompt = {0};
         /* ids already answered are skipped before any work on them */
         if (json_object_object_get_ex(done, json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN), NULL)) {

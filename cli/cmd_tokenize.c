@@ -64,12 +64,14 @@ static int run_jsonl(struct tllm_tok *t, const char *path, int special) {
     long lineno = 0;
     int errors = 0;
     struct tllm_ids ids = {0};
-    while ((n = getline(&line, &cap, fp)) > 0) {
+    int too_long;
+    while ((n = cli_getline(&line, &cap, fp, TOKENIZE_MAX_INPUT, &too_long)) != -1) {
         lineno++;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
         struct json_object *o = NULL, *jt;
         const char *err = NULL;
-        if (tllm_json_parse(line, (size_t)n, &o, "line")) err = "invalid JSON";
+        if (too_long) err = "the line is longer than the limit (1 GiB)";
+        else if (tllm_json_parse(line, (size_t)n, &o, "line")) err = "invalid JSON";
         else if (!json_object_is_type(o, json_type_object) || !json_object_object_get_ex(o, "text", &jt) ||
                  !json_object_is_type(jt, json_type_string))
             err = "expected an object with a string \"text\"";

@@ -131,6 +131,8 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     free(tj);
     free(tc);
     if (tllm_gen_defaults_load(o->dir, s->m, &s->gd)) cli_die_lib();
+    if (o->n_ctx > s->m->cfg.max_pos)
+        cli_die("-c %d: longer than the model's max_position_embeddings (%d)", o->n_ctx, s->m->cfg.max_pos);
     int n_ctx = o->n_ctx ? o->n_ctx : (s->m->cfg.max_pos < 4096 ? s->m->cfg.max_pos : 4096);
     if (tllm_ctx_init(&s->ctx, s->m, n_ctx, 0)) cli_die_lib();
     open_device(s, o->device ? o->device : "auto");

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,12 +38,22 @@ static int need_tensor(const struct tllm_model *m, const char *name, int float_o
     return TLLM_OK;
 }
 
+static int check_finite(const struct tllm_tensor *t, int rows, int cols) {
+    for (size_t i = 0, n = (size_t)rows * (size_t)cols; i < n; i++) {
+        float v = tllm_load_f32(t->data, t->dtype, i);
+        if (!isfinite(v))
+            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has a non-finite value (%g) at [%zu, %zu]", t->file,
+                             t->name, v, i / (size_t)cols, i % (size_t)cols);
+    }
+    return TLLM_OK;
+}
+
 static int bind_vector(struct tllm_model *m, const char *name, int len, float *dst) {
     const struct tllm_tensor *t;
     int rc = need_tensor(m, name, 1, 1, len, 0, &t);
     if (rc) return rc;
     tllm_convert_to_f32(t->data, t->dtype, dst, (size_t)len);
-    return TLLM_OK;
+    return check_finite(t, 1, len);
 }
 
 static int bind_linear(struct tllm_model *m, const char *module, int rows, int cols,
@@ -83,6 +94,10 @@ static int bind_linear(struct tllm_model *m, const char *module, int rows, int c
     if (tw->dtype != TLLM_DT_U32)
         return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected U32 (packed codes)",
                          tw->file, name, tllm_dtype_name(tw->dtype));
+    /* A NaN or infinite scale/bias would silently turn whole rows of logits into NaN: refuse the file.
+     * (Scales and biases are 1/16 of a 4-bit checkpoint; dense weights are not scanned.) */
+    if ((rc = check_finite(ts, rows, cols / q.group_size)) || (rc = check_finite(tb, rows, cols / q.group_size)))
+        return rc;
     w->format = TLLM_WF_AFFINE;
     w->dtype = ts->dtype;
     w->bits = q.bits;
