@@ -123,7 +123,7 @@ int tllm_config_load(const char *path, struct tllm_config *c) {
     if (!rc && (c->head_dim % 2 != 0 || (!json_object_object_get_ex(root, "head_dim", NULL) &&
                                          c->dim % c->n_heads != 0)))
         rc = tllm_fail(TLLM_ERR_FORMAT, "%s: head_dim must be even and divide hidden_size", path);
-    double d;
+    double d = 0;
     if (!rc) rc = tllm_json_num(root, "rms_norm_eps", 0, 1, 1, 1e-6, &d, path);
     c->norm_eps = (float)d;
     if (!rc) rc = tllm_json_num(root, "rope_theta", 1, 1e12, 1, 10000.0, &d, path);
@@ -141,7 +141,7 @@ int tllm_config_load(const char *path, struct tllm_config *c) {
     }
     c->rope_theta = (float)d;
     if (!rc) rc = tllm_json_bool(root, "tie_word_embeddings", 1, 0, &c->tie_embeddings, path);
-    int64_t bos, eos;
+    int64_t bos = -1, eos = -1;
     if (!rc) rc = tllm_json_int(root, "bos_token_id", 0, 1 << 24, 1, -1, &bos, path);
     struct json_object *eo;
     eos = -1;
