@@ -8,15 +8,10 @@
 #include "tokenizer/tokenizer.h"
 
 int cli_check_utf8(const char *what, const char *s, size_t n, char *err, size_t cap) {
-    for (size_t i = 0; i < n;) {
-        int k = tllm_utf8_valid_len((const unsigned char *)s + i, n - i);
-        if (k == 0) {
-            snprintf(err, cap, "%s is not valid UTF-8 (byte %zu; is the file in another encoding?)", what, i + 1);
-            return -1;
-        }
-        i += (size_t)k;
-    }
-    return 0;
+    size_t ok = tllm_utf8_valid_prefix(s, n);
+    if (ok == n) return 0;
+    snprintf(err, cap, "%s is not valid UTF-8 (byte %zu; is the file in another encoding?)", what, ok + 1);
+    return -1;
 }
 
 /* A JSONL line's per-line options (OpenAI names) over the defaults. */
@@ -107,10 +102,6 @@ void cli_prompt_line_parse(struct cli_prompt_line *pl, const char *line, size_t 
     pl->sp = *base;
     pl->max_new = max_new;
     for (int i = 0; i < n_stop && i < CLI_MAX_STOP; i++) pl->stop[pl->n_stop++] = stop[i];
-    if (n > CLI_MAX_PROMPT_LINE) {
-        snprintf(pl->err, sizeof pl->err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
-        return;
-    }
     if (!jsonl) {
         pl->text = line;
         pl->text_len = n;

@@ -10,7 +10,8 @@
 #include "tokenizer/chat.h"
 
 #define CLI_MAX_STOP 16
-/* A line longer than this is refused (the context could not hold it anyway). */
+/* A prompt-file line longer than this is refused where it is read (cli_getline), before parsing; the
+ * context could not hold it anyway. */
 #define CLI_MAX_PROMPT_LINE (16u << 20)
 
 struct cli_prompt_line {

@@ -9,7 +9,6 @@
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
-
 struct cli_model_opts {
     const char *dir;
     int threads;        /* -t; 0 = physical cores */

@@ -144,7 +144,6 @@ int tllm_config_load(const char *path, struct tllm_config *c) {
     int64_t bos = -1, eos = -1;
     if (!rc) rc = tllm_json_int(root, "bos_token_id", 0, 1 << 24, 1, -1, &bos, path);
     struct json_object *eo;
-    eos = -1;
     if (!rc && json_object_object_get_ex(root, "eos_token_id", &eo) &&
         json_object_is_type(eo, json_type_int))
         eos = json_object_get_int64(eo);

@@ -21,7 +21,6 @@ loss), heldout.txt (held-out page names) and stats.json.
 usage: python3 scripts/man_dataset.py [--tllm build/tllm] [--model models/tllm-man-demo] [--out DIR]
 """
 import argparse
-import gzip
 import hashlib
 import json
 import os

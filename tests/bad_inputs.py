@@ -165,7 +165,7 @@ case("-c not a number", ["chat", "-m", DEMO, "-c", "4k"], 1, "tllm: -c: '4k' is 
 case("unknown flag", ["generate", "-m", DEMO, "-p", "x", "--tempp", "0"], 1,
      "tllm: generate: unknown option '--tempp' (see tllm generate --help)")
 case("unknown command", ["serve"], 1, "tllm: unknown command 'serve' (tllm --help lists them)")
-case("invalid UTF-8 in -p", ["generate", "-m", DEMO, "-p", b"caf\xe9".decode("latin-1").encode("latin-1").decode("utf-8", "surrogateescape")], 1,
+case("invalid UTF-8 in -p", ["generate", "-m", DEMO, "-p", b"caf\xe9".decode("utf-8", "surrogateescape")], 1,
      "tllm: -p: the prompt is not valid UTF-8 (byte 4; is the file in another encoding?)")
 
 empty = put(os.path.join(T, "empty.txt"), "")

@@ -10,6 +10,7 @@
 
 usage: demo_model.py TLLM_BINARY REPO_ROOT
 """
+import json
 import os
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def chat_and_bench():
     r = run(["chat", "-n", "64", "--temp", "0"], stdin="What does grep do?\n")
     check(r.returncode == 0 and "pattern" in r.stdout, f"chat without -m: exit {r.returncode}, {r.stdout!r} {r.stderr!r}")
     r = run(["bench", "-p", "16", "-n", "8", "-r", "1", "-t", "1", "-o", "json"])
-    check(r.returncode == 0 and '"n_gen": 8' in r.stdout.replace(" ", "").replace('"n_gen":8', '"n_gen": 8'),
+    rows = json.loads(r.stdout) if r.returncode == 0 else []
+    check(any(row.get("n_gen") == 8 for row in rows),
           f"bench without -m: exit {r.returncode}: {r.stdout[:200]!r} {r.stderr.strip()!r}")
 
 

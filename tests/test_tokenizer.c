@@ -206,14 +206,7 @@ static void test_stream(struct tllm_tok *t) {
         struct tllm_buf chunk = {0};
         CHECK(tllm_tok_stream_push(&s, ids.data[i], &chunk) == TLLM_OK, "push");
         if (s.n_pending) split_held++;
-        for (size_t k = 0; k < chunk.len;) {
-            int n = tllm_utf8_valid_len((const unsigned char *)chunk.data + k, chunk.len - k);
-            if (n == 0) {
-                chunks_valid = 0;
-                break;
-            }
-            k += (size_t)n;
-        }
+        if (tllm_utf8_valid_prefix(chunk.data, chunk.len) != chunk.len) chunks_valid = 0;
         tllm_buf_append(&all, chunk.data, chunk.len);
         tllm_buf_free(&chunk);
     }

@@ -36,6 +36,13 @@ int tllm_utf8_valid_len(const unsigned char *s, size_t n) {
     return k == need ? k : 0;
 }
 
+size_t tllm_utf8_valid_prefix(const void *s, size_t n) {
+    const unsigned char *p = s;
+    size_t i = 0;
+    for (int k; i < n && (k = tllm_utf8_valid_len(p + i, n - i)) > 0;) i += (size_t)k;
+    return i;
+}
+
 /* Append s[0..n) replacing invalid subsequences; returns how many trailing bytes were an incomplete
  * (still completable) character and were NOT appended when hold_tail is set. */
 static int lossy(struct tllm_buf *out, const unsigned char *s, size_t n, int hold_tail, size_t *held) {

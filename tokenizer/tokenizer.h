@@ -53,5 +53,8 @@ int tllm_tok_stream_flush(struct tllm_tok_stream *s, struct tllm_buf *out);
 
 /* Length of the valid UTF-8 character at s (1-4), or 0 if s[0..n) does not start with one. */
 int tllm_utf8_valid_len(const unsigned char *s, size_t n);
+/* Length of the longest valid UTF-8 prefix of s[0..n): n when all of it is valid, else the offset of
+ * the first byte that does not start a valid character. */
+size_t tllm_utf8_valid_prefix(const void *s, size_t n);
 
 #endif
