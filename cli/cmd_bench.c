@@ -11,9 +11,10 @@
 #include "engine/cl.h"
 
 static const char usage[] =
-    "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
+    "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
     "  -p LIST   prompt lengths to prefill (pp tests; 0 skips)\n"
     "  -n LIST   tokens to decode (tg tests; 0 skips)\n"
+    "  -d LIST   depths: tokens already in the context (prefilled, not timed) before each test\n"
     "  -r N      repetitions of each test after one warm-up (default 5)\n"
     "  -t LIST   thread counts (default: physical cores)\n"
     "  -o FMT    md (default), json (llama-bench's field names) or csv\n"
@@ -21,7 +22,7 @@ static const char usage[] =
 
 struct result {
     const char *test_kind; /* "pp" or "tg" */
-    int n_prompt, n_gen, threads, reps;
+    int n_prompt, n_gen, depth, threads, reps;
     double samples_ts[64];
     double avg_ts, stddev_ts;
 };
@@ -38,17 +39,18 @@ static void parse_list(const char *flag, const char *s, int *out, int *n, int lo
     free(v);
 }
 
-static double run_test(struct cli_session *s, int n_prompt, int n_gen, int32_t *ids, float *logits) {
+static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen, int32_t *ids, float *logits) {
     tllm_ctx_reset(&s->ctx);
+    if (depth > 0 && tllm_ctx_forward(&s->ctx, ids, depth, NULL, TLLM_LOGITS_NONE)) cli_die_lib();
     double t0 = tllm_now();
     if (n_prompt > 0) {
-        if (tllm_ctx_forward(&s->ctx, ids, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
+        if (tllm_ctx_forward(&s->ctx, ids + depth, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
         return (double)n_prompt / (tllm_now() - t0);
     }
     /* decode as greedy generation does: logits and their argmax (on the device when one is in use) */
     int32_t next;
     for (int i = 0; i < n_gen; i++)
-        if (tllm_ctx_decode_argmax(&s->ctx, ids[i], &next)) cli_die_lib();
+        if (tllm_ctx_decode_argmax(&s->ctx, ids[depth + i], &next)) cli_die_lib();
     (void)logits;
     return (double)n_gen / (tllm_now() - t0);
 }
@@ -63,12 +65,13 @@ static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     struct cli_model_opts mo = {0};
-    int pp[16] = {512}, n_pp = 1, tg[16] = {128}, n_tg = 1, th[16] = {0}, n_th = 1, reps = 5;
+    int pp[16] = {512}, n_pp = 1, tg[16] = {128}, n_tg = 1, th[16] = {0}, n_th = 1, dp[16] = {0}, n_dp = 1, reps = 5;
     const char *fmt = "md";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) parse_list(a, cli_value(argc, argv, &i), pp, &n_pp, 0);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) parse_list(a, cli_value(argc, argv, &i), tg, &n_tg, 0);
+        else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) parse_list(a, cli_value(argc, argv, &i), dp, &n_dp, 0);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) parse_list(a, cli_value(argc, argv, &i), th, &n_th, 1);
         else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
@@ -82,9 +85,11 @@ int cmd_bench(int argc, char **argv) {
         } else cli_die("bench: unknown option '%s' (see tllm bench --help)", a);
     }
     if (th[0] == 0) th[0] = tllm_physical_cores();
-    int max_len = 1;
+    int max_len = 1, max_depth = 0;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? pp[i] : max_len;
     for (int i = 0; i < n_tg; i++) max_len = tg[i] > max_len ? tg[i] : max_len;
+    for (int i = 0; i < n_dp; i++) max_depth = dp[i] > max_depth ? dp[i] : max_depth;
+    max_len += max_depth;
     if (!mo.n_ctx) mo.n_ctx = max_len;
     struct cli_session s;
     mo.threads = th[0];
@@ -99,7 +104,7 @@ int cmd_bench(int argc, char **argv) {
         rng = rng * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((rng >> 33) % (uint64_t)s.m->cfg.vocab_size);
     }
-    struct result *res = calloc((size_t)n_th * (size_t)(n_pp + n_tg), sizeof *res); /* every test x threads */
+    struct result *res = calloc((size_t)n_th * (size_t)n_dp * (size_t)(n_pp + n_tg), sizeof *res); /* tests x depths x threads */
     if (!res) cli_die("out of memory");
     int n_res = 0;
     for (int ti = 0; ti < n_th; ti++) {
@@ -109,16 +114,17 @@ int cmd_bench(int argc, char **argv) {
             cli_session_attach_device(&s);
         }
         for (int kind = 0; kind < 2; kind++)
-            for (int k = 0; k < (kind ? n_tg : n_pp); k++) {
-                int np = kind ? 0 : pp[k], ng = kind ? tg[k] : 0;
+            for (int k = 0; k < (kind ? n_tg : n_pp); k++)
+            for (int di = 0; di < n_dp; di++) {
+                int np = kind ? 0 : pp[k], ng = kind ? tg[k] : 0, d = dp[di];
                 if (np == 0 && ng == 0) continue;
                 struct result *r = &res[n_res++];
                 memset(r, 0, sizeof *r);
-                *r = (struct result){.test_kind = kind ? "tg" : "pp", .n_prompt = np, .n_gen = ng, .threads = th[ti], .reps = reps};
-                run_test(&s, np, ng, ids, logits); /* warm-up */
+                *r = (struct result){.test_kind = kind ? "tg" : "pp", .n_prompt = np, .n_gen = ng, .depth = d, .threads = th[ti], .reps = reps};
+                run_test(&s, d, np, ng, ids, logits); /* warm-up */
                 double sum = 0, sq = 0;
                 for (int i = 0; i < reps; i++) {
-                    r->samples_ts[i] = run_test(&s, np, ng, ids, logits);
+                    r->samples_ts[i] = run_test(&s, d, np, ng, ids, logits);
                     sum += r->samples_ts[i];
                 }
                 r->avg_ts = sum / reps;
@@ -145,6 +151,7 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "n_batch", json_object_new_int(s.ctx.n_batch));
             json_object_object_add(o, "n_prompt", json_object_new_int(r->n_prompt));
             json_object_object_add(o, "n_gen", json_object_new_int(r->n_gen));
+            json_object_object_add(o, "n_depth", json_object_new_int(r->depth));
             double avg_ns = 0, sd_ns = 0;
             int n_tok = r->n_prompt + r->n_gen;
             for (int k = 0; k < r->reps; k++) {
@@ -172,10 +179,10 @@ int cmd_bench(int argc, char **argv) {
         puts(json_object_to_json_string_ext(arr, JSON_C_TO_STRING_PRETTY));
         json_object_put(arr);
     } else if (!strcmp(fmt, "csv")) {
-        puts("model,model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,avg_ts,stddev_ts,effective_bandwidth_gbs");
+        puts("model,model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,n_depth,avg_ts,stddev_ts,effective_bandwidth_gbs");
         for (int i = 0; i < n_res; i++)
-            printf("%s,%s,%zu,%zu,%s,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, s.cl ? "OpenCL" : "CPU", res[i].threads,
-                   res[i].n_prompt, res[i].n_gen, res[i].avg_ts, res[i].stddev_ts,
+            printf("%s,%s,%zu,%zu,%s,%d,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, s.cl ? "OpenCL" : "CPU", res[i].threads,
+                   res[i].n_prompt, res[i].n_gen, res[i].depth, res[i].avg_ts, res[i].stddev_ts,
                    res[i].n_gen ? (double)bpt * res[i].avg_ts / 1e9 : 0);
     } else {
         printf("| model | quant | size | params | backend | threads | test | t/s | weights GB/s |\n");
@@ -183,9 +190,11 @@ int cmd_bench(int argc, char **argv) {
         for (int i = 0; i < n_res; i++) {
             char bw[32] = "";
             if (res[i].n_gen) snprintf(bw, sizeof bw, "%.1f", (double)bpt * res[i].avg_ts / 1e9);
-            printf("| %s | %s | %.1f MiB | %.1f M | %s | %d | %s%d | %.2f ± %.2f | %s |\n", name, quant,
+            char depth[32] = "";
+            if (res[i].depth) snprintf(depth, sizeof depth, " @ d%d", res[i].depth);
+            printf("| %s | %s | %.1f MiB | %.1f M | %s | %d | %s%d%s | %.2f ± %.2f | %s |\n", name, quant,
                    (double)size / (1 << 20), (double)params / 1e6, s.cl ? "OpenCL" : "CPU", res[i].threads, res[i].test_kind,
-                   res[i].n_prompt + res[i].n_gen, res[i].avg_ts, res[i].stddev_ts, bw);
+                   res[i].n_prompt + res[i].n_gen, depth, res[i].avg_ts, res[i].stddev_ts, bw);
         }
     }
     free(res);

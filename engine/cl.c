@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "generate.h" /* tllm_now */
 
 extern const char tllm_cl_source_decode[]; /* kernels/decode.cl, embedded at build time */
 
@@ -20,9 +21,26 @@ struct cl_weights {
     int rows, cols, bits, gs, dt;
 };
 
+/* A kernel object with its arguments bound once at init; `dyn` is the index of the first argument
+ * that changes per step (token id, position, attention split). */
+struct cl_launch {
+    cl_kernel k;
+    cl_uint dyn;
+    size_t global[2], local[2];
+    int dims, kind; /* kind: index into kind_names, for profiling */
+};
+
+enum { K_EMBED, K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN, K_LM_HEAD, K_ARGMAX, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"embed", "qkv", "attention", "attn_out", "gate_up", "down", "lm_head", "argmax"};
+
 struct cl_layer {
     struct cl_weights wq, wk, wv, wo, gate, up, down;
-    int attn_norm, ffn_norm, bq, bk, bv; /* float offsets into `vecs` */
+    struct cl_launch qkv, attn, attn_out, gate_up, down_l;
+};
+
+/* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel. */
+struct cl_tunables {
+    int mv_lws, mv_iters, mv_groups_per_cu, mv_local_x, att_lws, att_max_split, max_head_dim;
 };
 
 struct tllm_cl {
@@ -32,16 +50,23 @@ struct tllm_cl {
     cl_context cx;
     cl_command_queue q;
     cl_program prog;
-    cl_kernel k_embed, k_qkv, k_attn, k_matvec, k_gate_up, k_argmax;
-    size_t mv_lws, mv_rpg, att_lws;
+    struct cl_tunables t;
+    int n_cu;
     struct cl_weights embed, lm_head;
+    struct cl_launch l_embed, l_lm_head, l_argmax;
     struct cl_layer *layers;
-    int final_norm;
     cl_mem vecs;       /* every norm weight and bias (the model's `vectors`) */
     cl_mem inv_freq;   /* [head_dim/2] RoPE frequencies */
-    cl_mem x, qb, att, hb, logits, scores, next;
+    cl_mem x, qb, hb, logits, part, best, next; /* part: [n_heads][ATT_MAX_SPLIT][head_dim + 2] */
     cl_mem kt, vc;     /* [layers x kv_dim x n_ctx], [layers x n_ctx x kv_dim] */
     int n_ctx;
+    /* TLLM_CL_PROFILE: per-kernel device times, summed over steps and printed by tllm_cl_free */
+    int profile, n_events, prof_steps;
+    cl_event *events;
+    int *event_kind;
+    double prof_ns[K_COUNT], prof_span_ns, prof_wall_s;
+    double floor_ns, floor_gap_ns; /* a trivial kernel's duration and the gap between two, back to back */
+    long prof_count[K_COUNT];
 };
 
 static const char *cl_err_name(cl_int e) {
@@ -142,8 +167,18 @@ static int build_program(struct tllm_cl *cl) {
     cl->prog = clCreateProgramWithSource(cl->cx, 1, &src, NULL, &e);
     free(disk);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateProgramWithSource: %s", cl_err_name(e));
-    char opts[512];
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s", extra ? extra : "");
+    /* devices with little local memory (32 KiB) stage shorter inputs unless the options say otherwise */
+    cl_ulong local_mem = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
+    char opts[768], fit[64] = "", lws[32] = "";
+    if (local_mem && local_mem < 48 * 1024 && !(extra && strstr(extra, "MV_LOCAL_X")))
+        snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", (int)((local_mem - 8 * 1024) / 4 / 256 * 256));
+    /* CPU devices get 64-thread matvec groups: PoCL 3.1 (Debian 12, what CI runs) miscompiles the matvec kernels
+     * at 128 and 256 (a vectorized store with a wild trip count; correct with -cl-opt-disable) */
+    cl_device_type type = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s", fit, lws, extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         size_t n = 0;
@@ -157,14 +192,65 @@ static int build_program(struct tllm_cl *cl) {
         return tllm_fail(TLLM_ERR_IO, "opencl: kernels/decode.cl does not build on %s: %s (log above)", cl->name,
                          cl_err_name(e));
     }
-    struct { cl_kernel *k; const char *name; } ks[] = {
-        {&cl->k_embed, "embed"}, {&cl->k_qkv, "qkv"}, {&cl->k_attn, "attention"},
-        {&cl->k_matvec, "matvec"}, {&cl->k_gate_up, "gate_up"}, {&cl->k_argmax, "argmax"},
-    };
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
-        *ks[i].k = clCreateKernel(cl->prog, ks[i].name, &e);
-        if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: kernel %s: %s", ks[i].name, cl_err_name(e));
+    return TLLM_OK;
+}
+
+static int make_kernel(struct tllm_cl *cl, cl_kernel *k, const char *name) {
+    cl_int e;
+    *k = clCreateKernel(cl->prog, name, &e);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: kernel %s: %s", name, cl_err_name(e));
+    return TLLM_OK;
+}
+
+/* For the profile: what a kernel that does nothing costs on this device, and the gap between two. */
+static void measure_floor(struct tllm_cl *cl) {
+    enum { N = 64 };
+    cl_kernel k;
+    if (make_kernel(cl, &k, "tunables")) return;
+    cl_int e;
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * 8, NULL, &e);
+    cl_event ev[N];
+    size_t one = 1;
+    int n = 0;
+    if (e == CL_SUCCESS && clSetKernelArg(k, 0, sizeof buf, &buf) == CL_SUCCESS)
+        for (; n < N; n++)
+            if (clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, &ev[n]) != CL_SUCCESS) break;
+    clFinish(cl->q);
+    cl_ulong prev_end = 0;
+    for (int i = 0; i < n; i++) {
+        cl_ulong t0 = 0, t1 = 0;
+        clGetEventProfilingInfo(ev[i], CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+        clGetEventProfilingInfo(ev[i], CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+        clReleaseEvent(ev[i]);
+        if (i >= 8) { /* after a warm-up */
+            cl->floor_ns += (double)(t1 - t0) / (n - 8);
+            cl->floor_gap_ns += (double)(t0 - prev_end) / (n - 8);
+        }
+        prev_end = t1;
     }
+    if (buf) clReleaseMemObject(buf);
+    clReleaseKernel(k);
+}
+
+/* The kernels' compile-time tunables (after any -D), so the host's launch shapes always match them. */
+static int read_tunables(struct tllm_cl *cl) {
+    cl_kernel k;
+    int rc = make_kernel(cl, &k, "tunables");
+    if (rc) return rc;
+    cl_int e;
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * 8, NULL, &e);
+    cl_int v[8] = {0};
+    size_t one = 1;
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
+    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, NULL);
+    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, buf, CL_TRUE, 0, sizeof v, v, 0, NULL, NULL);
+    if (buf) clReleaseMemObject(buf);
+    clReleaseKernel(k);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", cl_err_name(e));
+    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+    int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
+    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1)
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS and ATT_LWS must be powers of two >= 16, the rest positive");
     return TLLM_OK;
 }
 
@@ -209,123 +295,6 @@ static int device_buffer(struct tllm_cl *cl, cl_mem *out, size_t n, const char *
     return TLLM_OK;
 }
 
-int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
-    *out = NULL;
-    cl_device_id devs[MAX_DEVICES];
-    cl_platform_id plats[MAX_DEVICES];
-    int n = all_devices(devs, plats, MAX_DEVICES), pick = -1;
-    if (n == 0) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no OpenCL platform or device found (is an ICD installed?)");
-    if (index >= 0) {
-        if (index >= n) return tllm_fail(TLLM_ERR_ARG, "opencl:%d: there are %d OpenCL devices (tllm devices lists them)", index, n);
-        pick = index;
-    } else {
-        for (int i = 0; i < n && pick < 0; i++) {
-            cl_device_type t = 0;
-            clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof t, &t, NULL);
-            if (t & CL_DEVICE_TYPE_GPU) pick = i;
-        }
-        if (pick < 0 && index == -2) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no GPU among %d OpenCL devices", n);
-        if (pick < 0) pick = 0;
-    }
-    const struct tllm_config *c = &m->cfg;
-    if (c->head_dim > 256 || c->head_dim % 2 || c->n_heads % c->n_kv_heads)
-        return tllm_fail(TLLM_ERR_ARG, "opencl: head_dim %d is not supported by the decode kernels (at most 256)", c->head_dim);
-    struct tllm_cl *cl = calloc(1, sizeof *cl);
-    if (!cl) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    cl->m = m;
-    cl->dev = devs[pick];
-    cl->n_ctx = n_ctx;
-    char dname[128] = "", pname[128] = "";
-    clGetDeviceInfo(cl->dev, CL_DEVICE_NAME, sizeof dname, dname, NULL);
-    clGetPlatformInfo(plats[pick], CL_PLATFORM_NAME, sizeof pname, pname, NULL);
-    snprintf(cl->name, sizeof cl->name, "%s (%s)", dname, pname);
-    *out = cl; /* from here on, tllm_cl_free releases what was made */
-    cl_int e;
-    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plats[pick], 0};
-    cl->cx = clCreateContext(props, 1, &cl->dev, NULL, NULL, &e);
-    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateContext on %s: %s", cl->name, cl_err_name(e));
-    cl->q = clCreateCommandQueue(cl->cx, cl->dev, 0, &e);
-    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateCommandQueue: %s", cl_err_name(e));
-    int rc = build_program(cl);
-    if (rc) return rc;
-    /* work-group sizes must match the kernels' compiled MV_LWS / ATT_LWS; read them back from a probe */
-    cl->mv_lws = 256, cl->att_lws = 256, cl->mv_rpg = 256 / 32;
-    const char *opts = getenv("TLLM_CL_OPTS");
-    if (opts) {
-        const char *p;
-        if ((p = strstr(opts, "-DMV_LWS="))) cl->mv_lws = (size_t)atoi(p + 9);
-        if ((p = strstr(opts, "-DATT_LWS="))) cl->att_lws = (size_t)atoi(p + 10);
-        size_t tpr = 32;
-        if ((p = strstr(opts, "-DMV_TPR="))) tpr = (size_t)atoi(p + 9);
-        if (!tpr || cl->mv_lws % tpr) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS must be a multiple of MV_TPR");
-        cl->mv_rpg = cl->mv_lws / tpr;
-    }
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    rc = upload_weights(cl, &m->embed, &cl->embed);
-    if (!rc) rc = upload_weights(cl, &m->lm_head, &cl->lm_head);
-    cl->layers = calloc((size_t)c->n_layers, sizeof *cl->layers);
-    if (!cl->layers) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    for (int l = 0; l < c->n_layers && !rc; l++) {
-        const struct tllm_layer *L = &m->layers[l];
-        struct cl_layer *D = &cl->layers[l];
-        rc = upload_weights(cl, &L->wq, &D->wq);
-        if (!rc) rc = upload_weights(cl, &L->wk, &D->wk);
-        if (!rc) rc = upload_weights(cl, &L->wv, &D->wv);
-        if (!rc) rc = upload_weights(cl, &L->wo, &D->wo);
-        if (!rc) rc = upload_weights(cl, &L->w_gate, &D->gate);
-        if (!rc) rc = upload_weights(cl, &L->w_up, &D->up);
-        if (!rc) rc = upload_weights(cl, &L->w_down, &D->down);
-        D->attn_norm = (int)(L->attn_norm - m->vectors), D->ffn_norm = (int)(L->ffn_norm - m->vectors);
-        D->bq = (int)(L->bq - m->vectors), D->bk = (int)(L->bk - m->vectors), D->bv = (int)(L->bv - m->vectors);
-    }
-    if (rc) return rc;
-    cl->final_norm = (int)(m->final_norm - m->vectors);
-    size_t q_dim = (size_t)c->n_heads * c->head_dim;
-    size_t n_vec = (size_t)c->n_layers * (2 * (size_t)c->dim + q_dim + 2 * kv_dim) + (size_t)c->dim;
-    rc = upload(cl, &cl->vecs, m->vectors, n_vec * sizeof(float), "norm weights and biases");
-    float inv_freq[128];
-    for (int i = 0; i < c->head_dim / 2; i++)
-        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)c->head_dim));
-    if (!rc) rc = upload(cl, &cl->inv_freq, inv_freq, sizeof(float) * (size_t)(c->head_dim / 2), "RoPE table");
-    if (!rc) rc = device_buffer(cl, &cl->x, (size_t)c->dim * 4, "activations");
-    if (!rc) rc = device_buffer(cl, &cl->qb, q_dim * 4, "activations");
-    if (!rc) rc = device_buffer(cl, &cl->att, q_dim * 4, "activations");
-    if (!rc) rc = device_buffer(cl, &cl->hb, (size_t)c->ffn_dim * 4, "activations");
-    if (!rc) rc = device_buffer(cl, &cl->logits, (size_t)c->vocab_size * 4, "logits");
-    if (!rc) rc = device_buffer(cl, &cl->scores, (size_t)c->n_heads * n_ctx * 4, "attention scores");
-    if (!rc) rc = device_buffer(cl, &cl->next, 4, "token id");
-    if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
-    if (!rc) rc = device_buffer(cl, &cl->vc, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
-    return rc;
-}
-
-void tllm_cl_free(struct tllm_cl *cl) {
-    if (!cl) return;
-    release_weights(&cl->embed);
-    release_weights(&cl->lm_head);
-    if (cl->layers)
-        for (int l = 0; l < cl->m->cfg.n_layers; l++) {
-            struct cl_layer *D = &cl->layers[l];
-            struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
-            for (int i = 0; i < 7; i++) release_weights(ws[i]);
-        }
-    free(cl->layers);
-    cl_mem bufs[] = {cl->vecs, cl->inv_freq, cl->x, cl->qb, cl->att, cl->hb, cl->logits, cl->scores, cl->next, cl->kt, cl->vc};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) clReleaseMemObject(bufs[i]);
-    cl_kernel ks[] = {cl->k_embed, cl->k_qkv, cl->k_attn, cl->k_matvec, cl->k_gate_up, cl->k_argmax};
-    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
-        if (ks[i]) clReleaseKernel(ks[i]);
-    if (cl->prog) clReleaseProgram(cl->prog);
-    if (cl->q) clReleaseCommandQueue(cl->q);
-    if (cl->cx) clReleaseContext(cl->cx);
-    free(cl);
-}
-
-const char *tllm_cl_device_name(const struct tllm_cl *cl) { return cl->name; }
-
-int tllm_cl_launches_per_token(const struct tllm_cl *cl) { return 1 + 5 * cl->m->cfg.n_layers + 2; }
-
 /* Kernel arguments in order; a weight takes 6 (W, S, B, bits, gs, dt). */
 struct args {
     cl_kernel k;
@@ -348,38 +317,77 @@ static void arg_weights(struct args *a, const struct cl_weights *w) {
     ARG_INT(a, w->dt);
 }
 
-static cl_int launch(struct tllm_cl *cl, struct args *a, size_t global, size_t local) {
-    if (a->err != CL_SUCCESS) return a->err;
-    size_t g = (global + local - 1) / local * local;
-    return clEnqueueNDRangeKernel(cl->q, a->k, 1, NULL, &g, &local, 0, NULL, NULL);
+/* Threads per row of a matvec over w: a power of two so that each reads about MV_ITERS uint4. */
+static int pick_tpr(const struct tllm_cl *cl, const struct cl_weights *w) {
+    int units = w->bits ? w->cols * w->bits / 128 : (w->cols + 3) / 4;
+    int want = (units + cl->t.mv_iters - 1) / cl->t.mv_iters, tpr = 1;
+    while (tpr < want && tpr < cl->t.mv_lws) tpr <<= 1;
+    return tpr;
 }
 
-static cl_int run_matvec(struct tllm_cl *cl, const struct cl_weights *w, cl_mem x, int norm_off, cl_mem y, int mode) {
-    struct args a = {cl->k_matvec, 0, CL_SUCCESS};
+/* A 1-D matvec launch over `rows` row slots of tpr threads, capped at MV_GROUPS_PER_CU per compute
+ * unit (the kernels loop over the rest). */
+static void shape_rows(const struct tllm_cl *cl, struct cl_launch *L, int rows, int tpr, int kind) {
+    size_t rpg = (size_t)(cl->t.mv_lws / tpr), groups = ((size_t)rows + rpg - 1) / rpg;
+    size_t cap = (size_t)cl->n_cu * (size_t)cl->t.mv_groups_per_cu;
+    if (groups > cap) groups = cap;
+    L->dims = 1, L->kind = kind;
+    L->local[0] = (size_t)cl->t.mv_lws;
+    L->global[0] = groups * L->local[0];
+}
+
+/* Starts binding the arguments of L's kernel (made here, once). */
+static int begin(struct tllm_cl *cl, struct cl_launch *L, const char *name, struct args *a) {
+    int rc = make_kernel(cl, &L->k, name);
+    *a = (struct args){L->k, 0, CL_SUCCESS};
+    return rc;
+}
+static int end(struct args *a, const char *name) {
+    if (a->err != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: arguments of %s: %s", name, cl_err_name(a->err));
+    return TLLM_OK;
+}
+
+static int bind_matvec(struct tllm_cl *cl, struct cl_launch *L, const struct cl_weights *w, cl_mem x, int norm_off,
+                       cl_mem y, int add, int track, int kind) {
+    struct args a;
+    int rc = begin(cl, L, "matvec", &a), tpr = pick_tpr(cl, w);
+    if (rc) return rc;
     arg_weights(&a, w);
     ARG_INT(&a, w->rows);
     ARG_INT(&a, w->cols);
+    ARG_INT(&a, tpr);
     ARG_MEM(&a, x);
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, norm_off);
     ARG_F32(&a, cl->m->cfg.norm_eps);
     ARG_MEM(&a, y);
-    ARG_INT(&a, mode);
-    return launch(cl, &a, (size_t)(w->rows + cl->mv_rpg - 1) / cl->mv_rpg * cl->mv_lws, cl->mv_lws);
+    ARG_INT(&a, add);
+    ARG_MEM(&a, cl->best);
+    ARG_INT(&a, track);
+    shape_rows(cl, L, w->rows, tpr, kind);
+    return end(&a, "matvec");
 }
 
-static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos) {
-    const struct tllm_config *c = &cl->m->cfg;
-    cl_int e;
-    struct args a = {cl->k_embed, 0, CL_SUCCESS};
+/* Every kernel of a step, made once with its static arguments. */
+static int bind_all(struct tllm_cl *cl) {
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    struct args a;
+    int rc = begin(cl, &cl->l_embed, "embed", &a);
+    if (rc) return rc;
     arg_weights(&a, &cl->embed);
     ARG_INT(&a, c->dim);
-    ARG_INT(&a, id);
     ARG_MEM(&a, cl->x);
-    if ((e = launch(cl, &a, (size_t)c->dim, 64))) return e;
+    cl->l_embed.dyn = a.i;
+    cl->l_embed.dims = 1, cl->l_embed.kind = K_EMBED, cl->l_embed.local[0] = 64;
+    cl->l_embed.global[0] = ((size_t)c->dim + 63) / 64 * 64;
+    if ((rc = end(&a, "embed"))) return rc;
+    int tpr_qkv = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        const struct cl_layer *D = &cl->layers[l];
-        a = (struct args){cl->k_qkv, 0, CL_SUCCESS};
+        const struct tllm_layer *Lm = &m->layers[l];
+        struct cl_layer *D = &cl->layers[l];
+        int attn_norm = (int)(Lm->attn_norm - m->vectors), ffn_norm = (int)(Lm->ffn_norm - m->vectors);
+        if ((rc = begin(cl, &D->qkv, "qkv", &a))) return rc;
         arg_weights(&a, &D->wq);
         arg_weights(&a, &D->wk);
         arg_weights(&a, &D->wv);
@@ -387,73 +395,331 @@ static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos) {
         ARG_INT(&a, c->n_kv_heads);
         ARG_INT(&a, c->head_dim);
         ARG_INT(&a, c->dim);
+        ARG_INT(&a, tpr_qkv = pick_tpr(cl, &D->wq));
         ARG_MEM(&a, cl->x);
         ARG_MEM(&a, cl->vecs);
-        ARG_INT(&a, D->attn_norm);
-        ARG_INT(&a, D->bq);
-        ARG_INT(&a, D->bk);
-        ARG_INT(&a, D->bv);
+        ARG_INT(&a, attn_norm);
+        ARG_INT(&a, (int)(Lm->bq - m->vectors));
+        ARG_INT(&a, (int)(Lm->bk - m->vectors));
+        ARG_INT(&a, (int)(Lm->bv - m->vectors));
         ARG_F32(&a, c->norm_eps);
         ARG_MEM(&a, cl->inv_freq);
-        ARG_INT(&a, pos);
         ARG_INT(&a, cl->n_ctx);
         ARG_MEM(&a, cl->qb);
         ARG_MEM(&a, cl->kt);
         ARG_MEM(&a, cl->vc);
         ARG_INT(&a, l);
-        size_t units = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (size_t)(c->head_dim / 2);
-        e = launch(cl, &a, (units + cl->mv_rpg - 1) / cl->mv_rpg * cl->mv_lws, cl->mv_lws);
-        if (!e) {
-            a = (struct args){cl->k_attn, 0, CL_SUCCESS};
-            ARG_MEM(&a, cl->qb);
-            ARG_MEM(&a, cl->kt);
-            ARG_MEM(&a, cl->vc);
-            ARG_INT(&a, l);
-            ARG_MEM(&a, cl->scores);
-            ARG_MEM(&a, cl->att);
-            ARG_INT(&a, pos);
-            ARG_INT(&a, cl->n_ctx);
-            ARG_INT(&a, c->head_dim);
-            ARG_INT(&a, c->n_heads);
-            ARG_INT(&a, c->n_kv_heads);
-            e = launch(cl, &a, (size_t)c->n_heads * cl->att_lws, cl->att_lws);
-        }
-        if (e) return e;
-        if ((e = run_matvec(cl, &D->wo, cl->att, -1, cl->x, 1))) return e;
-        a = (struct args){cl->k_gate_up, 0, CL_SUCCESS};
+        D->qkv.dyn = a.i;
+        ARG_INT(&a, 0); /* pos */
+        shape_rows(cl, &D->qkv, (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), tpr_qkv, K_QKV);
+        if ((rc = end(&a, "qkv"))) return rc;
+
+        if ((rc = begin(cl, &D->attn, "attention", &a))) return rc;
+        ARG_MEM(&a, cl->qb);
+        ARG_MEM(&a, cl->kt);
+        ARG_MEM(&a, cl->vc);
+        ARG_MEM(&a, cl->part);
+        ARG_INT(&a, cl->n_ctx);
+        ARG_INT(&a, c->head_dim);
+        ARG_INT(&a, c->n_heads);
+        ARG_INT(&a, c->n_kv_heads);
+        ARG_INT(&a, l);
+        D->attn.dyn = a.i;
+        ARG_INT(&a, 0); /* pos */
+        ARG_INT(&a, 1); /* span */
+        D->attn.dims = 2, D->attn.kind = K_ATTN;
+        D->attn.local[0] = (size_t)cl->t.att_lws, D->attn.local[1] = 1;
+        D->attn.global[1] = (size_t)c->n_heads; /* global[0] is set per step */
+        if ((rc = end(&a, "attention"))) return rc;
+
+        if ((rc = begin(cl, &D->attn_out, "attn_out", &a))) return rc;
+        int tpr = pick_tpr(cl, &D->wo);
+        arg_weights(&a, &D->wo);
+        ARG_INT(&a, D->wo.rows);
+        ARG_INT(&a, D->wo.cols);
+        ARG_INT(&a, tpr);
+        ARG_MEM(&a, cl->part);
+        ARG_INT(&a, c->head_dim);
+        ARG_MEM(&a, cl->x);
+        D->attn_out.dyn = a.i;
+        ARG_INT(&a, 1); /* n_split */
+        shape_rows(cl, &D->attn_out, D->wo.rows, tpr, K_ATTN_OUT);
+        if ((rc = end(&a, "attn_out"))) return rc;
+
+        if ((rc = begin(cl, &D->gate_up, "gate_up", &a))) return rc;
+        tpr = pick_tpr(cl, &D->gate);
         arg_weights(&a, &D->gate);
         arg_weights(&a, &D->up);
         ARG_INT(&a, c->ffn_dim);
         ARG_INT(&a, c->dim);
+        ARG_INT(&a, tpr);
         ARG_MEM(&a, cl->x);
         ARG_MEM(&a, cl->vecs);
-        ARG_INT(&a, D->ffn_norm);
+        ARG_INT(&a, ffn_norm);
         ARG_F32(&a, c->norm_eps);
         ARG_MEM(&a, cl->hb);
-        if ((e = launch(cl, &a, (size_t)(c->ffn_dim + cl->mv_rpg - 1) / cl->mv_rpg * cl->mv_lws, cl->mv_lws))) return e;
-        if ((e = run_matvec(cl, &D->down, cl->hb, -1, cl->x, 1))) return e;
+        shape_rows(cl, &D->gate_up, c->ffn_dim, tpr, K_GATE_UP);
+        if ((rc = end(&a, "gate_up"))) return rc;
+
+        if ((rc = bind_matvec(cl, &D->down_l, &D->down, cl->hb, -1, cl->x, 1, 0, K_DOWN))) return rc;
     }
-    return run_matvec(cl, &cl->lm_head, cl->x, cl->final_norm, cl->logits, 0);
+    if ((rc = bind_matvec(cl, &cl->l_lm_head, &cl->lm_head, cl->x, (int)(m->final_norm - m->vectors), cl->logits, 0, 1,
+                          K_LM_HEAD)))
+        return rc;
+    if ((rc = begin(cl, &cl->l_argmax, "argmax", &a))) return rc;
+    ARG_MEM(&a, cl->best);
+    ARG_INT(&a, (int)(cl->l_lm_head.global[0] / cl->l_lm_head.local[0])); /* the lm_head's groups */
+    ARG_MEM(&a, cl->next);
+    cl->l_argmax.dims = 1, cl->l_argmax.kind = K_ARGMAX;
+    cl->l_argmax.global[0] = cl->l_argmax.local[0] = (size_t)cl->t.mv_lws;
+    return end(&a, "argmax");
+}
+
+/* What the kernels assume of the shapes; a model outside them runs on the CPU. */
+static int check_shapes(const struct tllm_cl *cl) {
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    if (c->head_dim > cl->t.max_head_dim || c->head_dim % 4 || c->n_heads % c->n_kv_heads || cl->t.att_lws < c->head_dim / 4)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: head_dim %d is not supported by the decode kernels (a multiple of 4, at most %d)",
+                         c->head_dim, cl->t.max_head_dim);
+    if (c->dim > cl->t.mv_local_x || c->n_heads * c->head_dim > cl->t.mv_local_x)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: hidden size %d is above the decode kernels' %d (MV_LOCAL_X)", c->dim,
+                         cl->t.mv_local_x);
+    const struct tllm_qweights *ws[] = {&m->lm_head, &m->embed};
+    for (int i = 0; i < 2 + 7 * c->n_layers; i++) {
+        const struct tllm_layer *L = &m->layers[i < 2 ? 0 : (i - 2) / 7];
+        const struct tllm_qweights *per[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const struct tllm_qweights *w = i < 2 ? ws[i] : per[(i - 2) % 7];
+        if (w->format != TLLM_WF_DENSE && (size_t)w->cols * (size_t)w->bits % 128)
+            return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %s: rows of %d %d-bit codes are not a whole number of 16 bytes",
+                             w->name, w->cols, w->bits);
+    }
+    return TLLM_OK;
+}
+
+int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
+    *out = NULL;
+    cl_device_id devs[MAX_DEVICES];
+    cl_platform_id plats[MAX_DEVICES];
+    int n = all_devices(devs, plats, MAX_DEVICES), pick = -1;
+    if (n == 0) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no OpenCL platform or device found (is an ICD installed?)");
+    if (index >= 0) {
+        if (index >= n) return tllm_fail(TLLM_ERR_ARG, "opencl:%d: there are %d OpenCL devices (tllm devices lists them)", index, n);
+        pick = index;
+    } else {
+        for (int i = 0; i < n && pick < 0; i++) {
+            cl_device_type t = 0;
+            clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof t, &t, NULL);
+            if (t & CL_DEVICE_TYPE_GPU) pick = i;
+        }
+        if (pick < 0 && index == -2) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no GPU among %d OpenCL devices", n);
+        if (pick < 0) pick = 0;
+    }
+    const struct tllm_config *c = &m->cfg;
+    struct tllm_cl *cl = calloc(1, sizeof *cl);
+    if (!cl) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    cl->m = m;
+    cl->dev = devs[pick];
+    cl->n_ctx = n_ctx;
+    char dname[128] = "", pname[128] = "";
+    clGetDeviceInfo(cl->dev, CL_DEVICE_NAME, sizeof dname, dname, NULL);
+    clGetPlatformInfo(plats[pick], CL_PLATFORM_NAME, sizeof pname, pname, NULL);
+    snprintf(cl->name, sizeof cl->name, "%s (%s)", dname, pname);
+    cl_uint cus = 1;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+    cl->n_cu = cus ? (int)cus : 1;
+    const char *prof = getenv("TLLM_CL_PROFILE");
+    cl->profile = prof && *prof && strcmp(prof, "0");
+    *out = cl; /* from here on, tllm_cl_free releases what was made */
+    cl_int e;
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plats[pick], 0};
+    cl->cx = clCreateContext(props, 1, &cl->dev, NULL, NULL, &e);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateContext on %s: %s", cl->name, cl_err_name(e));
+    cl->q = clCreateCommandQueue(cl->cx, cl->dev, cl->profile ? CL_QUEUE_PROFILING_ENABLE : 0, &e);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateCommandQueue: %s", cl_err_name(e));
+    int rc = build_program(cl);
+    if (!rc) rc = read_tunables(cl);
+    if (!rc) rc = check_shapes(cl);
+    if (rc) return rc;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    rc = upload_weights(cl, &m->embed, &cl->embed);
+    if (!rc) rc = upload_weights(cl, &m->lm_head, &cl->lm_head);
+    cl->layers = calloc((size_t)c->n_layers, sizeof *cl->layers);
+    if (!cl->layers) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        struct cl_layer *D = &cl->layers[l];
+        rc = upload_weights(cl, &L->wq, &D->wq);
+        if (!rc) rc = upload_weights(cl, &L->wk, &D->wk);
+        if (!rc) rc = upload_weights(cl, &L->wv, &D->wv);
+        if (!rc) rc = upload_weights(cl, &L->wo, &D->wo);
+        if (!rc) rc = upload_weights(cl, &L->w_gate, &D->gate);
+        if (!rc) rc = upload_weights(cl, &L->w_up, &D->up);
+        if (!rc) rc = upload_weights(cl, &L->w_down, &D->down);
+    }
+    if (rc) return rc;
+    size_t q_dim = (size_t)c->n_heads * c->head_dim;
+    size_t n_vec = (size_t)c->n_layers * (2 * (size_t)c->dim + q_dim + 2 * kv_dim) + (size_t)c->dim;
+    rc = upload(cl, &cl->vecs, m->vectors, n_vec * sizeof(float), "norm weights and biases");
+    float inv_freq[128];
+    for (int i = 0; i < c->head_dim / 2; i++)
+        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)c->head_dim));
+    size_t n_groups_max = (size_t)cl->n_cu * (size_t)cl->t.mv_groups_per_cu;
+    if (!rc) rc = upload(cl, &cl->inv_freq, inv_freq, sizeof(float) * (size_t)(c->head_dim / 2), "RoPE table");
+    if (!rc) rc = device_buffer(cl, &cl->x, (size_t)c->dim * 4, "activations");
+    if (!rc) rc = device_buffer(cl, &cl->qb, q_dim * 4, "activations");
+    if (!rc) rc = device_buffer(cl, &cl->hb, (size_t)c->ffn_dim * 4, "activations");
+    if (!rc) rc = device_buffer(cl, &cl->logits, (size_t)c->vocab_size * 4, "logits");
+    if (!rc) rc = device_buffer(cl, &cl->part, (size_t)c->n_heads * (size_t)cl->t.att_max_split * (size_t)(c->head_dim + 2) * 4,
+                                "attention partials");
+    if (!rc) rc = device_buffer(cl, &cl->best, n_groups_max * 8, "argmax partials");
+    if (!rc) rc = device_buffer(cl, &cl->next, 4, "token id");
+    if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
+    if (!rc) rc = device_buffer(cl, &cl->vc, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
+    if (!rc) rc = bind_all(cl);
+    if (!rc && cl->profile) {
+        measure_floor(cl);
+        int per_step = tllm_cl_launches_per_token(cl);
+        cl->events = calloc((size_t)per_step, sizeof *cl->events);
+        cl->event_kind = calloc((size_t)per_step, sizeof *cl->event_kind);
+        if (!cl->events || !cl->event_kind) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    return rc;
+}
+
+static void print_profile(const struct tllm_cl *cl) {
+    if (!cl->prof_steps) return;
+    double steps = cl->prof_steps, busy = 0;
+    for (int k = 0; k < K_COUNT; k++) busy += cl->prof_ns[k];
+    fprintf(stderr, "opencl profile, %s, %d steps (per token):\n", cl->name, cl->prof_steps);
+    fprintf(stderr, "  %-10s %9s %10s %7s\n", "kernel", "launches", "us", "share");
+    for (int k = 0; k < K_COUNT; k++)
+        if (cl->prof_count[k])
+            fprintf(stderr, "  %-10s %9.1f %10.1f %6.1f%%\n", kind_names[k], cl->prof_count[k] / steps,
+                    cl->prof_ns[k] / steps / 1e3, 100 * cl->prof_ns[k] / busy);
+    fprintf(stderr, "  kernels busy %.1f us, first start to last end %.1f us (gaps %.1f us), host wall %.1f us\n",
+            busy / steps / 1e3, cl->prof_span_ns / steps / 1e3, (cl->prof_span_ns - busy) / steps / 1e3,
+            cl->prof_wall_s / steps * 1e6);
+    fprintf(stderr, "  an empty kernel: %.1f us, %.1f us between two back to back\n", cl->floor_ns / 1e3, cl->floor_gap_ns / 1e3);
+}
+
+void tllm_cl_free(struct tllm_cl *cl) {
+    if (!cl) return;
+    if (cl->profile) print_profile(cl);
+    free(cl->events);
+    free(cl->event_kind);
+    release_weights(&cl->embed);
+    release_weights(&cl->lm_head);
+    struct cl_launch *ls[] = {&cl->l_embed, &cl->l_lm_head, &cl->l_argmax};
+    for (int i = 0; i < 3; i++)
+        if (ls[i]->k) clReleaseKernel(ls[i]->k);
+    if (cl->layers)
+        for (int l = 0; l < cl->m->cfg.n_layers; l++) {
+            struct cl_layer *D = &cl->layers[l];
+            struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
+            for (int i = 0; i < 7; i++) release_weights(ws[i]);
+            struct cl_launch *lk[] = {&D->qkv, &D->attn, &D->attn_out, &D->gate_up, &D->down_l};
+            for (int i = 0; i < 5; i++)
+                if (lk[i]->k) clReleaseKernel(lk[i]->k);
+        }
+    free(cl->layers);
+    cl_mem bufs[] = {cl->vecs, cl->inv_freq, cl->x, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) clReleaseMemObject(bufs[i]);
+    if (cl->prog) clReleaseProgram(cl->prog);
+    if (cl->q) clReleaseCommandQueue(cl->q);
+    if (cl->cx) clReleaseContext(cl->cx);
+    free(cl);
+}
+
+const char *tllm_cl_device_name(const struct tllm_cl *cl) { return cl->name; }
+
+int tllm_cl_launches_per_token(const struct tllm_cl *cl) { return 1 + 5 * cl->m->cfg.n_layers + 2; }
+
+static cl_int launch(struct tllm_cl *cl, const struct cl_launch *L) {
+    cl_event *ev = NULL;
+    if (cl->profile) {
+        cl->event_kind[cl->n_events] = L->kind;
+        ev = &cl->events[cl->n_events++];
+    }
+    return clEnqueueNDRangeKernel(cl->q, L->k, (cl_uint)L->dims, NULL, L->global, L->local, 0, NULL, ev);
+}
+
+static cl_int set_int(const struct cl_launch *L, cl_uint i, int v) {
+    cl_int x = v;
+    return clSetKernelArg(L->k, L->dyn + i, sizeof x, &x);
+}
+
+static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos, int argmax) {
+    const struct tllm_config *c = &cl->m->cfg;
+    /* split-K attention: spans of whole ATT_LWS blocks, at most ATT_MAX_SPLIT of them per head */
+    int n_pos = pos + 1, blocks = (n_pos + cl->t.att_lws - 1) / cl->t.att_lws;
+    int n_split = blocks < cl->t.att_max_split ? blocks : cl->t.att_max_split;
+    int span = (blocks + n_split - 1) / n_split * cl->t.att_lws;
+    n_split = (n_pos + span - 1) / span;
+    cl_int e = set_int(&cl->l_embed, 0, id);
+    if (!e) e = launch(cl, &cl->l_embed);
+    for (int l = 0; l < c->n_layers && !e; l++) {
+        struct cl_layer *D = &cl->layers[l];
+        D->attn.global[0] = (size_t)n_split * (size_t)cl->t.att_lws;
+        if (!e) e = set_int(&D->qkv, 0, pos);
+        if (!e) e = set_int(&D->attn, 0, pos);
+        if (!e) e = set_int(&D->attn, 1, span);
+        if (!e) e = set_int(&D->attn_out, 0, n_split);
+        if (!e) e = launch(cl, &D->qkv);
+        if (!e) e = launch(cl, &D->attn);
+        if (!e) e = launch(cl, &D->attn_out);
+        if (!e) e = launch(cl, &D->gate_up);
+        if (!e) e = launch(cl, &D->down_l);
+    }
+    if (!e) e = launch(cl, &cl->l_lm_head);
+    if (!e && argmax) e = launch(cl, &cl->l_argmax);
+    return e;
+}
+
+/* After a step: add its kernels' device times to the profile. */
+static void collect_profile(struct tllm_cl *cl, double wall) {
+    cl_ulong first = 0, last = 0;
+    for (int i = 0; i < cl->n_events; i++) {
+        cl_ulong t0 = 0, t1 = 0;
+        clGetEventProfilingInfo(cl->events[i], CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+        clGetEventProfilingInfo(cl->events[i], CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+        clReleaseEvent(cl->events[i]);
+        cl->prof_ns[cl->event_kind[i]] += (double)(t1 - t0);
+        cl->prof_count[cl->event_kind[i]]++;
+        if (i == 0 || t0 < first) first = t0;
+        if (t1 > last) last = t1;
+    }
+    if (cl->n_events) {
+        cl->prof_span_ns += (double)(last - first);
+        cl->prof_wall_s += wall;
+        cl->prof_steps++;
+    }
+    cl->n_events = 0;
 }
 
 int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next) {
     if (pos < 0 || pos >= cl->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "opencl: position %d outside the cache of %d", pos, cl->n_ctx);
-    cl_int e = enqueue_step(cl, id, pos);
-    if (e) return tllm_fail(TLLM_ERR_IO, "opencl: decode step on %s: %s (%d)", cl->name, cl_err_name(e), e);
+    double t0 = cl->profile ? tllm_now() : 0;
+    cl_int e = enqueue_step(cl, id, pos, next != NULL);
+    if (e) {
+        if (cl->profile) collect_profile(cl, 0);
+        return tllm_fail(TLLM_ERR_IO, "opencl: decode step on %s: %s (%d)", cl->name, cl_err_name(e), e);
+    }
     if (next) {
-        struct args a = {cl->k_argmax, 0, CL_SUCCESS};
-        ARG_MEM(&a, cl->logits);
-        ARG_INT(&a, cl->m->cfg.vocab_size);
-        ARG_MEM(&a, cl->next);
-        if ((e = launch(cl, &a, cl->mv_lws, cl->mv_lws)))
-            return tllm_fail(TLLM_ERR_IO, "opencl: argmax: %s", cl_err_name(e));
         cl_int v = 0;
-        CL_TRY(clEnqueueReadBuffer(cl->q, cl->next, CL_TRUE, 0, sizeof v, &v, 0, NULL, NULL));
+        e = clEnqueueReadBuffer(cl->q, cl->next, CL_TRUE, 0, sizeof v, &v, 0, NULL, NULL);
+        if (e == CL_SUCCESS && (v < 0 || v >= cl->m->cfg.vocab_size)) {
+            if (cl->profile) collect_profile(cl, 0);
+            return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos);
+        }
         *next = v;
     }
-    if (logits)
-        CL_TRY(clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, (size_t)cl->m->cfg.vocab_size * 4, logits, 0, NULL, NULL));
-    if (!next && !logits) CL_TRY(clFinish(cl->q));
+    if (e == CL_SUCCESS && logits)
+        e = clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, (size_t)cl->m->cfg.vocab_size * 4, logits, 0, NULL, NULL);
+    if (e == CL_SUCCESS && !next && !logits) e = clFinish(cl->q);
+    if (cl->profile) collect_profile(cl, tllm_now() - t0);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the step's result from %s: %s (%d)", cl->name, cl_err_name(e), e);
     return TLLM_OK;
 }
 

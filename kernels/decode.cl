@@ -1,113 +1,233 @@
 /* OpenCL C 1.2 kernels for one decode step (engine/cl.c drives them). No extension is needed: f16
  * scales are read with vload_half, bf16 as the top half of a float, and reductions go through local
  * memory (NVIDIA's OpenCL has neither cl_khr_fp16 nor subgroups). Five launches per layer:
- * qkv (RMSNorm + q/k/v + bias + RoPE + cache write), attention, o_proj + residual,
- * RMSNorm + gate/up + SwiGLU, down + residual; then RMSNorm + lm_head, and argmax.
- * Tunables are defaults here and can be overridden with -D at build time. */
+ *   qkv        RMSNorm + q/k/v + bias + RoPE + cache write
+ *   attention  one work-group per (query head, span of positions): partial softmax . V (split-K)
+ *   attn_out   the spans combined, o_proj, residual add
+ *   gate_up    RMSNorm + gate/up + SwiGLU
+ *   down       down_proj + residual add
+ * then RMSNorm + lm_head (a `matvec`) and argmax: 5 x layers + 3 launches a token.
+ *
+ * Matvecs: `tpr` threads share a row (the host picks it from the row length), each reading the row's
+ * codes 16 bytes (one uint4) at a time so a row's reads are coalesced; the input vector is staged
+ * (normalized) in local memory with its sums over blocks of 16, so an affine group costs
+ * s * sum(q x) + b * sum(x) with sum(x) looked up. Work-groups loop over rows (grid stride) so the
+ * host can cap their number and the staging is amortized on the 151936-row lm_head.
+ * Tunables are defaults here and can be overridden with -D (TLLM_CL_OPTS); the host reads them back
+ * with the `tunables` kernel. */
 
 #ifndef MV_LWS
-#define MV_LWS 256 /* work-group size of the matvec kernels */
+#define MV_LWS 256 /* work-group size of the matvec kernels (a power of two) */
 #endif
-#ifndef MV_TPR
-#define MV_TPR 32 /* threads per row: a row's words are read by MV_TPR neighbours (coalesced) */
+#ifndef MV_ITERS
+#define MV_ITERS 2 /* the host picks threads per row so each thread reads about this many uint4 */
+#endif
+#ifndef MV_GROUPS_PER_CU
+#define MV_GROUPS_PER_CU 16 /* cap on matvec work-groups per compute unit (the rest loop) */
+#endif
+#ifndef MV_LOCAL_X
+#define MV_LOCAL_X 8192 /* inputs up to this many floats are staged in local memory */
 #endif
 #ifndef ATT_LWS
-#define ATT_LWS 256 /* work-group size of attention (one group per query head) */
+#define ATT_LWS 256 /* work-group size of attention = positions scored at once (a power of two) */
+#endif
+#ifndef ATT_MAX_SPLIT
+#define ATT_MAX_SPLIT 32 /* work-groups per head at most (longer spans loop with an online softmax) */
 #endif
 #ifndef MAX_HEAD_DIM
 #define MAX_HEAD_DIM 256
 #endif
 
-#ifndef MV_LOCAL_X
-#define MV_LOCAL_X 8192 /* inputs up to this many floats are staged (normalized) in local memory */
-#endif
+__kernel void tunables(__global int *out) {
+    out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
+    out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM;
+}
 
-#define MV_RPG (MV_LWS / MV_TPR) /* rows (or row pairs) per work-group */
-
-/* Weight formats: bits 0 = dense of dtype dt, else MLX affine with scales/biases of dtype dt.
- * dt: 0 = f32, 1 = f16, 2 = bf16. */
+/* dt: 0 = f32, 1 = f16, 2 = bf16 */
 inline float ld(__global const uchar *p, int dt, size_t i) {
     if (dt == 2) return as_float((uint)((__global const ushort *)p)[i] << 16);
     if (dt == 1) return vload_half(i, (__global const half *)p);
     return ((__global const float *)p)[i];
 }
 
-/* 1 / rms(x) * weight[j] applies to x[j]; computed by every work-group that needs it. */
-inline float inv_rms(__global const float *x, int n, float eps, __local float *red) {
+/* Sum (or max) of one value per thread over a work-group of n threads (a power of two >= 16);
+ * every thread gets the result. */
+inline float wg_sum(float v, __local float *red, int n) {
     int lid = get_local_id(0);
-    float ss = 0.0f;
-    for (int j = lid; j < n; j += MV_LWS) ss += x[j] * x[j];
-    red[lid] = ss;
+    red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = MV_LWS / 2; s > 0; s >>= 1) {
+    for (int s = n / 2; s >= 16; s >>= 1) {
         if (lid < s) red[lid] += red[lid + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    float r = red[0];
+    float r = 0.0f;
+    for (int i = 0; i < 16; i++) r += red[i];
     barrier(CLK_LOCAL_MEM_FENCE);
-    return rsqrt(r / (float)n + eps);
+    return r;
 }
-
-/* xin = x * inv * normw (or x) into local memory, when it fits; returns whether it did. */
-inline int stage_x(__global const float *x, int n, __global const float *normw, float inv, __local float *xs) {
-    if (n > MV_LOCAL_X) return 0;
-    for (int j = get_local_id(0); j < n; j += MV_LWS) xs[j] = normw ? x[j] * inv * normw[j] : x[j];
+inline float wg_max(float v, __local float *red, int n) {
+    int lid = get_local_id(0);
+    red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
-    return 1;
+    for (int s = n / 2; s >= 16; s >>= 1) {
+        if (lid < s) red[lid] = fmax(red[lid], red[lid + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    float r = -INFINITY;
+    for (int i = 0; i < 16; i++) r = fmax(r, red[i]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
 }
 
-/* The prologue of a matvec: 1/rms(x) when normw is given (else 1), and xin staged when it fits. */
-inline float prologue(__global const float *x, int n, __global const float *normw, float eps, __local float *red,
-                      __local float *xs, int *staged) {
-    float inv = normw ? inv_rms(x, n, eps, red) : 1.0f;
-    *staged = stage_x(x, n, normw, inv, xs);
-    return inv;
+/* Staged inputs are padded by one float every 32 (element k at XP(k)): a thread reads the 32 inputs
+ * of its uint4 of 4-bit codes, neighbours' inputs start 33 floats apart, and so fall in different
+ * local-memory banks (unpadded, 32 floats apart, every lane of a row hit the same bank). */
+#define XP(k) ((k) + ((k) >> 5))
+#define XS_LEN (MV_LOCAL_X + MV_LOCAL_X / 32)
+
+/* xsum[k] = sum of the staged inputs 16k .. 16k + 15 (never across a pad: 16k % 32 is 0 or 16) */
+inline void block_sums(__local const float *xs, int n, __local float *xsum) {
+    for (int k = get_local_id(0); k < n / 16; k += MV_LWS) {
+        __local const float *p = xs + XP(16 * k);
+        float a = 0.0f;
+        for (int i = 0; i < 16; i++) a += p[i];
+        xsum[k] = a;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-/* This thread's share of row r . xin, where xin is xs (staged) or x[j] * (normw ? inv * normw[j] : 1). */
-inline float row_part(__global const uchar *W, __global const uchar *S, __global const uchar *B, int r, int cols,
-                      int bits, int gs, int dt, __global const float *x, __global const float *normw, float inv,
-                      __local const float *xs, int staged, int lane) {
-#define XIN(j) (staged ? xs[j] : normw ? x[j] * inv * normw[j] : x[j])
+/* The matvec input in local memory: xs = x * inv_rms(x) * normw (or x), and xsum[k] = sum of xs
+ * over [16k, 16k + 16). n <= MV_LOCAL_X and n % 16 == 0 (the host checks). */
+inline void stage(__global const float *x, int n, __global const float *normw, float eps, __local float *xs,
+                  __local float *xsum, __local float *red) {
+    int lid = get_local_id(0);
+    float inv = 1.0f;
+    if (normw) {
+        float ss = 0.0f;
+        for (int j = lid; j < n; j += MV_LWS) ss += x[j] * x[j];
+        inv = rsqrt(wg_sum(ss, red, MV_LWS) / (float)n + eps);
+        for (int j = lid; j < n; j += MV_LWS) xs[XP(j)] = x[j] * inv * normw[j];
+    } else {
+        for (int j = lid; j < n; j += MV_LWS) xs[XP(j)] = x[j];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    block_sums(xs, n, xsum);
+}
+
+/* sum_e code_e * x[e] over one 32-bit word of codes (scalar local reads: see XP) */
+#define X4(x, o) (float4)((x)[o], (x)[(o) + 1], (x)[(o) + 2], (x)[(o) + 3])
+inline float dot_w4(uint w, __local const float *x) {
+    return dot((float4)(w & 15u, (w >> 4) & 15u, (w >> 8) & 15u, (w >> 12) & 15u), X4(x, 0)) +
+           dot((float4)((w >> 16) & 15u, (w >> 20) & 15u, (w >> 24) & 15u, w >> 28), X4(x, 4));
+}
+inline float dot_w8(uint w, __local const float *x) {
+    return dot((float4)(w & 255u, (w >> 8) & 255u, (w >> 16) & 255u, w >> 24), X4(x, 0));
+}
+inline float dot_w2(uint w, __local const float *x) {
+    float r = 0.0f;
+    for (int k = 0; k < 4; k++, w >>= 8)
+        r += dot((float4)(w & 3u, (w >> 2) & 3u, (w >> 4) & 3u, (w >> 6) & 3u), X4(x, 4 * k));
+    return r;
+}
+
+/* The first uint4 this thread reads of row r, loaded before the prologue so its latency overlaps it. */
+inline uint4 first_vec(__global const uchar *W, int bits, int r, int rows, int cols, int lane) {
+    if (bits == 0 || r >= rows) return (uint4)(0);
+    int vpr = cols * bits / 128;
+    return lane < vpr ? ((__global const uint4 *)W)[(size_t)r * vpr + lane] : (uint4)(0);
+}
+
+/* This thread's share of row r . xs: uint4 number lane, lane + tpr, ...; `first` is the one at lane. */
+/* uint4 number v of row r (starting at group g0 = r * groups per row) . its inputs, with scales and biases */
+inline float vec_dot(uint4 w, int v, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
+                     size_t g0, __local const float *xs, __local const float *xsum) {
+    int c = v * (128 / bits);
+    __local const float *x = xs + XP(c); /* 4 and 8 bits: their 32 or 16 inputs have no pad inside */
+    __local const float *sx = xsum + c / 16;
+    if (bits == 4) {
+        float q = dot_w4(w.x, x) + dot_w4(w.y, x + 8) + dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24);
+        size_t g = g0 + c / gs;
+        return ld(S, dt, g) * q + ld(B, dt, g) * (sx[0] + sx[1]);
+    }
+    if (bits == 8) {
+        float q = dot_w8(w.x, x) + dot_w8(w.y, x + 4) + dot_w8(w.z, x + 8) + dot_w8(w.w, x + 12);
+        size_t g = g0 + c / gs;
+        return ld(S, dt, g) * q + ld(B, dt, g) * sx[0];
+    }
+    /* 2 bits: 64 codes, two halves that may lie in different groups of 32 */
+    __local const float *x1 = xs + XP(c + 32);
+    float q0 = dot_w2(w.x, x) + dot_w2(w.y, x + 16), q1 = dot_w2(w.z, x1) + dot_w2(w.w, x1 + 16);
+    size_t ga = g0 + c / gs, gb = g0 + (c + 32) / gs;
+    return ld(S, dt, ga) * q0 + ld(B, dt, ga) * (sx[0] + sx[1]) + ld(S, dt, gb) * q1 + ld(B, dt, gb) * (sx[2] + sx[3]);
+}
+
+/* This thread's share of row r . xs: uint4 number lane, lane + tpr, ... (two loads in flight);
+ * `first` is the one at lane, loaded earlier. */
+inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                     int dt, int r, int cols, int lane, int tpr, uint4 first, __local const float *xs,
+                     __local const float *xsum) {
     float acc = 0.0f;
     if (bits == 0) {
-        for (int j = lane; j < cols; j += MV_TPR) acc += ld(W, dt, (size_t)r * cols + j) * XIN(j);
+        for (int j = lane; j < cols; j += tpr) acc += ld(W, dt, (size_t)r * cols + j) * xs[XP(j)];
+        return acc;
+    }
+    const int vpr = cols * bits / 128;
+    __global const uint4 *row = (__global const uint4 *)W + (size_t)r * vpr;
+    size_t g0 = (size_t)r * (cols / gs);
+    if (lane >= vpr) return 0.0f;
+    uint4 w = first;
+    int v = lane;
+    for (; v + tpr < vpr; v += tpr) {
+        uint4 next = row[v + tpr];
+        acc += vec_dot(w, v, S, B, bits, gs, dt, g0, xs, xsum);
+        w = next;
+    }
+    return acc + vec_dot(w, v, S, B, bits, gs, dt, g0, xs, xsum);
+}
+
+/* Inputs too long to stage (cols > MV_LOCAL_X: only down_proj of large models), read from global. */
+inline float row_dot_global(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
+                            int gs, int dt, int r, int cols, int lane, int tpr, __global const float *x) {
+    float acc = 0.0f;
+    if (bits == 0) {
+        for (int j = lane; j < cols; j += tpr) acc += ld(W, dt, (size_t)r * cols + j) * x[j];
         return acc;
     }
     const int per = 32 / bits, wpr = cols / per, ng = cols / gs;
     const uint mask = (1u << bits) - 1u;
     __global const uint *row = (__global const uint *)W + (size_t)r * wpr;
-    for (int w = lane; w < wpr; w += MV_TPR) {
+    for (int w = lane; w < wpr; w += tpr) {
         uint word = row[w];
-        int j0 = w * per, g = j0 / gs;
+        int j0 = w * per;
         float qx = 0.0f, sx = 0.0f;
         for (int e = 0; e < per; e++) {
-            float xv = XIN(j0 + e);
+            float xv = x[j0 + e];
             qx += (float)((word >> (e * bits)) & mask) * xv;
             sx += xv;
         }
-        acc += ld(S, dt, (size_t)r * ng + g) * qx + ld(B, dt, (size_t)r * ng + g) * sx;
+        size_t g = (size_t)r * ng + j0 / gs;
+        acc += ld(S, dt, g) * qx + ld(B, dt, g) * sx;
     }
     return acc;
-#undef XIN
 }
 
-/* Sum of `v` over the MV_TPR threads of each row slot; the result is valid in lane 0. */
-inline float row_reduce(float v, __local float *red) {
-    int lid = get_local_id(0), lane = lid % MV_TPR;
+/* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. */
+inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
+    int lid = get_local_id(0);
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = MV_TPR / 2; s > 0; s >>= 1) {
-        if (lane < s) red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    return red[lid];
+    float2 s = (float2)(0.0f);
+    if (lid % tpr == 0)
+        for (int i = 0; i < tpr; i++) s += red[lid + i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return s;
 }
 
 #define WARGS(n) __global const uchar *W##n, __global const uchar *S##n, __global const uchar *B##n, int bits##n, int gs##n, int dt##n
+#define WPASS(n) W##n, S##n, B##n, bits##n, gs##n, dt##n
 
 /* x = embedding row `id` */
-__kernel void embed(WARGS(0), int cols, int id, __global float *x) {
+__kernel void embed(WARGS(0), int cols, __global float *x, int id) {
     int j = get_global_id(0);
     if (j >= cols) return;
     if (bits0 == 0) {
@@ -120,80 +240,107 @@ __kernel void embed(WARGS(0), int cols, int id, __global float *x) {
     x[j] = ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
 }
 
-/* y = W . norm(x) (mode 0) or y += W . x (mode 1, the residual add). */
-__kernel void matvec(WARGS(0), int rows, int cols, __global const float *x, __global const float *vecs, int norm_off,
-                     float eps, __global float *y, int mode) {
-    __local float red[MV_LWS];
-    int lid = get_local_id(0), r = get_group_id(0) * MV_RPG + lid / MV_TPR, lane = lid % MV_TPR;
-    __global const float *normw = norm_off >= 0 ? vecs + norm_off : 0;
-    __local float xs[MV_LOCAL_X];
-    int staged;
-    float inv = prologue(x, cols, normw, eps, red, xs, &staged);
-    float part = r < rows ? row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane) : 0.0f;
-    float sum = row_reduce(part, red);
-    if (lane == 0 && r < rows) {
-        if (mode == 1) y[r] += sum;
-        else y[r] = sum;
+/* The row loop shared by matvec-like kernels: y[r] = W . xs (+ y[r] when add). With best != 0 the
+ * group also leaves the largest y[r] and its row (the first on ties) in best[group] for `argmax`. */
+inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const float *x, __local const float *xs,
+                         __local const float *xsum, int staged, __global float *y, int add, uint4 first,
+                         __local float2 *red, __global float2 *best) {
+    int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int r0 = get_group_id(0) * rpg; r0 < rows; r0 += rpg * get_num_groups(0)) {
+        int r = r0 + lid / tpr;
+        float part = 0.0f;
+        if (r < rows) {
+            if (staged) part = row_dot(WPASS(0), r, cols, lane, tpr, first, xs, xsum);
+            else part = row_dot_global(WPASS(0), r, cols, lane, tpr, x);
+        }
+        float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
+        if (lane == 0 && r < rows) {
+            y[r] = add ? y[r] + s : s;
+            if (s > bv) bv = s, bi = r;
+        }
+        first = first_vec(W0, bits0, r + rpg * get_num_groups(0), rows, cols, lane);
     }
+    if (!best) return;
+    red[lid] = (float2)(bv, as_float(bi));
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LWS / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            float2 a = red[lid], b = red[lid + s];
+            if (b.x > a.x || (b.x == a.x && as_int(b.y) < as_int(a.y))) red[lid] = b;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) best[get_group_id(0)] = red[0];
+}
+
+/* y = W . norm(x) (norm_off >= 0) or W . x; add: y += instead of y = (the residual); track: leave
+ * each group's largest y in best[] (the lm_head, for argmax). */
+__kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
+                     int norm_off, float eps, __global float *y, int add, __global float2 *best, int track) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float2 red2[MV_LWS];
+    int lid = get_local_id(0);
+    uint4 first = first_vec(W0, bits0, get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
+    int staged = cols <= MV_LOCAL_X;
+    if (staged) stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
+    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, add, first, red2, track ? best : 0);
+}
+
+/* x += Wo . attention output, where the output is first combined from the split-K partials that
+ * `attention` left: per head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). */
+__kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
+                       __global float *x, int n_split) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16];
+    __local float2 red2[MV_LWS];
+    int lid = get_local_id(0);
+    uint4 first = first_vec(W0, bits0, get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
+    for (int j = lid; j < cols; j += MV_LWS) {
+        __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
+        float m = -INFINITY, num = 0.0f, den = 0.0f;
+        for (int s = 0; s < n_split; s++) m = fmax(m, p[s * (hd + 2)]);
+        for (int s = 0; s < n_split; s++) {
+            float w = exp(p[s * (hd + 2)] - m);
+            den += w * p[s * (hd + 2) + 1];
+            num += w * p[s * (hd + 2) + 2 + j % hd];
+        }
+        xs[XP(j)] = num / den;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    block_sums(xs, cols, xsum);
+    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, 1, x, 1, first, red2, 0);
 }
 
 /* h = silu(Wg . norm(x)) * (Wu . norm(x)) */
-__kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, __global const float *x, __global const float *vecs,
-                      int norm_off, float eps, __global float *h) {
-    __local float red[MV_LWS];
-    int lid = get_local_id(0), r = get_group_id(0) * MV_RPG + lid / MV_TPR, lane = lid % MV_TPR;
-    __global const float *normw = vecs + norm_off;
-    __local float xs[MV_LOCAL_X];
-    int staged;
-    float inv = prologue(x, cols, normw, eps, red, xs, &staged);
-    float g = 0.0f, u = 0.0f;
-    if (r < rows) {
-        g = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
-        u = row_part(W1, S1, B1, r, cols, bits1, gs1, dt1, x, normw, inv, xs, staged, lane);
+__kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
+                      __global const float *vecs, int norm_off, float eps, __global float *h) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float2 red2[MV_LWS];
+    int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
+    int r = get_group_id(0) * rpg + lid / tpr;
+    uint4 fg = first_vec(W0, bits0, r, rows, cols, lane), fu = first_vec(W1, bits1, r, rows, cols, lane);
+    stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
+    for (; r - lid / tpr < rows; r += stride) {
+        float2 gu = (float2)(0.0f);
+        if (r < rows) {
+            gu.x = row_dot(WPASS(0), r, cols, lane, tpr, fg, xs, xsum);
+            gu.y = row_dot(WPASS(1), r, cols, lane, tpr, fu, xs, xsum);
+        }
+        gu = row_reduce2(gu, red2, tpr);
+        if (lane == 0 && r < rows) h[r] = gu.x / (1.0f + exp(-gu.x)) * gu.y;
+        fg = first_vec(W0, bits0, r + stride, rows, cols, lane);
+        fu = first_vec(W1, bits1, r + stride, rows, cols, lane);
     }
-    g = row_reduce(g, red);
-    u = row_reduce(u, red);
-    if (lane == 0 && r < rows) h[r] = g / (1.0f + exp(-g)) * u;
 }
 
-/* q, k, v for one token at position pos: each row slot computes rows i and i + head_dim/2 of one head
- * of the concatenated [q | k | v] outputs, so RoPE's pairs stay in one slot. Adds the biases, rotates
- * q and k, writes q to `q` and k, v into the layer's cache (k transposed: [kv_head][dim][position]). */
-__kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, __global const float *x,
-                  __global const float *vecs, int norm_off, int bq_off, int bk_off, int bv_off, float eps,
-                  __global const float *inv_freq, int pos, int n_ctx, __global float *q, __global float *kt,
-                  __global float *vc, int layer) {
-    __local float red[MV_LWS];
-    int lid = get_local_id(0), lane = lid % MV_TPR;
-    int half_d = hd / 2, unit = get_group_id(0) * MV_RPG + lid / MV_TPR;
-    int n_units = (n_heads + 2 * n_kv) * half_d;
-    int head = unit / half_d, i = unit % half_d; /* head over the concatenation q heads, k heads, v heads */
-    __global const float *normw = vecs + norm_off;
-    __local float xs[MV_LOCAL_X];
-    int staged;
-    float inv = prologue(x, cols, normw, eps, red, xs, &staged);
-    float a = 0.0f, b = 0.0f;
-    if (unit < n_units) {
-        if (head < n_heads) {
-            int r = head * hd + i;
-            a = row_part(W0, S0, B0, r, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
-            b = row_part(W0, S0, B0, r + half_d, cols, bits0, gs0, dt0, x, normw, inv, xs, staged, lane);
-        } else if (head < n_heads + n_kv) {
-            int r = (head - n_heads) * hd + i;
-            a = row_part(W1, S1, B1, r, cols, bits1, gs1, dt1, x, normw, inv, xs, staged, lane);
-            b = row_part(W1, S1, B1, r + half_d, cols, bits1, gs1, dt1, x, normw, inv, xs, staged, lane);
-        } else {
-            int r = (head - n_heads - n_kv) * hd + i;
-            a = row_part(W2, S2, B2, r, cols, bits2, gs2, dt2, x, normw, inv, xs, staged, lane);
-            b = row_part(W2, S2, B2, r + half_d, cols, bits2, gs2, dt2, x, normw, inv, xs, staged, lane);
-        }
-    }
-    a = row_reduce(a, red);
-    b = row_reduce(b, red);
-    if (lane != 0 || unit >= n_units) return;
-    float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle);
-    kt += (size_t)layer * n_kv * hd * n_ctx; /* this layer's cache */
-    vc += (size_t)layer * n_kv * hd * n_ctx;
+/* Adds the bias to the pair (rows i, i + head_dim/2 of `head` in [q | k | v]), rotates q and k by
+ * RoPE, and stores q, or k and v into the layer's cache. */
+inline void rope_store(float2 ab, int head, int i, int pos, int n_heads, int n_kv, int hd, int n_ctx,
+                       __global const float *vecs, int bq_off, int bk_off, int bv_off, __global const float *inv_freq,
+                       __global float *q, __global float *kt, __global float *vc) {
+    int half_d = hd / 2;
+    float a = ab.x, b = ab.y, angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle);
     if (head < n_heads) {
         int r = head * hd + i;
         a += vecs[bq_off + r], b += vecs[bq_off + r + half_d];
@@ -211,77 +358,141 @@ __kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, i
     }
 }
 
-/* One work-group per query head: softmax(q . K^T / sqrt(d)) . V over positions 0..pos. */
-__kernel void attention(__global const float *q, __global const float *kt, __global const float *vc, int layer,
-                        __global float *scores, __global float *out, int pos, int n_ctx, int hd, int n_heads,
-                        int n_kv) {
-    __local float qs[MAX_HEAD_DIM];
-    __local float red[ATT_LWS];
-    int h = get_group_id(0), lid = get_local_id(0), g = h / (n_heads / n_kv), kv_dim = n_kv * hd;
+/* q, k, v for one token at position pos: each row slot computes rows i and i + head_dim/2 of one head
+ * of the concatenated [q | k | v] outputs, so RoPE's pairs stay in one slot. Adds the biases, rotates
+ * q and k, writes q to `q` and k, v into the layer's cache (k transposed: [kv_head][dim][position]). */
+/* The matrix of [q | k | v] that head (counted over the concatenation) belongs to, and its row i. */
+#define QKV_PICK(which, r, head, i)                                                                     \
+    int which = head < n_heads ? 0 : head < n_heads + n_kv ? 1 : 2;                                    \
+    int r = (head - (which == 0 ? 0 : which == 1 ? n_heads : n_heads + n_kv)) * hd + i
+#define QKV_FIRST(which, r, lane) \
+    (which == 0 ? first_vec(W0, bits0, r, 1 << 30, cols, lane) : which == 1 ? first_vec(W1, bits1, r, 1 << 30, cols, lane) \
+                : first_vec(W2, bits2, r, 1 << 30, cols, lane))
+
+__kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr,
+                  __global const float *x, __global const float *vecs, int norm_off, int bq_off, int bk_off,
+                  int bv_off, float eps, __global const float *inv_freq, int n_ctx, __global float *q,
+                  __global float *kt, __global float *vc, int layer, int pos) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float2 red2[MV_LWS];
+    int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
+    int half_d = hd / 2, n_units = (n_heads + 2 * n_kv) * half_d;
+    kt += (size_t)layer * n_kv * hd * n_ctx; /* this layer's cache */
+    vc += (size_t)layer * n_kv * hd * n_ctx;
+    int unit = get_group_id(0) * rpg + lid / tpr;
+    uint4 fa = (uint4)(0), fb = (uint4)(0); /* this slot's first reads, in flight during the prologue */
+    if (unit < n_units) {
+        int head = unit / half_d, i = unit % half_d;
+        QKV_PICK(which, r, head, i);
+        fa = QKV_FIRST(which, r, lane);
+        fb = QKV_FIRST(which, r + half_d, lane);
+    }
+    stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
+    for (; unit - lid / tpr < n_units; unit += stride) {
+        int head = unit / half_d, i = unit % half_d;
+        float2 ab = (float2)(0.0f);
+        if (unit < n_units) {
+            QKV_PICK(which, r, head, i);
+            if (which == 0) {
+                ab.x = row_dot(WPASS(0), r, cols, lane, tpr, fa, xs, xsum);
+                ab.y = row_dot(WPASS(0), r + half_d, cols, lane, tpr, fb, xs, xsum);
+            } else if (which == 1) {
+                ab.x = row_dot(WPASS(1), r, cols, lane, tpr, fa, xs, xsum);
+                ab.y = row_dot(WPASS(1), r + half_d, cols, lane, tpr, fb, xs, xsum);
+            } else {
+                ab.x = row_dot(WPASS(2), r, cols, lane, tpr, fa, xs, xsum);
+                ab.y = row_dot(WPASS(2), r + half_d, cols, lane, tpr, fb, xs, xsum);
+            }
+        }
+        ab = row_reduce2(ab, red2, tpr);
+        if (lane == 0 && unit < n_units)
+            rope_store(ab, head, i, pos, n_heads, n_kv, hd, n_ctx, vecs, bq_off, bk_off, bv_off, inv_freq, q, kt, vc);
+        int nu = unit + stride;
+        if (nu < n_units) {
+            int nh = nu / half_d, ni = nu % half_d;
+            QKV_PICK(nw, nr, nh, ni);
+            fa = QKV_FIRST(nw, nr, lane);
+            fb = QKV_FIRST(nw, nr + half_d, lane);
+        }
+    }
+}
+
+/* Work-group (s, h): query head h over positions [s * span, min((s + 1) * span, pos + 1)), scored
+ * ATT_LWS at a time with an online softmax. Leaves (max, sum of exp, sum of exp * v[head_dim]) in
+ * part[h][s] for attn_out to combine. hd % 4 == 0 and ATT_LWS >= hd / 4 (the host checks). */
+__kernel void attention(__global const float *q, __global const float *kt, __global const float *vc,
+                        __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span) {
+    __local float qs[MAX_HEAD_DIM], sl[ATT_LWS], red[ATT_LWS];
+    __local float4 acc_l[ATT_LWS];
+    int lid = get_local_id(0), s = get_group_id(0), h = get_group_id(1);
+    int g = h / (n_heads / n_kv), kv_dim = n_kv * hd;
+    int p0 = s * span, p1 = min(p0 + span, pos + 1);
     float scale = rsqrt((float)hd);
     kt += (size_t)layer * kv_dim * n_ctx;
     vc += (size_t)layer * kv_dim * n_ctx;
     for (int i = lid; i < hd; i += ATT_LWS) qs[i] = q[h * hd + i] * scale;
     barrier(CLK_LOCAL_MEM_FENCE);
     __global const float *k = kt + (size_t)g * hd * n_ctx;
-    __global float *s = scores + (size_t)h * n_ctx;
-    float mx = -INFINITY;
-    for (int p = lid; p <= pos; p += ATT_LWS) {
-        float d = 0.0f;
-        for (int i = 0; i < hd; i++) d += qs[i] * k[(size_t)i * n_ctx + p];
-        s[p] = d;
-        mx = fmax(mx, d);
-    }
-    red[lid] = mx;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int st = ATT_LWS / 2; st > 0; st >>= 1) {
-        if (lid < st) red[lid] = fmax(red[lid], red[lid + st]);
+    __global const float *v = vc + (size_t)g * hd;
+    int hd4 = hd / 4, parts = ATT_LWS / hd4, i4 = lid % hd4, pt = lid / hd4; /* V: (part, 4 dims) per thread */
+    float m = -INFINITY, l = 0.0f;
+    float4 acc = (float4)(0.0f);
+    for (int c0 = p0; c0 < p1; c0 += ATT_LWS) {
+        int p = c0 + lid, n = min(ATT_LWS, p1 - c0);
+        float d = -INFINITY;
+        if (p < p1) {
+            /* hd % 4 == 0: four independent loads in flight per step, not one */
+            float4 d4 = (float4)(0.0f);
+            __global const float *kp = k + p;
+            for (int i = 0; i < hd; i += 4)
+                d4 += (float4)(qs[i], qs[i + 1], qs[i + 2], qs[i + 3]) *
+                      (float4)(kp[(size_t)i * n_ctx], kp[(size_t)(i + 1) * n_ctx], kp[(size_t)(i + 2) * n_ctx], kp[(size_t)(i + 3) * n_ctx]);
+            d = d4.x + d4.y + d4.z + d4.w;
+        }
+        float m_new = fmax(m, wg_max(d, red, ATT_LWS)), alpha = exp(m - m_new);
+        float e = p < p1 ? exp(d - m_new) : 0.0f;
+        sl[lid] = e;
+        l = l * alpha + wg_sum(e, red, ATT_LWS); /* its barriers publish sl */
+        acc *= alpha;
+        if (pt < parts) {
+            int pp = pt;
+            for (; pp + parts < n; pp += 2 * parts) /* two rows of V in flight */
+                acc += sl[pp] * vload4(i4, v + (size_t)(c0 + pp) * kv_dim) +
+                       sl[pp + parts] * vload4(i4, v + (size_t)(c0 + pp + parts) * kv_dim);
+            if (pp < n) acc += sl[pp] * vload4(i4, v + (size_t)(c0 + pp) * kv_dim);
+        }
+        m = m_new;
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    mx = red[0];
+    acc_l[lid] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
-    float sum = 0.0f;
-    for (int p = lid; p <= pos; p += ATT_LWS) {
-        float e = exp(s[p] - mx);
-        s[p] = e;
-        sum += e;
+    __global float *o = part + ((size_t)h * ATT_MAX_SPLIT + s) * (hd + 2);
+    if (lid < hd4) {
+        float4 t = (float4)(0.0f);
+        for (int j = 0; j < parts; j++) t += acc_l[j * hd4 + lid];
+        vstore4(t, lid, o + 2);
     }
-    red[lid] = sum;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int st = ATT_LWS / 2; st > 0; st >>= 1) {
-        if (lid < st) red[lid] += red[lid + st];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    float inv_sum = 1.0f / red[0];
-    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE); /* s[] from other threads is read below */
-    int parts = ATT_LWS / hd, i = lid % hd, part = lid / hd;
-    float acc = 0.0f;
-    if (part < parts)
-        for (int p = part; p <= pos; p += parts) acc += s[p] * vc[(size_t)p * kv_dim + g * hd + i];
-    red[lid] = acc;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid < hd) {
-        float t = 0.0f;
-        for (int pp = 0; pp < parts; pp++) t += red[pp * hd + lid];
-        out[h * hd + lid] = t * inv_sum;
-    }
+    if (lid == 0) o[0] = m, o[1] = l;
 }
 
-/* Index of the largest of n values (the first on ties): one work-group of MV_LWS threads. */
-__kernel void argmax(__global const float *v, int n, __global int *out) {
-    __local float best[MV_LWS];
-    __local int at[MV_LWS];
+/* The row of the largest of the n per-group bests the lm_head left (the first on ties): one
+ * work-group of MV_LWS threads. */
+__kernel void argmax(__global const float2 *best, int n, __global int *out) {
+    __local float2 red[MV_LWS];
     int lid = get_local_id(0);
-    float b = -INFINITY;
-    int ai = 0x7fffffff;
-    for (int j = lid; j < n; j += MV_LWS)
-        if (v[j] > b) b = v[j], ai = j;
-    best[lid] = b, at[lid] = ai;
+    float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
+    for (int j = lid; j < n; j += MV_LWS) {
+        float2 c = best[j];
+        if (c.x > b.x || (c.x == b.x && as_int(c.y) < as_int(b.y))) b = c;
+    }
+    red[lid] = b;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = MV_LWS / 2; s > 0; s >>= 1) {
-        if (lid < s && (best[lid + s] > best[lid] || (best[lid + s] == best[lid] && at[lid + s] < at[lid])))
-            best[lid] = best[lid + s], at[lid] = at[lid + s];
+        if (lid < s) {
+            float2 a = red[lid], c = red[lid + s];
+            if (c.x > a.x || (c.x == a.x && as_int(c.y) < as_int(a.y))) red[lid] = c;
+        }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) out[0] = at[0];
+    if (lid == 0) out[0] = as_int(red[0].y);
 }

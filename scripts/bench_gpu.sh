@@ -26,4 +26,7 @@ M=/tmp/tllm-synth-qwen2.5-0.5b-q4
 T=$(nproc)
 "$B/tllm" bench -m "$M" --device opencl -p 512 -n 128 -r 5 -t "$T" | tee "$OUT/bench_opencl.md"
 "$B/tllm" bench -m "$M" --device opencl -p 512 -n 128 -r 5 -t "$T" -o json > "$OUT/bench_opencl.json"
+# decode deeper into the context (attention's share grows), and where a token's time goes per kernel
+"$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -d 0,1024,4096 -r 3 -t "$T" | tee "$OUT/bench_opencl_depth.md"
+TLLM_CL_PROFILE=1 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" 2>&1 | grep -A12 "opencl profile" | tee "$OUT/profile.txt"
 "$B/tllm" bench -m "$M" --device cpu -p 512 -n 128 -r 3 -t "$T" | tee "$OUT/bench_cpu.md"
