@@ -30,17 +30,18 @@ struct cl_launch {
     int dims, kind; /* kind: index into kind_names, for profiling */
 };
 
-enum { K_EMBED, K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN, K_LM_HEAD, K_ARGMAX, K_COUNT };
-static const char *const kind_names[K_COUNT] = {"embed", "qkv", "attention", "attn_out", "gate_up", "down", "lm_head", "argmax"};
+enum { K_EMBED, K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN, K_LAYER, K_LM_HEAD, K_ARGMAX, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"embed", "qkv", "attention", "attn_out", "gate_up", "down", "layer", "lm_head", "argmax"};
 
 struct cl_layer {
     struct cl_weights wq, wk, wv, wo, gate, up, down;
     struct cl_launch qkv, attn, attn_out, gate_up, down_l;
+    struct cl_launch whole; /* the persistent kernel doing all five, when in use */
 };
 
 /* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel. */
 struct cl_tunables {
-    int mv_lws, mv_iters, mv_groups_per_cu, mv_local_x, att_lws, att_max_split, max_head_dim;
+    int mv_lws, mv_iters, mv_groups_per_cu, mv_local_x, att_lws, att_max_split, max_head_dim, persist_groups_per_cu;
 };
 
 struct tllm_cl {
@@ -57,7 +58,12 @@ struct tllm_cl {
     struct cl_layer *layers;
     cl_mem vecs;       /* every norm weight and bias (the model's `vectors`) */
     cl_mem inv_freq;   /* [head_dim/2] RoPE frequencies */
-    cl_mem x, qb, hb, logits, part, best, next; /* part: [n_heads][ATT_MAX_SPLIT][head_dim + 2] */
+    cl_mem x, x2, qb, hb, logits, part, best, next; /* part: [n_heads][ATT_MAX_SPLIT][head_dim + 2] */
+    /* Persistent mode (GPUs): one launch per layer whose work-groups meet at grid barriers; bar holds
+     * the barrier's running count and a flag raised when the groups did not all run at once. */
+    int persistent, persist_groups;
+    cl_mem bar;
+    long bar_count;
     cl_mem kt, vc;     /* [layers x kv_dim x n_ctx], [layers x n_ctx x kv_dim] */
     int n_ctx;
     /* TLLM_CL_PROFILE: per-kernel device times, summed over steps and printed by tllm_cl_free */
@@ -247,9 +253,9 @@ static int read_tunables(struct tllm_cl *cl) {
     if (buf) clReleaseMemObject(buf);
     clReleaseKernel(k);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", cl_err_name(e));
-    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
     int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
-    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1)
+    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS and ATT_LWS must be powers of two >= 16, the rest positive");
     return TLLM_OK;
 }
@@ -348,7 +354,7 @@ static int end(struct args *a, const char *name) {
 }
 
 static int bind_matvec(struct tllm_cl *cl, struct cl_launch *L, const struct cl_weights *w, cl_mem x, int norm_off,
-                       cl_mem y, int add, int track, int kind) {
+                       cl_mem y, cl_mem res, int add, int track, int kind) {
     struct args a;
     int rc = begin(cl, L, "matvec", &a), tpr = pick_tpr(cl, w);
     if (rc) return rc;
@@ -361,11 +367,41 @@ static int bind_matvec(struct tllm_cl *cl, struct cl_launch *L, const struct cl_
     ARG_INT(&a, norm_off);
     ARG_F32(&a, cl->m->cfg.norm_eps);
     ARG_MEM(&a, y);
+    ARG_MEM(&a, res);
     ARG_INT(&a, add);
     ARG_MEM(&a, cl->best);
     ARG_INT(&a, track);
     shape_rows(cl, L, w->rows, tpr, kind);
     return end(&a, "matvec");
+}
+
+/* The arguments qkv and layer share (QKV_ARGS in decode.cl). */
+static void qkv_args(struct tllm_cl *cl, struct args *a, int l, int tpr) {
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    const struct tllm_layer *Lm = &m->layers[l];
+    struct cl_layer *D = &cl->layers[l];
+    arg_weights(a, &D->wq);
+    arg_weights(a, &D->wk);
+    arg_weights(a, &D->wv);
+    ARG_INT(a, c->n_heads);
+    ARG_INT(a, c->n_kv_heads);
+    ARG_INT(a, c->head_dim);
+    ARG_INT(a, c->dim);
+    ARG_INT(a, tpr);
+    ARG_MEM(a, cl->x);
+    ARG_MEM(a, cl->vecs);
+    ARG_INT(a, (int)(Lm->attn_norm - m->vectors));
+    ARG_INT(a, (int)(Lm->bq - m->vectors));
+    ARG_INT(a, (int)(Lm->bk - m->vectors));
+    ARG_INT(a, (int)(Lm->bv - m->vectors));
+    ARG_F32(a, c->norm_eps);
+    ARG_MEM(a, cl->inv_freq);
+    ARG_INT(a, cl->n_ctx);
+    ARG_MEM(a, cl->qb);
+    ARG_MEM(a, cl->kt);
+    ARG_MEM(a, cl->vc);
+    ARG_INT(a, l);
 }
 
 /* Every kernel of a step, made once with its static arguments. */
@@ -386,29 +422,10 @@ static int bind_all(struct tllm_cl *cl) {
     for (int l = 0; l < c->n_layers; l++) {
         const struct tllm_layer *Lm = &m->layers[l];
         struct cl_layer *D = &cl->layers[l];
-        int attn_norm = (int)(Lm->attn_norm - m->vectors), ffn_norm = (int)(Lm->ffn_norm - m->vectors);
+        int ffn_norm = (int)(Lm->ffn_norm - m->vectors);
         if ((rc = begin(cl, &D->qkv, "qkv", &a))) return rc;
-        arg_weights(&a, &D->wq);
-        arg_weights(&a, &D->wk);
-        arg_weights(&a, &D->wv);
-        ARG_INT(&a, c->n_heads);
-        ARG_INT(&a, c->n_kv_heads);
-        ARG_INT(&a, c->head_dim);
-        ARG_INT(&a, c->dim);
-        ARG_INT(&a, tpr_qkv = pick_tpr(cl, &D->wq));
-        ARG_MEM(&a, cl->x);
-        ARG_MEM(&a, cl->vecs);
-        ARG_INT(&a, attn_norm);
-        ARG_INT(&a, (int)(Lm->bq - m->vectors));
-        ARG_INT(&a, (int)(Lm->bk - m->vectors));
-        ARG_INT(&a, (int)(Lm->bv - m->vectors));
-        ARG_F32(&a, c->norm_eps);
-        ARG_MEM(&a, cl->inv_freq);
-        ARG_INT(&a, cl->n_ctx);
-        ARG_MEM(&a, cl->qb);
-        ARG_MEM(&a, cl->kt);
-        ARG_MEM(&a, cl->vc);
-        ARG_INT(&a, l);
+        tpr_qkv = pick_tpr(cl, &D->wq);
+        qkv_args(cl, &a, l, tpr_qkv);
         D->qkv.dyn = a.i;
         ARG_INT(&a, 0); /* pos */
         shape_rows(cl, &D->qkv, (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), tpr_qkv, K_QKV);
@@ -441,6 +458,7 @@ static int bind_all(struct tllm_cl *cl) {
         ARG_MEM(&a, cl->part);
         ARG_INT(&a, c->head_dim);
         ARG_MEM(&a, cl->x);
+        ARG_MEM(&a, cl->x2);
         D->attn_out.dyn = a.i;
         ARG_INT(&a, 1); /* n_split */
         shape_rows(cl, &D->attn_out, D->wo.rows, tpr, K_ATTN_OUT);
@@ -453,7 +471,7 @@ static int bind_all(struct tllm_cl *cl) {
         ARG_INT(&a, c->ffn_dim);
         ARG_INT(&a, c->dim);
         ARG_INT(&a, tpr);
-        ARG_MEM(&a, cl->x);
+        ARG_MEM(&a, cl->x2);
         ARG_MEM(&a, cl->vecs);
         ARG_INT(&a, ffn_norm);
         ARG_F32(&a, c->norm_eps);
@@ -461,15 +479,39 @@ static int bind_all(struct tllm_cl *cl) {
         shape_rows(cl, &D->gate_up, c->ffn_dim, tpr, K_GATE_UP);
         if ((rc = end(&a, "gate_up"))) return rc;
 
-        if ((rc = bind_matvec(cl, &D->down_l, &D->down, cl->hb, -1, cl->x, 1, 0, K_DOWN))) return rc;
+        if ((rc = bind_matvec(cl, &D->down_l, &D->down, cl->hb, -1, cl->x, cl->x2, 1, 0, K_DOWN))) return rc;
+
+        if (!cl->persistent) continue;
+        if ((rc = begin(cl, &D->whole, "layer", &a))) return rc;
+        qkv_args(cl, &a, l, tpr_qkv);
+        ARG_MEM(&a, cl->part);
+        arg_weights(&a, &D->wo);
+        ARG_INT(&a, pick_tpr(cl, &D->wo));
+        arg_weights(&a, &D->gate);
+        arg_weights(&a, &D->up);
+        ARG_INT(&a, c->ffn_dim);
+        ARG_INT(&a, pick_tpr(cl, &D->gate));
+        ARG_INT(&a, ffn_norm);
+        ARG_MEM(&a, cl->hb);
+        arg_weights(&a, &D->down);
+        ARG_INT(&a, pick_tpr(cl, &D->down));
+        ARG_MEM(&a, cl->x2);
+        ARG_MEM(&a, cl->bar);
+        D->whole.dyn = a.i;
+        for (int i = 0; i < 4; i++) ARG_INT(&a, 0); /* bar_base, pos, span, n_split */
+        D->whole.dims = 1, D->whole.kind = K_LAYER;
+        D->whole.local[0] = (size_t)cl->t.mv_lws;
+        D->whole.global[0] = (size_t)cl->persist_groups * D->whole.local[0];
+        if ((rc = end(&a, "layer"))) return rc;
     }
-    if ((rc = bind_matvec(cl, &cl->l_lm_head, &cl->lm_head, cl->x, (int)(m->final_norm - m->vectors), cl->logits, 0, 1,
-                          K_LM_HEAD)))
+    if ((rc = bind_matvec(cl, &cl->l_lm_head, &cl->lm_head, cl->x, (int)(m->final_norm - m->vectors), cl->logits,
+                          cl->logits, 0, 1, K_LM_HEAD)))
         return rc;
     if ((rc = begin(cl, &cl->l_argmax, "argmax", &a))) return rc;
     ARG_MEM(&a, cl->best);
     ARG_INT(&a, (int)(cl->l_lm_head.global[0] / cl->l_lm_head.local[0])); /* the lm_head's groups */
     ARG_MEM(&a, cl->next);
+    ARG_MEM(&a, cl->bar);
     cl->l_argmax.dims = 1, cl->l_argmax.kind = K_ARGMAX;
     cl->l_argmax.global[0] = cl->l_argmax.local[0] = (size_t)cl->t.mv_lws;
     return end(&a, "argmax");
@@ -495,6 +537,38 @@ static int check_shapes(const struct tllm_cl *cl) {
                              w->name, w->cols, w->bits);
     }
     return TLLM_OK;
+}
+
+static int reset_bar(struct tllm_cl *cl) {
+    cl_int zero = 0;
+    cl->bar_count = 0;
+    CL_TRY(clEnqueueFillBuffer(cl->q, cl->bar, &zero, sizeof zero, 0, 2 * sizeof zero, 0, NULL, NULL));
+    return TLLM_OK;
+}
+
+/* Persistent mode (TLLM_CL_PERSISTENT=1, GPUs only) needs every work-group of the grid resident at
+ * once, which OpenCL does not promise: the grid is PERSIST_GROUPS_PER_CU groups per compute unit where
+ * the kernel's registers allow, and the mode is abandoned for good if a grid barrier ever times out.
+ * It is off by default: on the H200 it cuts launches from 123 to 27 a token but is ~10% slower
+ * (docs/performance.md). CPU devices run work-groups a few at a time (PoCL 3.1 hangs in the spin). */
+static void pick_persistent(struct tllm_cl *cl) {
+    const char *env = getenv("TLLM_CL_PERSISTENT");
+    cl_device_type type = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    int want = (type & CL_DEVICE_TYPE_GPU) && env && !strcmp(env, "1");
+    cl->persistent = 0;
+    if (!want || cl->t.att_lws != cl->t.mv_lws) return;
+    cl_int e;
+    cl_kernel k = clCreateKernel(cl->prog, "layer", &e);
+    if (e != CL_SUCCESS) return;
+    size_t max_wg = 0;
+    clGetKernelWorkGroupInfo(k, cl->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
+    clReleaseKernel(k);
+    int per_cu = (int)(max_wg / (size_t)cl->t.mv_lws);
+    if (per_cu < 1) return;
+    if (per_cu > cl->t.persist_groups_per_cu) per_cu = cl->t.persist_groups_per_cu;
+    cl->persist_groups = cl->n_cu * per_cu;
+    cl->persistent = 1;
 }
 
 int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
@@ -567,13 +641,17 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     size_t n_groups_max = (size_t)cl->n_cu * (size_t)cl->t.mv_groups_per_cu;
     if (!rc) rc = upload(cl, &cl->inv_freq, inv_freq, sizeof(float) * (size_t)(c->head_dim / 2), "RoPE table");
     if (!rc) rc = device_buffer(cl, &cl->x, (size_t)c->dim * 4, "activations");
+    if (!rc) rc = device_buffer(cl, &cl->x2, (size_t)c->dim * 4, "activations");
+    if (!rc) rc = device_buffer(cl, &cl->bar, 2 * sizeof(cl_int), "grid barrier");
+    if (!rc) rc = reset_bar(cl);
+    if (!rc) pick_persistent(cl);
     if (!rc) rc = device_buffer(cl, &cl->qb, q_dim * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->hb, (size_t)c->ffn_dim * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->logits, (size_t)c->vocab_size * 4, "logits");
     if (!rc) rc = device_buffer(cl, &cl->part, (size_t)c->n_heads * (size_t)cl->t.att_max_split * (size_t)(c->head_dim + 2) * 4,
                                 "attention partials");
     if (!rc) rc = device_buffer(cl, &cl->best, n_groups_max * 8, "argmax partials");
-    if (!rc) rc = device_buffer(cl, &cl->next, 4, "token id");
+    if (!rc) rc = device_buffer(cl, &cl->next, 2 * sizeof(cl_int), "token id");
     if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
     if (!rc) rc = device_buffer(cl, &cl->vc, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
     if (!rc) rc = bind_all(cl);
@@ -618,12 +696,12 @@ void tllm_cl_free(struct tllm_cl *cl) {
             struct cl_layer *D = &cl->layers[l];
             struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
             for (int i = 0; i < 7; i++) release_weights(ws[i]);
-            struct cl_launch *lk[] = {&D->qkv, &D->attn, &D->attn_out, &D->gate_up, &D->down_l};
-            for (int i = 0; i < 5; i++)
+            struct cl_launch *lk[] = {&D->qkv, &D->attn, &D->attn_out, &D->gate_up, &D->down_l, &D->whole};
+            for (int i = 0; i < 6; i++)
                 if (lk[i]->k) clReleaseKernel(lk[i]->k);
         }
     free(cl->layers);
-    cl_mem bufs[] = {cl->vecs, cl->inv_freq, cl->x, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
+    cl_mem bufs[] = {cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) clReleaseMemObject(bufs[i]);
     if (cl->prog) clReleaseProgram(cl->prog);
@@ -634,7 +712,9 @@ void tllm_cl_free(struct tllm_cl *cl) {
 
 const char *tllm_cl_device_name(const struct tllm_cl *cl) { return cl->name; }
 
-int tllm_cl_launches_per_token(const struct tllm_cl *cl) { return 1 + 5 * cl->m->cfg.n_layers + 2; }
+int tllm_cl_launches_per_token(const struct tllm_cl *cl) {
+    return 1 + (cl->persistent ? 1 : 5) * cl->m->cfg.n_layers + 2;
+}
 
 static cl_int launch(struct tllm_cl *cl, const struct cl_launch *L) {
     cl_event *ev = NULL;
@@ -659,7 +739,21 @@ static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos, int argmax) 
     n_split = (n_pos + span - 1) / span;
     cl_int e = set_int(&cl->l_embed, 0, id);
     if (!e) e = launch(cl, &cl->l_embed);
-    for (int l = 0; l < c->n_layers && !e; l++) {
+    for (int l = 0; l < c->n_layers && !e && cl->persistent; l++) {
+        struct cl_launch *W = &cl->layers[l].whole;
+        if (cl->bar_count + 4L * cl->persist_groups > (1L << 30)) { /* the running count restarts */
+            cl_int zero = 0;
+            cl->bar_count = 0;
+            e = clEnqueueFillBuffer(cl->q, cl->bar, &zero, sizeof zero, 0, sizeof zero, 0, NULL, NULL);
+        }
+        if (!e) e = set_int(W, 0, (int)cl->bar_count);
+        if (!e) e = set_int(W, 1, pos);
+        if (!e) e = set_int(W, 2, span);
+        if (!e) e = set_int(W, 3, n_split);
+        if (!e) e = launch(cl, W);
+        cl->bar_count += 4L * cl->persist_groups;
+    }
+    for (int l = 0; l < c->n_layers && !e && !cl->persistent; l++) {
         struct cl_layer *D = &cl->layers[l];
         D->attn.global[0] = (size_t)n_split * (size_t)cl->t.att_lws;
         if (!e) e = set_int(&D->qkv, 0, pos);
@@ -706,20 +800,27 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
         if (cl->profile) collect_profile(cl, 0);
         return tllm_fail(TLLM_ERR_IO, "opencl: decode step on %s: %s (%d)", cl->name, cl_err_name(e), e);
     }
-    if (next) {
-        cl_int v = 0;
-        e = clEnqueueReadBuffer(cl->q, cl->next, CL_TRUE, 0, sizeof v, &v, 0, NULL, NULL);
-        if (e == CL_SUCCESS && (v < 0 || v >= cl->m->cfg.vocab_size)) {
-            if (cl->profile) collect_profile(cl, 0);
-            return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos);
-        }
-        *next = v;
-    }
+    cl_int res[2] = {0, 0}; /* the argmax, and whether a grid barrier gave up */
+    if (next) e = clEnqueueReadBuffer(cl->q, cl->next, CL_TRUE, 0, sizeof res, res, 0, NULL, NULL);
+    else if (cl->persistent) e = clEnqueueReadBuffer(cl->q, cl->bar, CL_FALSE, sizeof(cl_int), sizeof(cl_int), &res[1], 0, NULL, NULL);
     if (e == CL_SUCCESS && logits)
         e = clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, (size_t)cl->m->cfg.vocab_size * 4, logits, 0, NULL, NULL);
-    if (e == CL_SUCCESS && !next && !logits) e = clFinish(cl->q);
+    if (e == CL_SUCCESS && !next) e = clFinish(cl->q);
     if (cl->profile) collect_profile(cl, tllm_now() - t0);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the step's result from %s: %s (%d)", cl->name, cl_err_name(e), e);
+    if (cl->persistent && res[1]) {
+        /* the step's output is garbage, but everything it wrote is rewritten by a redo */
+        fprintf(stderr, "tllm: opencl: the work-groups of the per-layer kernel did not all run at once on %s; "
+                        "using one launch per kernel from now on\n", cl->name);
+        cl->persistent = 0;
+        int rc = reset_bar(cl);
+        return rc ? rc : tllm_cl_step(cl, id, pos, logits, next);
+    }
+    if (next) {
+        if (res[0] < 0 || res[0] >= cl->m->cfg.vocab_size)
+            return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos);
+        *next = res[0];
+    }
     return TLLM_OK;
 }
 

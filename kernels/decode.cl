@@ -38,9 +38,13 @@
 #define MAX_HEAD_DIM 256
 #endif
 
+#ifndef PERSIST_GROUPS_PER_CU
+#define PERSIST_GROUPS_PER_CU 2 /* work-groups per compute unit of the persistent `layer` kernel */
+#endif
+
 __kernel void tunables(__global int *out) {
     out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
-    out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM;
+    out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
 }
 
 /* dt: 0 = f32, 1 = f16, 2 = bf16 */
@@ -130,41 +134,63 @@ inline float dot_w2(uint w, __local const float *x) {
     return r;
 }
 
-/* The first uint4 this thread reads of row r, loaded before the prologue so its latency overlaps it. */
-inline uint4 first_vec(__global const uchar *W, int bits, int r, int rows, int cols, int lane) {
-    if (bits == 0 || r >= rows) return (uint4)(0);
+/* One uint4 of codes with the scale and bias of its (first) group, loaded together so that all three
+ * reads are in flight at once. */
+struct qvec {
+    uint4 w;
+    float s, b;
+};
+
+inline struct qvec load_vec(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
+                            int gs, int dt, int r, int cols, int v) {
+    struct qvec q;
     int vpr = cols * bits / 128;
-    return lane < vpr ? ((__global const uint4 *)W)[(size_t)r * vpr + lane] : (uint4)(0);
+    size_t g = (size_t)r * (cols / gs) + v * (128 / bits) / gs;
+    q.w = ((__global const uint4 *)W)[(size_t)r * vpr + v];
+    q.s = ld(S, dt, g);
+    q.b = ld(B, dt, g);
+    return q;
 }
 
-/* This thread's share of row r . xs: uint4 number lane, lane + tpr, ...; `first` is the one at lane. */
+/* The first uint4 this thread reads of row r, loaded before the prologue so its latency overlaps it. */
+inline struct qvec first_vec(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
+                             int gs, int dt, int r, int rows, int cols, int lane) {
+    struct qvec q;
+    q.w = (uint4)(0), q.s = q.b = 0.0f;
+    if (bits == 0 || r >= rows || lane >= cols * bits / 128) return q;
+    return load_vec(W, S, B, bits, gs, dt, r, cols, lane);
+}
+
 /* uint4 number v of row r (starting at group g0 = r * groups per row) . its inputs, with scales and biases */
-inline float vec_dot(uint4 w, int v, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
+inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
                      size_t g0, __local const float *xs, __local const float *xsum) {
     int c = v * (128 / bits);
+    uint4 w = q.w;
     __local const float *x = xs + XP(c); /* 4 and 8 bits: their 32 or 16 inputs have no pad inside */
     __local const float *sx = xsum + c / 16;
     if (bits == 4) {
-        float q = dot_w4(w.x, x) + dot_w4(w.y, x + 8) + dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24);
-        size_t g = g0 + c / gs;
-        return ld(S, dt, g) * q + ld(B, dt, g) * (sx[0] + sx[1]);
+        float d = dot_w4(w.x, x) + dot_w4(w.y, x + 8) + dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24);
+        return q.s * d + q.b * (sx[0] + sx[1]);
     }
     if (bits == 8) {
-        float q = dot_w8(w.x, x) + dot_w8(w.y, x + 4) + dot_w8(w.z, x + 8) + dot_w8(w.w, x + 12);
-        size_t g = g0 + c / gs;
-        return ld(S, dt, g) * q + ld(B, dt, g) * sx[0];
+        float d = dot_w8(w.x, x) + dot_w8(w.y, x + 4) + dot_w8(w.z, x + 8) + dot_w8(w.w, x + 12);
+        return q.s * d + q.b * sx[0];
     }
     /* 2 bits: 64 codes, two halves that may lie in different groups of 32 */
     __local const float *x1 = xs + XP(c + 32);
     float q0 = dot_w2(w.x, x) + dot_w2(w.y, x + 16), q1 = dot_w2(w.z, x1) + dot_w2(w.w, x1 + 16);
-    size_t ga = g0 + c / gs, gb = g0 + (c + 32) / gs;
-    return ld(S, dt, ga) * q0 + ld(B, dt, ga) * (sx[0] + sx[1]) + ld(S, dt, gb) * q1 + ld(B, dt, gb) * (sx[2] + sx[3]);
+    float s1 = q.s, b1 = q.b;
+    if ((c + 32) / gs != c / gs) {
+        size_t gb = g0 + (c + 32) / gs;
+        s1 = ld(S, dt, gb), b1 = ld(B, dt, gb);
+    }
+    return q.s * q0 + q.b * (sx[0] + sx[1]) + s1 * q1 + b1 * (sx[2] + sx[3]);
 }
 
-/* This thread's share of row r . xs: uint4 number lane, lane + tpr, ... (two loads in flight);
- * `first` is the one at lane, loaded earlier. */
+/* This thread's share of row r . xs: uint4 number lane, lane + tpr, ... (the next one's reads in
+ * flight while one is used); `first` is the one at lane, loaded earlier. */
 inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                     int dt, int r, int cols, int lane, int tpr, uint4 first, __local const float *xs,
+                     int dt, int r, int cols, int lane, int tpr, struct qvec first, __local const float *xs,
                      __local const float *xsum) {
     float acc = 0.0f;
     if (bits == 0) {
@@ -172,17 +198,16 @@ inline float row_dot(__global const uchar *W, __global const uchar *S, __global 
         return acc;
     }
     const int vpr = cols * bits / 128;
-    __global const uint4 *row = (__global const uint4 *)W + (size_t)r * vpr;
     size_t g0 = (size_t)r * (cols / gs);
     if (lane >= vpr) return 0.0f;
-    uint4 w = first;
+    struct qvec cur = first;
     int v = lane;
     for (; v + tpr < vpr; v += tpr) {
-        uint4 next = row[v + tpr];
-        acc += vec_dot(w, v, S, B, bits, gs, dt, g0, xs, xsum);
-        w = next;
+        struct qvec next = load_vec(W, S, B, bits, gs, dt, r, cols, v + tpr);
+        acc += vec_dot(cur, v, S, B, bits, gs, dt, g0, xs, xsum);
+        cur = next;
     }
-    return acc + vec_dot(w, v, S, B, bits, gs, dt, g0, xs, xsum);
+    return acc + vec_dot(cur, v, S, B, bits, gs, dt, g0, xs, xsum);
 }
 
 /* Inputs too long to stage (cols > MV_LOCAL_X: only down_proj of large models), read from global. */
@@ -240,11 +265,11 @@ __kernel void embed(WARGS(0), int cols, __global float *x, int id) {
     x[j] = ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
 }
 
-/* The row loop shared by matvec-like kernels: y[r] = W . xs (+ y[r] when add). With best != 0 the
+/* The row loop shared by matvec-like kernels: y[r] = W . xs (+ res[r] when add). With best != 0 the
  * group also leaves the largest y[r] and its row (the first on ties) in best[group] for `argmax`. */
 inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const float *x, __local const float *xs,
-                         __local const float *xsum, int staged, __global float *y, int add, uint4 first,
-                         __local float2 *red, __global float2 *best) {
+                         __local const float *xsum, int staged, __global float *y, __global const float *res,
+                         int add, struct qvec first, __local float2 *red, __global float2 *best) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -257,10 +282,10 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
         }
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
-            y[r] = add ? y[r] + s : s;
+            y[r] = add ? res[r] + s : s;
             if (s > bv) bv = s, bi = r;
         }
-        first = first_vec(W0, bits0, r + rpg * get_num_groups(0), rows, cols, lane);
+        first = first_vec(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane);
     }
     if (!best) return;
     red[lid] = (float2)(bv, as_float(bi));
@@ -275,27 +300,34 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
     if (lid == 0) best[get_group_id(0)] = red[0];
 }
 
-/* y = W . norm(x) (norm_off >= 0) or W . x; add: y += instead of y = (the residual); track: leave
- * each group's largest y in best[] (the lm_head, for argmax). */
-__kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
-                     int norm_off, float eps, __global float *y, int add, __global float2 *best, int track) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
-    __local float2 red2[MV_LWS];
+/* y = W . norm(x) (norm_off >= 0) or W . x, plus res when add (the residual); track: leave each
+ * group's largest y in best[] (the lm_head, for argmax). */
+inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
+                        int norm_off, float eps, __global float *y, __global const float *res, int add,
+                        __global float2 *best, int track, __local float *xs, __local float *xsum, __local float *red,
+                        __local float2 *red2) {
     int lid = get_local_id(0);
-    uint4 first = first_vec(W0, bits0, get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
+    struct qvec first = first_vec(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
     int staged = cols <= MV_LOCAL_X;
     if (staged) stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
-    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, add, first, red2, track ? best : 0);
+    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, res, add, first, red2, track ? best : 0);
 }
 
-/* x += Wo . attention output, where the output is first combined from the split-K partials that
- * `attention` left: per head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). */
-__kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
-                       __global float *x, int n_split) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16];
+__kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
+                     int norm_off, float eps, __global float *y, __global const float *res, int add,
+                     __global float2 *best, int track) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
+    matvec_body(WPASS(0), rows, cols, tpr, x, vecs, norm_off, eps, y, res, add, best, track, xs, xsum, red, red2);
+}
+
+/* x_out = x + Wo . attention output, where the output is first combined from the split-K partials
+ * that `attention` left: per head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). */
+inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
+                          __global const float *x, __global float *x_out, int n_split, __local float *xs,
+                          __local float *xsum, __local float2 *red2) {
     int lid = get_local_id(0);
-    uint4 first = first_vec(W0, bits0, get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
+    struct qvec first = first_vec(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
     for (int j = lid; j < cols; j += MV_LWS) {
         __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
         float m = -INFINITY, num = 0.0f, den = 0.0f;
@@ -309,17 +341,23 @@ __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const flo
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     block_sums(xs, cols, xsum);
-    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, 1, x, 1, first, red2, 0);
+    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, 1, x_out, x, 1, first, red2, 0);
+}
+
+__kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
+                       __global const float *x, __global float *x_out, int n_split) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16];
+    __local float2 red2[MV_LWS];
+    attn_out_body(WPASS(0), rows, cols, tpr, part, hd, x, x_out, n_split, xs, xsum, red2);
 }
 
 /* h = silu(Wg . norm(x)) * (Wu . norm(x)) */
-__kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
-                      __global const float *vecs, int norm_off, float eps, __global float *h) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
-    __local float2 red2[MV_LWS];
+inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
+                         __global const float *vecs, int norm_off, float eps, __global float *h, __local float *xs,
+                         __local float *xsum, __local float *red, __local float2 *red2) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int r = get_group_id(0) * rpg + lid / tpr;
-    uint4 fg = first_vec(W0, bits0, r, rows, cols, lane), fu = first_vec(W1, bits1, r, rows, cols, lane);
+    struct qvec fg = first_vec(WPASS(0), r, rows, cols, lane), fu = first_vec(WPASS(1), r, rows, cols, lane);
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; r - lid / tpr < rows; r += stride) {
         float2 gu = (float2)(0.0f);
@@ -329,9 +367,16 @@ __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global 
         }
         gu = row_reduce2(gu, red2, tpr);
         if (lane == 0 && r < rows) h[r] = gu.x / (1.0f + exp(-gu.x)) * gu.y;
-        fg = first_vec(W0, bits0, r + stride, rows, cols, lane);
-        fu = first_vec(W1, bits1, r + stride, rows, cols, lane);
+        fg = first_vec(WPASS(0), r + stride, rows, cols, lane);
+        fu = first_vec(WPASS(1), r + stride, rows, cols, lane);
     }
+}
+
+__kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
+                      __global const float *vecs, int norm_off, float eps, __global float *h) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float2 red2[MV_LWS];
+    gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, xs, xsum, red, red2);
 }
 
 /* Adds the bias to the pair (rows i, i + head_dim/2 of `head` in [q | k | v]), rotates q and k by
@@ -366,21 +411,25 @@ inline void rope_store(float2 ab, int head, int i, int pos, int n_heads, int n_k
     int which = head < n_heads ? 0 : head < n_heads + n_kv ? 1 : 2;                                    \
     int r = (head - (which == 0 ? 0 : which == 1 ? n_heads : n_heads + n_kv)) * hd + i
 #define QKV_FIRST(which, r, lane) \
-    (which == 0 ? first_vec(W0, bits0, r, 1 << 30, cols, lane) : which == 1 ? first_vec(W1, bits1, r, 1 << 30, cols, lane) \
-                : first_vec(W2, bits2, r, 1 << 30, cols, lane))
+    (which == 0 ? first_vec(WPASS(0), r, 1 << 30, cols, lane) : which == 1 ? first_vec(WPASS(1), r, 1 << 30, cols, lane) \
+                : first_vec(WPASS(2), r, 1 << 30, cols, lane))
 
-__kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr,
-                  __global const float *x, __global const float *vecs, int norm_off, int bq_off, int bk_off,
-                  int bv_off, float eps, __global const float *inv_freq, int n_ctx, __global float *q,
-                  __global float *kt, __global float *vc, int layer, int pos) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
-    __local float2 red2[MV_LWS];
+#define QKV_ARGS                                                                                            \
+    WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr, __global const float *x,   \
+        __global const float *vecs, int norm_off, int bq_off, int bk_off, int bv_off, float eps,               \
+        __global const float *inv_freq, int n_ctx, __global float *q, __global float *kt, __global float *vc, int layer
+#define QKV_PASS                                                                                            \
+    WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr, x, vecs, norm_off, bq_off, bk_off, bv_off, eps, \
+        inv_freq, n_ctx, q, kt, vc, layer
+
+inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, __local float *red,
+                     __local float2 *red2) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int half_d = hd / 2, n_units = (n_heads + 2 * n_kv) * half_d;
     kt += (size_t)layer * n_kv * hd * n_ctx; /* this layer's cache */
     vc += (size_t)layer * n_kv * hd * n_ctx;
     int unit = get_group_id(0) * rpg + lid / tpr;
-    uint4 fa = (uint4)(0), fb = (uint4)(0); /* this slot's first reads, in flight during the prologue */
+    struct qvec fa = first_vec(WPASS(0), 0, 0, cols, lane), fb = fa; /* zero until this slot's first reads, issued before the prologue */
     if (unit < n_units) {
         int head = unit / half_d, i = unit % half_d;
         QKV_PICK(which, r, head, i);
@@ -417,14 +466,19 @@ __kernel void qkv(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, i
     }
 }
 
+__kernel void qkv(QKV_ARGS, int pos) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float2 red2[MV_LWS];
+    qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
+}
+
 /* Work-group (s, h): query head h over positions [s * span, min((s + 1) * span, pos + 1)), scored
  * ATT_LWS at a time with an online softmax. Leaves (max, sum of exp, sum of exp * v[head_dim]) in
  * part[h][s] for attn_out to combine. hd % 4 == 0 and ATT_LWS >= hd / 4 (the host checks). */
-__kernel void attention(__global const float *q, __global const float *kt, __global const float *vc,
-                        __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span) {
-    __local float qs[MAX_HEAD_DIM], sl[ATT_LWS], red[ATT_LWS];
-    __local float4 acc_l[ATT_LWS];
-    int lid = get_local_id(0), s = get_group_id(0), h = get_group_id(1);
+inline void attention_body(__global const float *q, __global const float *kt, __global const float *vc,
+                           __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span,
+                           int s, int h, __local float *qs, __local float *sl, __local float *red, __local float4 *acc_l) {
+    int lid = get_local_id(0);
     int g = h / (n_heads / n_kv), kv_dim = n_kv * hd;
     int p0 = s * span, p1 = min(p0 + span, pos + 1);
     float scale = rsqrt((float)hd);
@@ -473,11 +527,68 @@ __kernel void attention(__global const float *q, __global const float *kt, __glo
         vstore4(t, lid, o + 2);
     }
     if (lid == 0) o[0] = m, o[1] = l;
+    barrier(CLK_LOCAL_MEM_FENCE); /* acc_l and qs are reused by the next (s, h) of a persistent group */
 }
+
+__kernel void attention(__global const float *q, __global const float *kt, __global const float *vc,
+                        __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span) {
+    __local float qs[MAX_HEAD_DIM], sl[ATT_LWS], red[ATT_LWS];
+    __local float4 acc_l[ATT_LWS];
+    attention_body(q, kt, vc, part, n_ctx, hd, n_heads, n_kv, layer, pos, span, get_group_id(0), get_group_id(1), qs,
+                   sl, red, acc_l);
+}
+
+#ifndef SPIN_LIMIT
+#define SPIN_LIMIT (1 << 20) /* polls of a grid barrier before it gives up (about a second) */
+#endif
+
+/* Every work-group of a persistent launch waits here until all have arrived: `target` is the count
+ * of arrivals that means so (the host keeps the running count). When waiting takes too long, the
+ * work-groups are not all running at once; bar[1] is raised, every later barrier falls through, and
+ * the host redoes the step one kernel per launch. */
+inline void grid_sync(volatile __global int *bar, int target) {
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        atomic_inc(bar);
+        for (int spins = 0; atomic_add(bar, 0) < target; spins++)
+            if (spins > SPIN_LIMIT || bar[1]) {
+                bar[1] = 1;
+                break;
+            }
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+    }
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+}
+
+#if ATT_LWS == MV_LWS
+/* One whole layer in one launch (GPUs): the five steps above separated by grid barriers, run by a
+ * grid small enough that all its work-groups are resident at once. Activations are written to a
+ * buffer no group has read in this launch (x -> x2 -> x), so no core's cache holds a stale copy. */
+__kernel void layer(QKV_ARGS, __global float *part, WARGS(3), int tpr_o, WARGS(4), WARGS(5), int ffn, int tpr_gu,
+                    int ffn_norm, __global float *hb, WARGS(6), int tpr_d, __global float *x2, __global int *bar,
+                    int bar_base, int pos, int span, int n_split) {
+    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
+    __local float2 red2[MV_LWS];
+    __local float4 acc_l[ATT_LWS];
+    int G = get_num_groups(0);
+    qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
+    grid_sync(bar, bar_base + G);
+    for (int w = get_group_id(0); w < n_split * n_heads; w += G)
+        attention_body(q, kt, vc, part, n_ctx, hd, n_heads, n_kv, layer, pos, span, w % n_split, w / n_split, qs, sl,
+                       red, acc_l);
+    grid_sync(bar, bar_base + 2 * G);
+    attn_out_body(WPASS(3), cols, n_heads * hd, tpr_o, part, hd, x, x2, n_split, xs, xsum, red2);
+    grid_sync(bar, bar_base + 3 * G);
+    gate_up_body(WPASS(4), WPASS(5), ffn, cols, tpr_gu, x2, vecs, ffn_norm, eps, hb, xs, xsum, red, red2);
+    grid_sync(bar, bar_base + 4 * G);
+    matvec_body(WPASS(6), cols, ffn, tpr_d, hb, vecs, -1, eps, (__global float *)x, x2, 1, 0, 0, xs, xsum, red, red2);
+}
+#endif
 
 /* The row of the largest of the n per-group bests the lm_head left (the first on ties): one
  * work-group of MV_LWS threads. */
-__kernel void argmax(__global const float2 *best, int n, __global int *out) {
+__kernel void argmax(__global const float2 *best, int n, __global int *out, __global const int *bar) {
     __local float2 red[MV_LWS];
     int lid = get_local_id(0);
     float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
@@ -494,5 +605,5 @@ __kernel void argmax(__global const float2 *best, int n, __global int *out) {
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    if (lid == 0) out[0] = as_int(red[0].y);
+    if (lid == 0) out[0] = as_int(red[0].y), out[1] = bar[1]; /* and whether a grid barrier gave up */
 }

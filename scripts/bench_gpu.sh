@@ -21,6 +21,9 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # correctness on this GPU: every small fixture, token by token, against transformers' logits
 "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl.txt" 2>&1 && echo "test_opencl: pass" || { echo "test_opencl: FAIL"; tail -20 "$OUT/test_opencl.txt"; }
+# the opt-in persistent per-layer kernel (GPUs only; CI's PoCL cannot run it)
+TLLM_CL_PERSISTENT=1 "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl_persistent.txt" 2>&1 &&
+  echo "test_opencl (persistent): pass" || { echo "test_opencl (persistent): FAIL"; tail -20 "$OUT/test_opencl_persistent.txt"; }
 M=/tmp/tllm-synth-qwen2.5-0.5b-q4
 [ -f "$M/model.safetensors" ] || "$B/tllm" synth --config configs/qwen2.5-0.5b-instruct.json --out "$M" --tokenizer tests/data/tokenizer
 T=$(nproc)
@@ -29,4 +32,5 @@ T=$(nproc)
 # decode deeper into the context (attention's share grows), and where a token's time goes per kernel
 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -d 0,1024,4096 -r 3 -t "$T" | tee "$OUT/bench_opencl_depth.md"
 TLLM_CL_PROFILE=1 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" 2>&1 | grep -A12 "opencl profile" | tee "$OUT/profile.txt"
+TLLM_CL_PERSISTENT=1 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" | tee "$OUT/bench_opencl_persistent.md"
 "$B/tllm" bench -m "$M" --device cpu -p 512 -n 128 -r 3 -t "$T" | tee "$OUT/bench_cpu.md"

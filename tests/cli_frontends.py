@@ -229,6 +229,13 @@ try:
     check(any("effective_bandwidth_gbs" in x for x in b if x.get("n_gen")), "tg lacks the effective bandwidth")
     r = run("bench", "-m", model, "-p", "8", "-n", "4", "-r", "1", "-o", "csv")
     check(r.returncode == 0 and r.stdout.decode().count("\n") == 3, "bench csv")
+    # -d: each test after that many tokens already in the context (llama-bench's n_depth)
+    r = run("bench", "-m", model, "-p", "8", "-n", "4", "-d", "0,20", "-r", "1", "-o", "json")
+    b = json.loads(r.stdout) if r.returncode == 0 else []
+    check(sorted((x["n_prompt"], x["n_gen"], x["n_depth"]) for x in b) == [(0, 4, 0), (0, 4, 20), (8, 0, 0), (8, 0, 20)],
+          "bench -d: " + r.stderr.decode())
+    r = run("bench", "-m", model, "-n", "4", "-d", "100000", "-r", "1")
+    check(r.returncode != 0 and b"max_position_embeddings" in r.stderr, "bench -d past the context")
     r = run("info", "-m", model)
     check(r.returncode == 0 and b"bytes per token" in r.stdout and b"KV cache" in r.stdout, "info")
 
