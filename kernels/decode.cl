@@ -6,7 +6,8 @@
  *   attn_out   the spans combined, o_proj, residual add
  *   gate_up    RMSNorm + gate/up + SwiGLU
  *   down       down_proj + residual add
- * then RMSNorm + lm_head (a `matvec`) and argmax: 5 x layers + 3 launches a token.
+ * then RMSNorm + lm_head (a `matvec`) and argmax: 5 x layers + 3 launches a token. On GPUs, with
+ * TLLM_CL_PERSISTENT=1, `layer` runs the five as phases of one launch separated by grid barriers.
  *
  * Matvecs: `tpr` threads share a row (the host picks it from the row length), each reading the row's
  * codes 16 bytes (one uint4) at a time so a row's reads are coalesced; the input vector is staged
