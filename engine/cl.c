@@ -279,6 +279,9 @@ static int upload_weights(struct tllm_cl *cl, const struct tllm_qweights *w, str
         if (!rc) rc = upload(cl, &cw->b, w->w, 4, w->name);
         return rc;
     }
+    if ((size_t)w->cols * (size_t)w->bits % 128) /* the kernels read rows 16 bytes at a time */
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %s: rows of %d %d-bit codes are not a whole number of 16 bytes",
+                         w->name, w->cols, w->bits);
     cw->bits = w->bits, cw->gs = w->group_size;
     size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group_size);
     int rc = upload(cl, &cw->w, w->w, (size_t)w->rows * w->cols / 8 * w->bits, w->name);
@@ -517,32 +520,27 @@ static int bind_all(struct tllm_cl *cl) {
     return end(&a, "argmax");
 }
 
-/* What the kernels assume of the shapes; a model outside them runs on the CPU. */
+/* What the kernels assume of the shapes (rows of codes are checked as they are uploaded); a model
+ * outside them runs on the CPU. */
 static int check_shapes(const struct tllm_cl *cl) {
-    const struct tllm_model *m = cl->m;
-    const struct tllm_config *c = &m->cfg;
+    const struct tllm_config *c = &cl->m->cfg;
     if (c->head_dim > cl->t.max_head_dim || c->head_dim % 4 || c->n_heads % c->n_kv_heads || cl->t.att_lws < c->head_dim / 4)
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: head_dim %d is not supported by the decode kernels (a multiple of 4, at most %d)",
                          c->head_dim, cl->t.max_head_dim);
     if (c->dim > cl->t.mv_local_x || c->n_heads * c->head_dim > cl->t.mv_local_x)
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: hidden size %d is above the decode kernels' %d (MV_LOCAL_X)", c->dim,
                          cl->t.mv_local_x);
-    const struct tllm_qweights *ws[] = {&m->lm_head, &m->embed};
-    for (int i = 0; i < 2 + 7 * c->n_layers; i++) {
-        const struct tllm_layer *L = &m->layers[i < 2 ? 0 : (i - 2) / 7];
-        const struct tllm_qweights *per[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        const struct tllm_qweights *w = i < 2 ? ws[i] : per[(i - 2) % 7];
-        if (w->format != TLLM_WF_DENSE && (size_t)w->cols * (size_t)w->bits % 128)
-            return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %s: rows of %d %d-bit codes are not a whole number of 16 bytes",
-                             w->name, w->cols, w->bits);
-    }
     return TLLM_OK;
 }
 
-static int reset_bar(struct tllm_cl *cl) {
+/* The grid barrier's running count and flag back to zero. */
+static cl_int clear_bar(struct tllm_cl *cl) {
     cl_int zero = 0;
     cl->bar_count = 0;
-    CL_TRY(clEnqueueFillBuffer(cl->q, cl->bar, &zero, sizeof zero, 0, 2 * sizeof zero, 0, NULL, NULL));
+    return clEnqueueFillBuffer(cl->q, cl->bar, &zero, sizeof zero, 0, 2 * sizeof zero, 0, NULL, NULL);
+}
+static int reset_bar(struct tllm_cl *cl) {
+    CL_TRY(clear_bar(cl));
     return TLLM_OK;
 }
 
@@ -741,11 +739,7 @@ static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos, int argmax) 
     if (!e) e = launch(cl, &cl->l_embed);
     for (int l = 0; l < c->n_layers && !e && cl->persistent; l++) {
         struct cl_launch *W = &cl->layers[l].whole;
-        if (cl->bar_count + 4L * cl->persist_groups > (1L << 30)) { /* the running count restarts */
-            cl_int zero = 0;
-            cl->bar_count = 0;
-            e = clEnqueueFillBuffer(cl->q, cl->bar, &zero, sizeof zero, 0, sizeof zero, 0, NULL, NULL);
-        }
+        if (cl->bar_count + 4L * cl->persist_groups > (1L << 30)) e = clear_bar(cl); /* the count restarts */
         if (!e) e = set_int(W, 0, (int)cl->bar_count);
         if (!e) e = set_int(W, 1, pos);
         if (!e) e = set_int(W, 2, span);

@@ -237,6 +237,21 @@ inline float row_dot_global(__global const uchar *W, __global const uchar *S, __
     return acc;
 }
 
+/* (value, row as int bits) pairs: b beats a when larger, or equal at an earlier row */
+inline int beats(float2 b, float2 a) { return b.x > a.x || (b.x == a.x && as_int(b.y) < as_int(a.y)); }
+
+/* The best of one pair per thread over the MV_LWS threads; valid in thread 0. */
+inline float2 wg_best(float2 v, __local float2 *red) {
+    int lid = get_local_id(0);
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = MV_LWS / 2; s > 0; s >>= 1) {
+        if (lid < s && beats(red[lid + s], red[lid])) red[lid] = red[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    return red[0];
+}
+
 /* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. */
 inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
     int lid = get_local_id(0);
@@ -289,16 +304,8 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
         first = first_vec(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane);
     }
     if (!best) return;
-    red[lid] = (float2)(bv, as_float(bi));
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = MV_LWS / 2; s > 0; s >>= 1) {
-        if (lid < s) {
-            float2 a = red[lid], b = red[lid + s];
-            if (b.x > a.x || (b.x == a.x && as_int(b.y) < as_int(a.y))) red[lid] = b;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) best[get_group_id(0)] = red[0];
+    float2 b = wg_best((float2)(bv, as_float(bi)), red);
+    if (lid == 0) best[get_group_id(0)] = b;
 }
 
 /* y = W . norm(x) (norm_off >= 0) or W . x, plus res when add (the residual); track: leave each
@@ -382,31 +389,26 @@ __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global 
 
 /* Adds the bias to the pair (rows i, i + head_dim/2 of `head` in [q | k | v]), rotates q and k by
  * RoPE, and stores q, or k and v into the layer's cache. */
-inline void rope_store(float2 ab, int head, int i, int pos, int n_heads, int n_kv, int hd, int n_ctx,
+inline void rope_store(float2 ab, int which, int r, int i, int pos, int n_kv, int hd, int n_ctx,
                        __global const float *vecs, int bq_off, int bk_off, int bv_off, __global const float *inv_freq,
                        __global float *q, __global float *kt, __global float *vc) {
     int half_d = hd / 2;
     float a = ab.x, b = ab.y, angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle);
-    if (head < n_heads) {
-        int r = head * hd + i;
+    if (which == 0) {
         a += vecs[bq_off + r], b += vecs[bq_off + r + half_d];
         q[r] = a * c - b * s;
         q[r + half_d] = b * c + a * s;
-    } else if (head < n_heads + n_kv) {
-        int r = (head - n_heads) * hd + i;
+    } else if (which == 1) {
         a += vecs[bk_off + r], b += vecs[bk_off + r + half_d];
         kt[(size_t)r * n_ctx + pos] = a * c - b * s;
         kt[(size_t)(r + half_d) * n_ctx + pos] = b * c + a * s;
     } else {
-        int kv_dim = n_kv * hd, r = (head - n_heads - n_kv) * hd + i;
+        int kv_dim = n_kv * hd;
         vc[(size_t)pos * kv_dim + r] = a + vecs[bv_off + r];
         vc[(size_t)pos * kv_dim + r + half_d] = b + vecs[bv_off + r + half_d];
     }
 }
 
-/* q, k, v for one token at position pos: each row slot computes rows i and i + head_dim/2 of one head
- * of the concatenated [q | k | v] outputs, so RoPE's pairs stay in one slot. Adds the biases, rotates
- * q and k, writes q to `q` and k, v into the layer's cache (k transposed: [kv_head][dim][position]). */
 /* The matrix of [q | k | v] that head (counted over the concatenation) belongs to, and its row i. */
 #define QKV_PICK(which, r, head, i)                                                                     \
     int which = head < n_heads ? 0 : head < n_heads + n_kv ? 1 : 2;                                    \
@@ -414,6 +416,13 @@ inline void rope_store(float2 ab, int head, int i, int pos, int n_heads, int n_k
 #define QKV_FIRST(which, r, lane) \
     (which == 0 ? first_vec(WPASS(0), r, 1 << 30, cols, lane) : which == 1 ? first_vec(WPASS(1), r, 1 << 30, cols, lane) \
                 : first_vec(WPASS(2), r, 1 << 30, cols, lane))
+/* fa, fb = the first reads of unit u's two rows (nothing past the last unit) */
+#define QKV_PREFETCH(u)                                                                                     \
+    if ((u) < n_units) {                                                                                    \
+        QKV_PICK(pw, pr, (u) / half_d, (u) % half_d);                                                       \
+        fa = QKV_FIRST(pw, pr, lane);                                                                       \
+        fb = QKV_FIRST(pw, pr + half_d, lane);                                                              \
+    }
 
 #define QKV_ARGS                                                                                            \
     WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr, __global const float *x,   \
@@ -423,6 +432,9 @@ inline void rope_store(float2 ab, int head, int i, int pos, int n_heads, int n_k
     WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr, x, vecs, norm_off, bq_off, bk_off, bv_off, eps, \
         inv_freq, n_ctx, q, kt, vc, layer
 
+/* q, k, v for one token at position pos: each row slot computes rows i and i + head_dim/2 of one head
+ * of the concatenated [q | k | v] outputs, so RoPE's pairs stay in one slot. Adds the biases, rotates
+ * q and k, writes q to `q` and k, v into the layer's cache (k transposed: [kv_head][dim][position]). */
 inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, __local float *red,
                      __local float2 *red2) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
@@ -430,19 +442,14 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
     kt += (size_t)layer * n_kv * hd * n_ctx; /* this layer's cache */
     vc += (size_t)layer * n_kv * hd * n_ctx;
     int unit = get_group_id(0) * rpg + lid / tpr;
-    struct qvec fa = first_vec(WPASS(0), 0, 0, cols, lane), fb = fa; /* zero until this slot's first reads, issued before the prologue */
-    if (unit < n_units) {
-        int head = unit / half_d, i = unit % half_d;
-        QKV_PICK(which, r, head, i);
-        fa = QKV_FIRST(which, r, lane);
-        fb = QKV_FIRST(which, r + half_d, lane);
-    }
+    struct qvec fa = first_vec(WPASS(0), 0, 0, cols, lane), fb = fa; /* zero, then issued before the prologue */
+    QKV_PREFETCH(unit);
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; unit - lid / tpr < n_units; unit += stride) {
-        int head = unit / half_d, i = unit % half_d;
+        int i = unit % half_d;
+        QKV_PICK(which, r, unit / half_d, i);
         float2 ab = (float2)(0.0f);
         if (unit < n_units) {
-            QKV_PICK(which, r, head, i);
             if (which == 0) {
                 ab.x = row_dot(WPASS(0), r, cols, lane, tpr, fa, xs, xsum);
                 ab.y = row_dot(WPASS(0), r + half_d, cols, lane, tpr, fb, xs, xsum);
@@ -456,14 +463,8 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
         }
         ab = row_reduce2(ab, red2, tpr);
         if (lane == 0 && unit < n_units)
-            rope_store(ab, head, i, pos, n_heads, n_kv, hd, n_ctx, vecs, bq_off, bk_off, bv_off, inv_freq, q, kt, vc);
-        int nu = unit + stride;
-        if (nu < n_units) {
-            int nh = nu / half_d, ni = nu % half_d;
-            QKV_PICK(nw, nr, nh, ni);
-            fa = QKV_FIRST(nw, nr, lane);
-            fb = QKV_FIRST(nw, nr + half_d, lane);
-        }
+            rope_store(ab, which, r, i, pos, n_kv, hd, n_ctx, vecs, bq_off, bk_off, bv_off, inv_freq, q, kt, vc);
+        QKV_PREFETCH(unit + stride);
     }
 }
 
@@ -591,20 +592,9 @@ __kernel void layer(QKV_ARGS, __global float *part, WARGS(3), int tpr_o, WARGS(4
  * work-group of MV_LWS threads. */
 __kernel void argmax(__global const float2 *best, int n, __global int *out, __global const int *bar) {
     __local float2 red[MV_LWS];
-    int lid = get_local_id(0);
     float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
-    for (int j = lid; j < n; j += MV_LWS) {
-        float2 c = best[j];
-        if (c.x > b.x || (c.x == b.x && as_int(c.y) < as_int(b.y))) b = c;
-    }
-    red[lid] = b;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = MV_LWS / 2; s > 0; s >>= 1) {
-        if (lid < s) {
-            float2 a = red[lid], c = red[lid + s];
-            if (c.x > a.x || (c.x == a.x && as_int(c.y) < as_int(a.y))) red[lid] = c;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) out[0] = as_int(red[0].y), out[1] = bar[1]; /* and whether a grid barrier gave up */
+    for (int j = get_local_id(0); j < n; j += MV_LWS)
+        if (beats(best[j], b)) b = best[j];
+    b = wg_best(b, red);
+    if (get_local_id(0) == 0) out[0] = as_int(b.y), out[1] = bar[1]; /* and whether a grid barrier gave up */
 }
