@@ -17,8 +17,9 @@ extern const char tllm_cl_source_decode[]; /* kernels/decode.cl, embedded at bui
 #define MAX_DEVICES 64
 
 struct cl_weights {
-    cl_mem w, s, b; /* codes (or dense values), scales, biases (NULL when dense) */
+    cl_mem w, s, b; /* codes (or dense values), scales, biases: sub-buffers of the arena, or own buffers */
     int rows, cols, bits, gs, dt;
+    size_t off[3], len[3]; /* where w, s, b lie in the arena (s and b alias w when dense) */
 };
 
 /* A kernel object with its arguments bound once at init; `dyn` is the index of the first argument
@@ -30,13 +31,12 @@ struct cl_launch {
     int dims, kind; /* kind: index into kind_names, for profiling */
 };
 
-enum { K_EMBED, K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN, K_LAYER, K_LM_HEAD, K_ARGMAX, K_COUNT };
-static const char *const kind_names[K_COUNT] = {"embed", "qkv", "attention", "attn_out", "gate_up", "down", "layer", "lm_head", "argmax"};
+enum { K_EMBED, K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN, K_TOKEN, K_LM_HEAD, K_ARGMAX, K_COUNT };
+static const char *const kind_names[K_COUNT] = {"embed", "qkv", "attention", "attn_out", "gate_up", "down", "token", "lm_head", "argmax"};
 
 struct cl_layer {
     struct cl_weights wq, wk, wv, wo, gate, up, down;
     struct cl_launch qkv, attn, attn_out, gate_up, down_l;
-    struct cl_launch whole; /* the persistent kernel doing all five, when in use */
 };
 
 /* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel. */
@@ -59,11 +59,16 @@ struct tllm_cl {
     cl_mem vecs;       /* every norm weight and bias (the model's `vectors`) */
     cl_mem inv_freq;   /* [head_dim/2] RoPE frequencies */
     cl_mem x, x2, qb, hb, logits, part, best, next; /* part: [n_heads][ATT_MAX_SPLIT][head_dim + 2] */
-    /* Persistent mode (GPUs): one launch per layer whose work-groups meet at grid barriers; bar holds
-     * the barrier's running count and a flag raised when the groups did not all run at once. */
+    /* All weights in one buffer: the token kernel finds them through `desc` (offsets and formats) */
+    cl_mem arena, desc;
+    size_t arena_size, arena_align;
+    /* Persistent mode: the whole step is one launch (`token`) whose work-groups meet at grid barriers;
+     * bar holds the barrier's running count and a flag raised when the groups did not all run at once.
+     * act holds each layer's activations apart ([layers + 1] x (2 dim + q_dim + ffn)). */
     int persistent, persist_groups;
-    cl_mem bar;
+    cl_mem bar, act;
     long bar_count;
+    struct cl_launch l_token;
     cl_mem kt, vc;     /* [layers x kv_dim x n_ctx], [layers x n_ctx x kv_dim] */
     int n_ctx;
     /* TLLM_CL_PROFILE: per-kernel device times, summed over steps and printed by tllm_cl_free */
@@ -73,6 +78,14 @@ struct tllm_cl {
     double prof_ns[K_COUNT], prof_span_ns, prof_wall_s;
     double floor_ns, floor_gap_ns; /* a trivial kernel's duration and the gap between two, back to back */
     long prof_count[K_COUNT];
+    /* TLLM_CL_PROFILE=host: the host's time per step enqueueing and waiting, no device events */
+    int host_times, host_steps;
+    /* TLLM_CL_PROFILE=phases (NVIDIA, persistent): the GPU's timer at each grid barrier of `token` */
+    int phases;
+    cl_mem times;
+    double host_enqueue_s, host_wait_s;
+    int flush_every; /* TLLM_CL_FLUSH=N: clFlush after every N launches (0: only the step's read flushes) */
+    int n_launched;
 };
 
 static const char *cl_err_name(cl_int e) {
@@ -184,7 +197,7 @@ static int build_program(struct tllm_cl *cl) {
     cl_device_type type = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s", fit, lws, extra ? extra : "");
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s", fit, lws, cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         size_t n = 0;
@@ -270,24 +283,111 @@ static int upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, cons
     return TLLM_OK;
 }
 
-static int upload_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
+/* The 16-byte row check, format and shape of w; its pieces placed in the arena (tied matrices share). */
+static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw, const struct tllm_qweights *same,
+                        const struct cl_weights *same_cw) {
     cw->rows = w->rows, cw->cols = w->cols, cw->dt = dt_code(w->dtype);
     if (w->format == TLLM_WF_DENSE) {
         cw->bits = 0, cw->gs = 0;
-        int rc = upload(cl, &cw->w, w->w, (size_t)w->rows * w->cols * tllm_dtype_size(w->dtype), w->name);
-        if (!rc) rc = upload(cl, &cw->s, w->w, 4, w->name); /* placeholders: kernels never read them */
-        if (!rc) rc = upload(cl, &cw->b, w->w, 4, w->name);
+        cw->len[0] = (size_t)w->rows * w->cols * tllm_dtype_size(w->dtype), cw->len[1] = cw->len[2] = 4;
+    } else {
+        if ((size_t)w->cols * (size_t)w->bits % 128) /* the kernels read rows 16 bytes at a time */
+            return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %s: rows of %d %d-bit codes are not a whole number of 16 bytes",
+                             w->name, w->cols, w->bits);
+        cw->bits = w->bits, cw->gs = w->group_size;
+        size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group_size);
+        cw->len[0] = (size_t)w->rows * w->cols / 8 * w->bits;
+        cw->len[1] = cw->len[2] = ng * tllm_dtype_size(w->dtype);
+    }
+    if (same && same->w == w->w && same->scales == w->scales && same->biases == w->biases) { /* tied: one copy */
+        memcpy(cw->off, same_cw->off, sizeof cw->off);
+        return TLLM_OK;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (w->format == TLLM_WF_DENSE && i) {
+            cw->off[i] = cw->off[0];
+            continue;
+        }
+        cw->off[i] = (cl->arena_size + cl->arena_align - 1) / cl->arena_align * cl->arena_align;
+        cl->arena_size = cw->off[i] + cw->len[i];
+    }
+    return TLLM_OK;
+}
+
+static int arena_write(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_weights *cw) {
+    const void *src[3] = {w->w, w->scales, w->biases};
+    for (int i = 0; i < (cw->bits ? 3 : 1); i++) {
+        cl_int e = clEnqueueWriteBuffer(cl->q, cl->arena, CL_FALSE, cw->off[i], cw->len[i], src[i], 0, NULL, NULL);
+        if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: uploading %s to %s: %s", w->name, cl->name, cl_err_name(e));
+    }
+    return TLLM_OK;
+}
+
+/* The kernels' view of cw: sub-buffers of the arena, or (no arena) buffers of their own. */
+static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
+    if (!cl->arena) {
+        int rc = upload(cl, &cw->w, w->w, cw->len[0], w->name);
+        if (!rc) rc = upload(cl, &cw->s, cw->bits ? w->scales : w->w, cw->len[1], w->name); /* dense: placeholders */
+        if (!rc) rc = upload(cl, &cw->b, cw->bits ? w->biases : w->w, cw->len[2], w->name);
         return rc;
     }
-    if ((size_t)w->cols * (size_t)w->bits % 128) /* the kernels read rows 16 bytes at a time */
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %s: rows of %d %d-bit codes are not a whole number of 16 bytes",
-                         w->name, w->cols, w->bits);
-    cw->bits = w->bits, cw->gs = w->group_size;
-    size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group_size);
-    int rc = upload(cl, &cw->w, w->w, (size_t)w->rows * w->cols / 8 * w->bits, w->name);
-    if (!rc) rc = upload(cl, &cw->s, w->scales, ng * tllm_dtype_size(w->dtype), w->name);
-    if (!rc) rc = upload(cl, &cw->b, w->biases, ng * tllm_dtype_size(w->dtype), w->name);
-    return rc;
+    cl_mem *out[3] = {&cw->w, &cw->s, &cw->b};
+    for (int i = 0; i < 3; i++) {
+        cl_buffer_region r = {cw->off[i], cw->len[i]};
+        cl_int e;
+        *out[i] = clCreateSubBuffer(cl->arena, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &r, &e);
+        if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: a view of %s on %s: %s", w->name, cl->name, cl_err_name(e));
+    }
+    return TLLM_OK;
+}
+
+/* Every matrix of the model, in the descriptor table's order: embed, lm_head, then q k v o gate up
+ * down of each layer. */
+static int n_mats(const struct tllm_model *m) { return 2 + 7 * m->cfg.n_layers; }
+static void mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, struct cl_weights **cw) {
+    const struct tllm_model *m = cl->m;
+    if (i < 2) {
+        *w = i ? &m->lm_head : &m->embed, *cw = i ? &cl->lm_head : &cl->embed;
+        return;
+    }
+    const struct tllm_layer *L = &m->layers[(i - 2) / 7];
+    struct cl_layer *D = &cl->layers[(i - 2) / 7];
+    const struct tllm_qweights *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    struct cl_weights *cws[7] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
+    *w = ws[(i - 2) % 7], *cw = cws[(i - 2) % 7];
+}
+
+/* Uploads every weight once: into one arena buffer where the device allows a buffer that large (and
+ * offsets fit the table's 16-byte units), else one buffer per piece (no persistent kernel then). */
+static int upload_all_weights(struct tllm_cl *cl) {
+    cl_uint align_bits = 0;
+    cl_ulong max_alloc = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof align_bits, &align_bits, NULL);
+    clGetDeviceInfo(cl->dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+    cl->arena_align = align_bits / 8 > 16 ? align_bits / 8 : 16; /* sub-buffers must start on this */
+    int n = n_mats(cl->m);
+    for (int i = 0; i < n; i++) {
+        const struct tllm_qweights *w;
+        struct cl_weights *cw;
+        mat(cl, i, &w, &cw);
+        int rc = plan_weights(cl, w, cw, i == 1 ? &cl->m->embed : NULL, &cl->embed);
+        if (rc) return rc;
+    }
+    if (cl->arena_size <= max_alloc && cl->arena_size / 16 < 0x7fffffff) {
+        cl_int e;
+        cl->arena = clCreateBuffer(cl->cx, CL_MEM_READ_ONLY, cl->arena_size, NULL, &e);
+        if (e != CL_SUCCESS) cl->arena = NULL; /* too large at once after all: a buffer per piece */
+    }
+    for (int i = 0; i < n; i++) {
+        const struct tllm_qweights *w;
+        struct cl_weights *cw;
+        mat(cl, i, &w, &cw);
+        int rc = cl->arena ? arena_write(cl, w, cw) : TLLM_OK;
+        if (!rc) rc = weight_buffers(cl, w, cw);
+        if (rc) return rc;
+    }
+    CL_TRY(clFinish(cl->q)); /* the writes read the model's mapped memory */
+    return TLLM_OK;
 }
 
 static void release_weights(struct cl_weights *cw) {
@@ -407,6 +507,29 @@ static void qkv_args(struct tllm_cl *cl, struct args *a, int l, int tpr) {
     ARG_INT(a, l);
 }
 
+/* The whole-step kernel: buffers and shapes bound once; the barrier count, token, position and
+ * attention split per step. */
+static int bind_token(struct tllm_cl *cl) {
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    struct args a;
+    int rc = begin(cl, &cl->l_token, "token", &a);
+    if (rc) return rc;
+    cl_mem bufs[] = {cl->arena, cl->desc, cl->vecs, cl->inv_freq, cl->act, cl->part, cl->kt, cl->vc, cl->logits, cl->best, cl->next, cl->bar};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ARG_MEM(&a, bufs[i]);
+    int ints[] = {c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, cl->n_ctx,
+                  (int)(m->final_norm - m->vectors)};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) ARG_INT(&a, ints[i]);
+    ARG_F32(&a, c->norm_eps);
+    ARG_MEM(&a, cl->times);
+    cl->l_token.dyn = a.i;
+    for (int i = 0; i < 5; i++) ARG_INT(&a, 0); /* bar_base, id, pos, span, n_split */
+    cl->l_token.dims = 1, cl->l_token.kind = K_TOKEN;
+    cl->l_token.local[0] = (size_t)cl->t.mv_lws;
+    cl->l_token.global[0] = (size_t)cl->persist_groups * cl->l_token.local[0];
+    return end(&a, "token");
+}
+
 /* Every kernel of a step, made once with its static arguments. */
 static int bind_all(struct tllm_cl *cl) {
     const struct tllm_model *m = cl->m;
@@ -484,29 +607,8 @@ static int bind_all(struct tllm_cl *cl) {
 
         if ((rc = bind_matvec(cl, &D->down_l, &D->down, cl->hb, -1, cl->x, cl->x2, 1, 0, K_DOWN))) return rc;
 
-        if (!cl->persistent) continue;
-        if ((rc = begin(cl, &D->whole, "layer", &a))) return rc;
-        qkv_args(cl, &a, l, tpr_qkv);
-        ARG_MEM(&a, cl->part);
-        arg_weights(&a, &D->wo);
-        ARG_INT(&a, pick_tpr(cl, &D->wo));
-        arg_weights(&a, &D->gate);
-        arg_weights(&a, &D->up);
-        ARG_INT(&a, c->ffn_dim);
-        ARG_INT(&a, pick_tpr(cl, &D->gate));
-        ARG_INT(&a, ffn_norm);
-        ARG_MEM(&a, cl->hb);
-        arg_weights(&a, &D->down);
-        ARG_INT(&a, pick_tpr(cl, &D->down));
-        ARG_MEM(&a, cl->x2);
-        ARG_MEM(&a, cl->bar);
-        D->whole.dyn = a.i;
-        for (int i = 0; i < 4; i++) ARG_INT(&a, 0); /* bar_base, pos, span, n_split */
-        D->whole.dims = 1, D->whole.kind = K_LAYER;
-        D->whole.local[0] = (size_t)cl->t.mv_lws;
-        D->whole.global[0] = (size_t)cl->persist_groups * D->whole.local[0];
-        if ((rc = end(&a, "layer"))) return rc;
     }
+    if (cl->persistent && (rc = bind_token(cl))) return rc;
     if ((rc = bind_matvec(cl, &cl->l_lm_head, &cl->lm_head, cl->x, (int)(m->final_norm - m->vectors), cl->logits,
                           cl->logits, 0, 1, K_LM_HEAD)))
         return rc;
@@ -544,20 +646,22 @@ static int reset_bar(struct tllm_cl *cl) {
     return TLLM_OK;
 }
 
-/* Persistent mode (TLLM_CL_PERSISTENT=1, GPUs only) needs every work-group of the grid resident at
- * once, which OpenCL does not promise: the grid is PERSIST_GROUPS_PER_CU groups per compute unit where
- * the kernel's registers allow, and the mode is abandoned for good if a grid barrier ever times out.
- * It is off by default: on the H200 it cuts launches from 123 to 27 a token but is ~10% slower
- * (docs/performance.md). CPU devices run work-groups a few at a time (PoCL 3.1 hangs in the spin). */
+/* Persistent mode runs a step as one `token` launch and needs every work-group of its grid resident
+ * at once, which OpenCL does not promise: the grid is PERSIST_GROUPS_PER_CU groups per compute unit
+ * where the kernel's registers allow, and the mode is abandoned for good if a grid barrier ever times
+ * out. On by default on GPUs (TLLM_CL_PERSISTENT=0 turns it off): NVIDIA's OpenCL spends 5-11 us of
+ * host time on every launch, so 123 launches a token cost more than the GPU's work. Never on CPU
+ * devices: they run work-groups a few at a time, and PoCL 3.1 takes many minutes to compile the
+ * kernel. Needs the weight arena. */
 static void pick_persistent(struct tllm_cl *cl) {
     const char *env = getenv("TLLM_CL_PERSISTENT");
     cl_device_type type = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
-    int want = (type & CL_DEVICE_TYPE_GPU) && env && !strcmp(env, "1");
+    int want = (type & CL_DEVICE_TYPE_GPU) && !(env && !strcmp(env, "0"));
     cl->persistent = 0;
-    if (!want || cl->t.att_lws != cl->t.mv_lws) return;
+    if (!want || !cl->arena || cl->t.att_lws != cl->t.mv_lws) return;
     cl_int e;
-    cl_kernel k = clCreateKernel(cl->prog, "layer", &e);
+    cl_kernel k = clCreateKernel(cl->prog, "token", &e);
     if (e != CL_SUCCESS) return;
     size_t max_wg = 0;
     clGetKernelWorkGroupInfo(k, cl->dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof max_wg, &max_wg, NULL);
@@ -567,6 +671,36 @@ static void pick_persistent(struct tllm_cl *cl) {
     if (per_cu > cl->t.persist_groups_per_cu) per_cu = cl->t.persist_groups_per_cu;
     cl->persist_groups = cl->n_cu * per_cu;
     cl->persistent = 1;
+}
+
+/* The token kernel's descriptor table (see decode.cl) and its per-layer activations. */
+static int token_buffers(struct tllm_cl *cl) {
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    int n = n_mats(m);
+    size_t n_desc = 8 * ((size_t)n + (size_t)c->n_layers);
+    cl_int *d = calloc(n_desc, sizeof *d);
+    if (!d) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const struct tllm_qweights *w;
+        struct cl_weights *cw;
+        mat(cl, i, &w, &cw);
+        cl_int *e = d + 8 * i;
+        for (int j = 0; j < 3; j++) e[j] = (cl_int)(cw->off[j] / 16);
+        e[3] = cw->bits, e[4] = cw->gs, e[5] = cw->dt, e[6] = pick_tpr(cl, cw);
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        cl_int *e = d + 8 * ((size_t)n + l);
+        e[0] = (cl_int)(L->attn_norm - m->vectors), e[1] = (cl_int)(L->bq - m->vectors);
+        e[2] = (cl_int)(L->bk - m->vectors), e[3] = (cl_int)(L->bv - m->vectors), e[4] = (cl_int)(L->ffn_norm - m->vectors);
+    }
+    int rc = upload(cl, &cl->desc, d, n_desc * sizeof *d, "weight table");
+    free(d);
+    size_t per_layer = 2 * (size_t)c->dim + (size_t)c->n_heads * c->head_dim + (size_t)c->ffn_dim;
+    if (!rc) rc = device_buffer(cl, &cl->act, ((size_t)c->n_layers + 1) * per_layer * 4, "activations");
+    if (!rc) rc = device_buffer(cl, &cl->times, (4 + 5 * (size_t)c->n_layers) * sizeof(cl_ulong), "phase times");
+    return rc;
 }
 
 int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
@@ -601,7 +735,11 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     clGetDeviceInfo(cl->dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
     cl->n_cu = cus ? (int)cus : 1;
     const char *prof = getenv("TLLM_CL_PROFILE");
-    cl->profile = prof && *prof && strcmp(prof, "0");
+    cl->host_times = prof && !strcmp(prof, "host");
+    cl->phases = prof && !strcmp(prof, "phases");
+    cl->profile = prof && *prof && strcmp(prof, "0") && !cl->host_times && !cl->phases;
+    const char *flush = getenv("TLLM_CL_FLUSH");
+    cl->flush_every = flush ? atoi(flush) : 0;
     *out = cl; /* from here on, tllm_cl_free releases what was made */
     cl_int e;
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plats[pick], 0};
@@ -614,21 +752,9 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     if (!rc) rc = check_shapes(cl);
     if (rc) return rc;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    rc = upload_weights(cl, &m->embed, &cl->embed);
-    if (!rc) rc = upload_weights(cl, &m->lm_head, &cl->lm_head);
     cl->layers = calloc((size_t)c->n_layers, sizeof *cl->layers);
     if (!cl->layers) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    for (int l = 0; l < c->n_layers && !rc; l++) {
-        const struct tllm_layer *L = &m->layers[l];
-        struct cl_layer *D = &cl->layers[l];
-        rc = upload_weights(cl, &L->wq, &D->wq);
-        if (!rc) rc = upload_weights(cl, &L->wk, &D->wk);
-        if (!rc) rc = upload_weights(cl, &L->wv, &D->wv);
-        if (!rc) rc = upload_weights(cl, &L->wo, &D->wo);
-        if (!rc) rc = upload_weights(cl, &L->w_gate, &D->gate);
-        if (!rc) rc = upload_weights(cl, &L->w_up, &D->up);
-        if (!rc) rc = upload_weights(cl, &L->w_down, &D->down);
-    }
+    rc = upload_all_weights(cl);
     if (rc) return rc;
     size_t q_dim = (size_t)c->n_heads * c->head_dim;
     size_t n_vec = (size_t)c->n_layers * (2 * (size_t)c->dim + q_dim + 2 * kv_dim) + (size_t)c->dim;
@@ -643,11 +769,13 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     if (!rc) rc = device_buffer(cl, &cl->bar, 2 * sizeof(cl_int), "grid barrier");
     if (!rc) rc = reset_bar(cl);
     if (!rc) pick_persistent(cl);
+    if (!rc && cl->persistent) rc = token_buffers(cl);
     if (!rc) rc = device_buffer(cl, &cl->qb, q_dim * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->hb, (size_t)c->ffn_dim * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->logits, (size_t)c->vocab_size * 4, "logits");
-    if (!rc) rc = device_buffer(cl, &cl->part, (size_t)c->n_heads * (size_t)cl->t.att_max_split * (size_t)(c->head_dim + 2) * 4,
-                                "attention partials");
+    /* the token kernel keeps each layer's partials apart */
+    if (!rc) rc = device_buffer(cl, &cl->part, (size_t)(cl->persistent ? c->n_layers : 1) * (size_t)c->n_heads *
+                                (size_t)cl->t.att_max_split * (size_t)(c->head_dim + 2) * 4, "attention partials");
     if (!rc) rc = device_buffer(cl, &cl->best, n_groups_max * 8, "argmax partials");
     if (!rc) rc = device_buffer(cl, &cl->next, 2 * sizeof(cl_int), "token id");
     if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
@@ -676,30 +804,53 @@ static void print_profile(const struct tllm_cl *cl) {
     fprintf(stderr, "  kernels busy %.1f us, first start to last end %.1f us (gaps %.1f us), host wall %.1f us\n",
             busy / steps / 1e3, cl->prof_span_ns / steps / 1e3, (cl->prof_span_ns - busy) / steps / 1e3,
             cl->prof_wall_s / steps * 1e6);
-    fprintf(stderr, "  an empty kernel: %.1f us, %.1f us between two back to back\n", cl->floor_ns / 1e3, cl->floor_gap_ns / 1e3);
+    if (cl->profile)
+        fprintf(stderr, "  an empty kernel: %.1f us, %.1f us between two back to back\n", cl->floor_ns / 1e3, cl->floor_gap_ns / 1e3);
+}
+
+/* TLLM_CL_PROFILE=phases: the step's barrier times into the per-kernel sums (each phase counted with
+ * the grid barrier that ends it). */
+static void collect_phases(struct tllm_cl *cl, double wall) {
+    int L = cl->m->cfg.n_layers, n = 4 + 5 * L;
+    cl_ulong t[4 + 5 * 256];
+    if (n > (int)(sizeof t / sizeof t[0]) ||
+        clEnqueueReadBuffer(cl->q, cl->times, CL_TRUE, 0, (size_t)n * sizeof t[0], t, 0, NULL, NULL) != CL_SUCCESS)
+        return;
+    static const int layer_kind[5] = {K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN};
+    for (int i = 0; i + 1 < n; i++) {
+        int k = i == 0 ? K_EMBED : i <= 5 * L ? layer_kind[(i - 1) % 5] : i == 5 * L + 1 ? K_LM_HEAD : K_ARGMAX;
+        cl->prof_ns[k] += (double)(t[i + 1] - t[i]);
+        cl->prof_count[k]++;
+    }
+    cl->prof_span_ns += (double)(t[n - 1] - t[0]);
+    cl->prof_wall_s += wall;
+    cl->prof_steps++;
 }
 
 void tllm_cl_free(struct tllm_cl *cl) {
     if (!cl) return;
-    if (cl->profile) print_profile(cl);
+    if (cl->profile || cl->phases) print_profile(cl);
+    if (cl->host_times && cl->host_steps)
+        fprintf(stderr, "opencl host, %s, %d steps: enqueue %.1f us, wait %.1f us per token\n", cl->name, cl->host_steps,
+                cl->host_enqueue_s / cl->host_steps * 1e6, cl->host_wait_s / cl->host_steps * 1e6);
     free(cl->events);
     free(cl->event_kind);
     release_weights(&cl->embed);
     release_weights(&cl->lm_head);
-    struct cl_launch *ls[] = {&cl->l_embed, &cl->l_lm_head, &cl->l_argmax};
-    for (int i = 0; i < 3; i++)
+    struct cl_launch *ls[] = {&cl->l_embed, &cl->l_lm_head, &cl->l_argmax, &cl->l_token};
+    for (int i = 0; i < 4; i++)
         if (ls[i]->k) clReleaseKernel(ls[i]->k);
     if (cl->layers)
         for (int l = 0; l < cl->m->cfg.n_layers; l++) {
             struct cl_layer *D = &cl->layers[l];
             struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
             for (int i = 0; i < 7; i++) release_weights(ws[i]);
-            struct cl_launch *lk[] = {&D->qkv, &D->attn, &D->attn_out, &D->gate_up, &D->down_l, &D->whole};
-            for (int i = 0; i < 6; i++)
+            struct cl_launch *lk[] = {&D->qkv, &D->attn, &D->attn_out, &D->gate_up, &D->down_l};
+            for (int i = 0; i < 5; i++)
                 if (lk[i]->k) clReleaseKernel(lk[i]->k);
         }
     free(cl->layers);
-    cl_mem bufs[] = {cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
+    cl_mem bufs[] = {cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) clReleaseMemObject(bufs[i]);
     if (cl->prog) clReleaseProgram(cl->prog);
@@ -711,7 +862,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
 const char *tllm_cl_device_name(const struct tllm_cl *cl) { return cl->name; }
 
 int tllm_cl_launches_per_token(const struct tllm_cl *cl) {
-    return 1 + (cl->persistent ? 1 : 5) * cl->m->cfg.n_layers + 2;
+    return cl->persistent ? 1 : 1 + 5 * cl->m->cfg.n_layers + 2;
 }
 
 static cl_int launch(struct tllm_cl *cl, const struct cl_launch *L) {
@@ -720,7 +871,9 @@ static cl_int launch(struct tllm_cl *cl, const struct cl_launch *L) {
         cl->event_kind[cl->n_events] = L->kind;
         ev = &cl->events[cl->n_events++];
     }
-    return clEnqueueNDRangeKernel(cl->q, L->k, (cl_uint)L->dims, NULL, L->global, L->local, 0, NULL, ev);
+    cl_int e = clEnqueueNDRangeKernel(cl->q, L->k, (cl_uint)L->dims, NULL, L->global, L->local, 0, NULL, ev);
+    if (!e && cl->flush_every > 0 && ++cl->n_launched % cl->flush_every == 0) e = clFlush(cl->q);
+    return e;
 }
 
 static cl_int set_int(const struct cl_launch *L, cl_uint i, int v) {
@@ -735,19 +888,20 @@ static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos, int argmax) 
     int n_split = blocks < cl->t.att_max_split ? blocks : cl->t.att_max_split;
     int span = (blocks + n_split - 1) / n_split * cl->t.att_lws;
     n_split = (n_pos + span - 1) / span;
+    if (cl->persistent) {
+        struct cl_launch *T = &cl->l_token;
+        long n_bar = (2L + 5L * c->n_layers) * cl->persist_groups; /* arrivals at the step's grid barriers */
+        cl_int e = CL_SUCCESS;
+        if (cl->bar_count + n_bar > (1L << 30)) e = clear_bar(cl); /* the count restarts */
+        int dyn[5] = {(int)cl->bar_count, id, pos, span, n_split};
+        for (int i = 0; i < 5 && !e; i++) e = set_int(T, (cl_uint)i, dyn[i]);
+        if (!e) e = launch(cl, T);
+        cl->bar_count += n_bar;
+        return e;
+    }
     cl_int e = set_int(&cl->l_embed, 0, id);
     if (!e) e = launch(cl, &cl->l_embed);
-    for (int l = 0; l < c->n_layers && !e && cl->persistent; l++) {
-        struct cl_launch *W = &cl->layers[l].whole;
-        if (cl->bar_count + 4L * cl->persist_groups > (1L << 30)) e = clear_bar(cl); /* the count restarts */
-        if (!e) e = set_int(W, 0, (int)cl->bar_count);
-        if (!e) e = set_int(W, 1, pos);
-        if (!e) e = set_int(W, 2, span);
-        if (!e) e = set_int(W, 3, n_split);
-        if (!e) e = launch(cl, W);
-        cl->bar_count += 4L * cl->persist_groups;
-    }
-    for (int l = 0; l < c->n_layers && !e && !cl->persistent; l++) {
+    for (int l = 0; l < c->n_layers && !e; l++) {
         struct cl_layer *D = &cl->layers[l];
         D->attn.global[0] = (size_t)n_split * (size_t)cl->t.att_lws;
         if (!e) e = set_int(&D->qkv, 0, pos);
@@ -788,8 +942,9 @@ static void collect_profile(struct tllm_cl *cl, double wall) {
 
 int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next) {
     if (pos < 0 || pos >= cl->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "opencl: position %d outside the cache of %d", pos, cl->n_ctx);
-    double t0 = cl->profile ? tllm_now() : 0;
+    double t0 = cl->profile || cl->host_times || cl->phases ? tllm_now() : 0;
     cl_int e = enqueue_step(cl, id, pos, next != NULL);
+    double t1 = cl->host_times ? tllm_now() : 0;
     if (e) {
         if (cl->profile) collect_profile(cl, 0);
         return tllm_fail(TLLM_ERR_IO, "opencl: decode step on %s: %s (%d)", cl->name, cl_err_name(e), e);
@@ -801,6 +956,12 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
         e = clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, (size_t)cl->m->cfg.vocab_size * 4, logits, 0, NULL, NULL);
     if (e == CL_SUCCESS && !next) e = clFinish(cl->q);
     if (cl->profile) collect_profile(cl, tllm_now() - t0);
+    if (cl->phases && cl->persistent && e == CL_SUCCESS) collect_phases(cl, tllm_now() - t0);
+    if (cl->host_times) {
+        cl->host_enqueue_s += t1 - t0;
+        cl->host_wait_s += tllm_now() - t1;
+        cl->host_steps++;
+    }
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the step's result from %s: %s (%d)", cl->name, cl_err_name(e), e);
     if (cl->persistent && res[1]) {
         /* the step's output is garbage, but everything it wrote is rewritten by a redo */

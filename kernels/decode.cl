@@ -6,8 +6,9 @@
  *   attn_out   the spans combined, o_proj, residual add
  *   gate_up    RMSNorm + gate/up + SwiGLU
  *   down       down_proj + residual add
- * then RMSNorm + lm_head (a `matvec`) and argmax: 5 x layers + 3 launches a token. On GPUs, with
- * TLLM_CL_PERSISTENT=1, `layer` runs the five as phases of one launch separated by grid barriers.
+ * then RMSNorm + lm_head (a `matvec`) and argmax: 5 x layers + 3 launches a token. On GPUs `token`
+ * runs all of them as phases of one launch separated by grid barriers (the default there: NVIDIA's
+ * OpenCL spends 5-11 us of host time per launch, more than most of these kernels take to run).
  *
  * Matvecs: `tpr` threads share a row (the host picks it from the row length), each reading the row's
  * codes 16 bytes (one uint4) at a time so a row's reads are coalesced; the input vector is staged
@@ -21,7 +22,7 @@
 #define MV_LWS 256 /* work-group size of the matvec kernels (a power of two) */
 #endif
 #ifndef MV_ITERS
-#define MV_ITERS 2 /* the host picks threads per row so each thread reads about this many uint4 */
+#define MV_ITERS 8 /* the host picks threads per row so each thread reads at most this many uint4 of a row */
 #endif
 #ifndef MV_GROUPS_PER_CU
 #define MV_GROUPS_PER_CU 16 /* cap on matvec work-groups per compute unit (the rest loop) */
@@ -40,7 +41,7 @@
 #endif
 
 #ifndef PERSIST_GROUPS_PER_CU
-#define PERSIST_GROUPS_PER_CU 2 /* work-groups per compute unit of the persistent `layer` kernel */
+#define PERSIST_GROUPS_PER_CU 2 /* work-groups per compute unit of the persistent `token` kernel */
 #endif
 
 __kernel void tunables(__global int *out) {
@@ -153,13 +154,24 @@ inline struct qvec load_vec(__global const uchar *W, __global const uchar *S, __
     return q;
 }
 
-/* The first uint4 this thread reads of row r, loaded before the prologue so its latency overlaps it. */
-inline struct qvec first_vec(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
-                             int gs, int dt, int r, int rows, int cols, int lane) {
-    struct qvec q;
-    q.w = (uint4)(0), q.s = q.b = 0.0f;
-    if (bits == 0 || r >= rows || lane >= cols * bits / 128) return q;
-    return load_vec(W, S, B, bits, gs, dt, r, cols, lane);
+/* This thread's share of row r: uint4s lane, lane + tpr, ... (up to MV_ITERS of them; the host picks
+ * tpr so that is all of them but on very long rows), every read issued at once so a row costs one
+ * memory latency, not one per uint4. Zeros past the matrix (rows) or the row. */
+struct qrow {
+    struct qvec v[MV_ITERS];
+};
+
+inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                            int dt, int r, int rows, int cols, int lane, int tpr) {
+    struct qrow q;
+    int vpr = cols * bits / 128;
+#pragma unroll
+    for (int i = 0; i < MV_ITERS; i++) {
+        int v = lane + i * tpr;
+        q.v[i].w = (uint4)(0), q.v[i].s = q.v[i].b = 0.0f;
+        if (bits && r < rows && v < vpr) q.v[i] = load_vec(W, S, B, bits, gs, dt, r, cols, v);
+    }
+    return q;
 }
 
 /* uint4 number v of row r (starting at group g0 = r * groups per row) . its inputs, with scales and biases */
@@ -188,10 +200,9 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     return q.s * q0 + q.b * (sx[0] + sx[1]) + s1 * q1 + b1 * (sx[2] + sx[3]);
 }
 
-/* This thread's share of row r . xs: uint4 number lane, lane + tpr, ... (the next one's reads in
- * flight while one is used); `first` is the one at lane, loaded earlier. */
+/* This thread's share of row r . xs, from the reads load_row issued (and any beyond MV_ITERS). */
 inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                     int dt, int r, int cols, int lane, int tpr, struct qvec first, __local const float *xs,
+                     int dt, int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs,
                      __local const float *xsum) {
     float acc = 0.0f;
     if (bits == 0) {
@@ -200,15 +211,14 @@ inline float row_dot(__global const uchar *W, __global const uchar *S, __global 
     }
     const int vpr = cols * bits / 128;
     size_t g0 = (size_t)r * (cols / gs);
-    if (lane >= vpr) return 0.0f;
-    struct qvec cur = first;
-    int v = lane;
-    for (; v + tpr < vpr; v += tpr) {
-        struct qvec next = load_vec(W, S, B, bits, gs, dt, r, cols, v + tpr);
-        acc += vec_dot(cur, v, S, B, bits, gs, dt, g0, xs, xsum);
-        cur = next;
+#pragma unroll
+    for (int i = 0; i < MV_ITERS; i++) {
+        int v = lane + i * tpr;
+        if (v < vpr) acc += vec_dot(q.v[i], v, S, B, bits, gs, dt, g0, xs, xsum);
     }
-    return acc + vec_dot(cur, v, S, B, bits, gs, dt, g0, xs, xsum);
+    for (int v = lane + MV_ITERS * tpr; v < vpr; v += tpr)
+        acc += vec_dot(load_vec(W, S, B, bits, gs, dt, r, cols, v), v, S, B, bits, gs, dt, g0, xs, xsum);
+    return acc;
 }
 
 /* Inputs too long to stage (cols > MV_LOCAL_X: only down_proj of large models), read from global. */
@@ -267,25 +277,25 @@ inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
 #define WARGS(n) __global const uchar *W##n, __global const uchar *S##n, __global const uchar *B##n, int bits##n, int gs##n, int dt##n
 #define WPASS(n) W##n, S##n, B##n, bits##n, gs##n, dt##n
 
-/* x = embedding row `id` */
-__kernel void embed(WARGS(0), int cols, __global float *x, int id) {
-    int j = get_global_id(0);
-    if (j >= cols) return;
-    if (bits0 == 0) {
-        x[j] = ld(W0, dt0, (size_t)id * cols + j);
-        return;
-    }
+/* x[j] = element j of embedding row `id` */
+inline float embed_one(WARGS(0), int cols, int id, int j) {
+    if (bits0 == 0) return ld(W0, dt0, (size_t)id * cols + j);
     int per = 32 / bits0, ng = cols / gs0;
     uint word = ((__global const uint *)W0)[(size_t)id * (cols / per) + j / per];
     float q = (float)((word >> ((j % per) * bits0)) & ((1u << bits0) - 1u));
-    x[j] = ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
+    return ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
+}
+
+__kernel void embed(WARGS(0), int cols, __global float *x, int id) {
+    int j = get_global_id(0);
+    if (j < cols) x[j] = embed_one(WPASS(0), cols, id, j);
 }
 
 /* The row loop shared by matvec-like kernels: y[r] = W . xs (+ res[r] when add). With best != 0 the
  * group also leaves the largest y[r] and its row (the first on ties) in best[group] for `argmax`. */
 inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const float *x, __local const float *xs,
                          __local const float *xsum, int staged, __global float *y, __global const float *res,
-                         int add, struct qvec first, __local float2 *red, __global float2 *best) {
+                         int add, struct qrow first, __local float2 *red, __global float2 *best) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -296,12 +306,12 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
             if (staged) part = row_dot(WPASS(0), r, cols, lane, tpr, first, xs, xsum);
             else part = row_dot_global(WPASS(0), r, cols, lane, tpr, x);
         }
+        if (staged) first = load_row(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane, tpr); /* next sweep */
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
             y[r] = add ? res[r] + s : s;
             if (s > bv) bv = s, bi = r;
         }
-        first = first_vec(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane);
     }
     if (!best) return;
     float2 b = wg_best((float2)(bv, as_float(bi)), red);
@@ -315,8 +325,8 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
                         __global float2 *best, int track, __local float *xs, __local float *xsum, __local float *red,
                         __local float2 *red2) {
     int lid = get_local_id(0);
-    struct qvec first = first_vec(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
     int staged = cols <= MV_LOCAL_X;
+    struct qrow first = load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, staged ? rows : 0, cols, lid % tpr, tpr);
     if (staged) stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
     rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, res, add, first, red2, track ? best : 0);
 }
@@ -335,7 +345,7 @@ inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const 
                           __global const float *x, __global float *x_out, int n_split, __local float *xs,
                           __local float *xsum, __local float2 *red2) {
     int lid = get_local_id(0);
-    struct qvec first = first_vec(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr);
+    struct qrow first = load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr, tpr);
     for (int j = lid; j < cols; j += MV_LWS) {
         __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
         float m = -INFINITY, num = 0.0f, den = 0.0f;
@@ -365,7 +375,7 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
                          __local float *xsum, __local float *red, __local float2 *red2) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int r = get_group_id(0) * rpg + lid / tpr;
-    struct qvec fg = first_vec(WPASS(0), r, rows, cols, lane), fu = first_vec(WPASS(1), r, rows, cols, lane);
+    struct qrow fg = load_row(WPASS(0), r, rows, cols, lane, tpr), fu = load_row(WPASS(1), r, rows, cols, lane, tpr);
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; r - lid / tpr < rows; r += stride) {
         float2 gu = (float2)(0.0f);
@@ -373,10 +383,10 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
             gu.x = row_dot(WPASS(0), r, cols, lane, tpr, fg, xs, xsum);
             gu.y = row_dot(WPASS(1), r, cols, lane, tpr, fu, xs, xsum);
         }
+        fg = load_row(WPASS(0), r + stride, rows, cols, lane, tpr);
+        fu = load_row(WPASS(1), r + stride, rows, cols, lane, tpr);
         gu = row_reduce2(gu, red2, tpr);
         if (lane == 0 && r < rows) h[r] = gu.x / (1.0f + exp(-gu.x)) * gu.y;
-        fg = first_vec(WPASS(0), r + stride, rows, cols, lane);
-        fu = first_vec(WPASS(1), r + stride, rows, cols, lane);
     }
 }
 
@@ -414,8 +424,8 @@ inline void rope_store(float2 ab, int which, int r, int i, int pos, int n_kv, in
     int which = head < n_heads ? 0 : head < n_heads + n_kv ? 1 : 2;                                    \
     int r = (head - (which == 0 ? 0 : which == 1 ? n_heads : n_heads + n_kv)) * hd + i
 #define QKV_FIRST(which, r, lane) \
-    (which == 0 ? first_vec(WPASS(0), r, 1 << 30, cols, lane) : which == 1 ? first_vec(WPASS(1), r, 1 << 30, cols, lane) \
-                : first_vec(WPASS(2), r, 1 << 30, cols, lane))
+    (which == 0 ? load_row(WPASS(0), r, 1 << 30, cols, lane, tpr) : which == 1 ? load_row(WPASS(1), r, 1 << 30, cols, lane, tpr) \
+                : load_row(WPASS(2), r, 1 << 30, cols, lane, tpr))
 /* fa, fb = the first reads of unit u's two rows (nothing past the last unit) */
 #define QKV_PREFETCH(u)                                                                                     \
     if ((u) < n_units) {                                                                                    \
@@ -442,7 +452,7 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
     kt += (size_t)layer * n_kv * hd * n_ctx; /* this layer's cache */
     vc += (size_t)layer * n_kv * hd * n_ctx;
     int unit = get_group_id(0) * rpg + lid / tpr;
-    struct qvec fa = first_vec(WPASS(0), 0, 0, cols, lane), fb = fa; /* zero, then issued before the prologue */
+    struct qrow fa = load_row(WPASS(0), 0, 0, cols, lane, tpr), fb = fa; /* zero, then issued before the prologue */
     QKV_PREFETCH(unit);
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; unit - lid / tpr < n_units; unit += stride) {
@@ -461,10 +471,10 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
                 ab.y = row_dot(WPASS(2), r + half_d, cols, lane, tpr, fb, xs, xsum);
             }
         }
+        QKV_PREFETCH(unit + stride);
         ab = row_reduce2(ab, red2, tpr);
         if (lane == 0 && unit < n_units)
             rope_store(ab, which, r, i, pos, n_kv, hd, n_ctx, vecs, bq_off, bk_off, bv_off, inv_freq, q, kt, vc);
-        QKV_PREFETCH(unit + stride);
     }
 }
 
@@ -563,28 +573,109 @@ inline void grid_sync(volatile __global int *bar, int target) {
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
 }
 
+/* TLLM_CL_PROFILE=phases on NVIDIA: the time each grid barrier of `token` is passed, read from the
+ * GPU's nanosecond timer with inline PTX (not OpenCL C; compiled only when asked for). */
+#ifdef PHASE_TIMES
+#define PHASE_MARK(i)                                                                     \
+    if (get_group_id(0) == 0 && get_local_id(0) == 0) {                                    \
+        ulong t_;                                                                          \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                             \
+        times[i] = t_;                                                                     \
+    }
+#else
+#define PHASE_MARK(i)
+#endif
+
 #if ATT_LWS == MV_LWS
-/* One whole layer in one launch (GPUs): the five steps above separated by grid barriers, run by a
- * grid small enough that all its work-groups are resident at once. Activations are written to a
- * buffer no group has read in this launch (x -> x2 -> x), so no core's cache holds a stale copy. */
-__kernel void layer(QKV_ARGS, __global float *part, WARGS(3), int tpr_o, WARGS(4), WARGS(5), int ffn, int tpr_gu,
-                    int ffn_norm, __global float *hb, WARGS(6), int tpr_d, __global float *x2, __global int *bar,
-                    int bar_base, int pos, int span, int n_split) {
+/* Matrix `idx` of the descriptor table: its codes, scales and biases inside the weight arena (offsets
+ * in units of 16 bytes), format and threads per row. */
+#define MAT(n, idx)                                                                                          \
+    __global const int *d##n = desc + 8 * (idx);                                                             \
+    __global const uchar *W##n = arena + (size_t)d##n[0] * 16, *S##n = arena + (size_t)d##n[1] * 16,         \
+                         *B##n = arena + (size_t)d##n[2] * 16;                                               \
+    int bits##n = d##n[3], gs##n = d##n[4], dt##n = d##n[5], tpr##n = d##n[6]
+
+/* A whole decode step in one launch (GPUs): embedding, every layer's five steps above, the lm_head and
+ * the argmax, as phases separated by grid barriers, run by a grid small enough that all its
+ * work-groups are resident at once (on CPU devices, a single work-group). Weights come from one arena
+ * through the descriptor table: desc[8 * m ...] for matrix m (0 embed, 1 lm_head, 2 + 7 * layer +
+ * q, k, v, o, gate, up, down), then 8 ints per layer (attn_norm, bq, bk, bv, ffn_norm offsets in vecs).
+ * Every activation a phase writes has its own place per layer in `act` (and `part`), so nothing is
+ * read in one phase and rewritten in a later one of the same launch: no core can hold a stale copy
+ * in a cache that is not coherent between compute units. */
+__kernel void token(__global const uchar *arena, __global const int *desc, __global const float *vecs,
+                    __global const float *inv_freq, __global float *act, __global float *part, __global float *kt,
+                    __global float *vc, __global float *logits, __global float2 *best, __global int *next,
+                    __global int *bar, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
+                    int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
+                    int span, int n_split) {
     __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
-    int G = get_num_groups(0);
-    qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
-    grid_sync(bar, bar_base + G);
-    for (int w = get_group_id(0); w < n_split * n_heads; w += G)
-        attention_body(q, kt, vc, part, n_ctx, hd, n_heads, n_kv, layer, pos, span, w % n_split, w / n_split, qs, sl,
-                       red, acc_l);
-    grid_sync(bar, bar_base + 2 * G);
-    attn_out_body(WPASS(3), cols, n_heads * hd, tpr_o, part, hd, x, x2, n_split, xs, xsum, red2);
-    grid_sync(bar, bar_base + 3 * G);
-    gate_up_body(WPASS(4), WPASS(5), ffn, cols, tpr_gu, x2, vecs, ffn_norm, eps, hb, xs, xsum, red, red2);
-    grid_sync(bar, bar_base + 4 * G);
-    matvec_body(WPASS(6), cols, ffn, tpr_d, hb, vecs, -1, eps, (__global float *)x, x2, 1, 0, 0, xs, xsum, red, red2);
+    int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;
+    size_t per_layer = 2 * (size_t)dim + q_dim + ffn; /* x, x2 (after attention), q, h */
+    size_t part_layer = (size_t)n_heads * ATT_MAX_SPLIT * (hd + 2);
+    PHASE_MARK(0);
+    {
+        MAT(0, 0);
+        for (int j = get_global_id(0); j < dim; j += get_global_size(0)) act[j] = embed_one(WPASS(0), dim, id, j);
+    }
+    grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+    for (int l = 0; l < n_layers; l++) {
+        __global float *x = act + l * per_layer, *x2 = x + dim, *q = x2 + dim, *hb = q + q_dim;
+        __global float *x_next = act + (l + 1) * per_layer, *pl = part + l * part_layer;
+        __global const int *lv = desc + 8 * (2 + 7 * n_layers + l);
+        int m = 2 + 7 * l;
+        {
+            MAT(0, m);
+            MAT(1, m + 1);
+            MAT(2, m + 2);
+            qkv_body(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, dim, tpr0, x, vecs, lv[0], lv[1], lv[2], lv[3],
+                     eps, inv_freq, n_ctx, q, kt, vc, l, pos, xs, xsum, red, red2);
+        }
+        grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+        for (int w = get_group_id(0); w < n_split * n_heads; w += G)
+            attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, qs, sl,
+                           red, acc_l);
+        grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+        {
+            MAT(3, m + 3);
+            attn_out_body(WPASS(3), dim, q_dim, tpr3, pl, hd, x, x2, n_split, xs, xsum, red2);
+        }
+        grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+        {
+            MAT(4, m + 4);
+            MAT(5, m + 5);
+            gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, xs, xsum, red, red2);
+        }
+        grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+        {
+            MAT(6, m + 6);
+            matvec_body(WPASS(6), dim, ffn, tpr6, hb, vecs, -1, eps, x_next, x2, 1, 0, 0, xs, xsum, red, red2);
+        }
+        grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+    }
+    {
+        MAT(1, 1);
+        matvec_body(WPASS(1), vocab, dim, tpr1, act + n_layers * per_layer, vecs, final_norm, eps, logits, logits, 0,
+                    best, 1, xs, xsum, red, red2);
+    }
+    grid_sync(bar, bar_base + ++nb * G);
+    PHASE_MARK(nb);
+    if (get_group_id(0) == 0) {
+        float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
+        for (int j = get_local_id(0); j < G; j += MV_LWS)
+            if (beats(best[j], b)) b = best[j];
+        b = wg_best(b, red2);
+        if (get_local_id(0) == 0) next[0] = as_int(b.y), next[1] = bar[1];
+        PHASE_MARK(nb + 1);
+    }
 }
 #endif
 

@@ -1,0 +1,222 @@
+/* What a decode step's launches and grid barriers cost on an OpenCL device, measured without the
+ * model: back-to-back empty kernels (host enqueue time and device throughput, with and without a
+ * flush per launch), kernels that each read a matrix-sized buffer once, and grid barriers inside one
+ * launch. The numbers bound what any arrangement of the decode kernels can reach.
+ *   cl_floor [DEVICE_INDEX]        (built as tllm-cl-floor) */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static const char *src =
+    "__kernel void empty(__global int *a) { if (get_global_id(0) == 0x7fffffff) a[0] = 1; }\n"
+    "__kernel void many(__global float *a0, __global float *a1, __global float *a2, __global float *a3,\n"
+    "                   __global float *a4, __global float *a5, __global float *a6, __global float *a7,\n"
+    "                   __global float *a8, __global float *a9, __global float *a10, __global float *a11, int n) {\n"
+    "  if (get_global_id(0) == n) a0[0] = a1[0] + a2[0] + a3[0] + a4[0] + a5[0] + a6[0] + a7[0] + a8[0] + a9[0] + a10[0] + a11[0];\n"
+    "}\n"
+    "__kernel void chain(__global int *a) { if (get_global_id(0) == 0) a[0] += 1; }\n"
+    "__kernel void stream(__global const uint4 *w, int n, __global uint *out) {\n"
+    "  uint s = 0;\n"
+    "  for (int i = get_global_id(0); i < n; i += get_global_size(0)) { uint4 v = w[i]; s += v.x ^ v.y ^ v.z ^ v.w; }\n"
+    "  if (s == 0x12345678u) out[0] = s;\n"
+    "}\n"
+    /* spin on an atomic read-modify-write (what decode.cl's grid_sync does) */
+    "__kernel void gsync_atomic(volatile __global int *bar, int rounds) {\n"
+    "  int G = get_num_groups(0);\n"
+    "  for (int r = 1; r <= rounds; r++) {\n"
+    "    barrier(CLK_GLOBAL_MEM_FENCE);\n"
+    "    if (get_local_id(0) == 0) {\n"
+    "      mem_fence(CLK_GLOBAL_MEM_FENCE); atomic_inc(bar);\n"
+    "      for (int s = 0; atomic_add(bar, 0) < r * G && s < (1 << 24); s++) ;\n"
+    "    }\n"
+    "    barrier(CLK_GLOBAL_MEM_FENCE);\n"
+    "  }\n"
+    "}\n"
+    /* spin on a plain volatile load */
+    "__kernel void gsync_load(volatile __global int *bar, int rounds) {\n"
+    "  int G = get_num_groups(0);\n"
+    "  for (int r = 1; r <= rounds; r++) {\n"
+    "    barrier(CLK_GLOBAL_MEM_FENCE);\n"
+    "    if (get_local_id(0) == 0) {\n"
+    "      mem_fence(CLK_GLOBAL_MEM_FENCE); atomic_inc(bar);\n"
+    "      for (int s = 0; bar[0] < r * G && s < (1 << 24); s++) ;\n"
+    "    }\n"
+    "    barrier(CLK_GLOBAL_MEM_FENCE);\n"
+    "  }\n"
+    "}\n";
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define CHECK(x)                                                                                   \
+    do {                                                                                           \
+        cl_int e_ = (x);                                                                           \
+        if (e_) {                                                                                  \
+            fprintf(stderr, "cl_floor: %s failed (%d)\n", #x, e_);                                \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static cl_command_queue q;
+
+/* n launches of k; prints host enqueue time and wall time per launch */
+static double launches(const char *what, cl_kernel k, size_t groups, size_t lws, int n, int flush) {
+    size_t g = groups * lws;
+    CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &lws, 0, NULL, NULL));
+    CHECK(clFinish(q));
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &lws, 0, NULL, NULL));
+        if (flush && i % flush == flush - 1) CHECK(clFlush(q));
+    }
+    double t1 = now();
+    CHECK(clFinish(q));
+    double t2 = now();
+    printf("%-34s groups %5zu x %4zu%s: enqueue %6.2f us, wall %6.2f us per launch\n", what, groups, lws,
+           flush ? (flush == 1 ? " flush/1" : " flush/8") : "        ", (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6);
+    return (t2 - t0) / n;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int want = argc > 1 ? atoi(argv[1]) : -1; /* default: the first GPU, else the first device */
+    cl_platform_id ps[8];
+    cl_uint np = 0;
+    CHECK(clGetPlatformIDs(8, ps, &np));
+    cl_device_id dev = NULL;
+    int seen = 0;
+    for (cl_uint p = 0; p < np && !dev; p++) {
+        cl_device_id ds[16];
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(ps[p], CL_DEVICE_TYPE_ALL, 16, ds, &nd)) continue;
+        for (cl_uint d = 0; d < nd && !dev; d++) {
+            cl_device_type t = 0;
+            clGetDeviceInfo(ds[d], CL_DEVICE_TYPE, sizeof t, &t, NULL);
+            if (want >= 0 ? seen == want : (t & CL_DEVICE_TYPE_GPU) != 0) dev = ds[d];
+            seen++;
+        }
+    }
+    if (!dev && want < 0) { /* no GPU: the first device */
+        cl_uint nd = 0;
+        for (cl_uint p = 0; p < np && !dev; p++)
+            if (!clGetDeviceIDs(ps[p], CL_DEVICE_TYPE_ALL, 1, &dev, &nd) && nd) break;
+    }
+    if (!dev) {
+        fprintf(stderr, "cl_floor: no OpenCL device %d\n", want);
+        return 1;
+    }
+    char name[256];
+    cl_uint cus = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof name, name, NULL);
+    clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+    cl_device_type type = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    printf("device: %s, %u compute units\n", name, cus);
+    cl_int e;
+    cl_context cx = clCreateContext(NULL, 1, &dev, NULL, NULL, &e);
+    CHECK(e);
+    q = clCreateCommandQueue(cx, dev, 0, &e);
+    CHECK(e);
+    cl_program pr = clCreateProgramWithSource(cx, 1, &src, NULL, &e);
+    CHECK(e);
+    if (clBuildProgram(pr, 1, &dev, "", NULL, NULL)) {
+        char log[8192];
+        clGetProgramBuildInfo(pr, dev, CL_PROGRAM_BUILD_LOG, sizeof log, log, NULL);
+        fprintf(stderr, "%s\n", log);
+        return 1;
+    }
+    size_t wbytes = 64u << 20;
+    cl_mem a = clCreateBuffer(cx, CL_MEM_READ_WRITE, 64, NULL, &e);
+    CHECK(e);
+    cl_mem w = clCreateBuffer(cx, CL_MEM_READ_WRITE, wbytes, NULL, &e);
+    CHECK(e);
+    unsigned char pat = 1;
+    CHECK(clEnqueueFillBuffer(q, w, &pat, 1, 0, wbytes, 0, NULL, NULL));
+    int zero = 0;
+    CHECK(clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, 64, 0, NULL, NULL));
+    cl_kernel k_empty = clCreateKernel(pr, "empty", &e);
+    CHECK(e);
+    cl_kernel k_chain = clCreateKernel(pr, "chain", &e);
+    CHECK(e);
+    cl_kernel k_stream = clCreateKernel(pr, "stream", &e);
+    CHECK(e);
+    CHECK(clSetKernelArg(k_empty, 0, sizeof a, &a));
+    CHECK(clSetKernelArg(k_chain, 0, sizeof a, &a));
+    const int n = 3000;
+    size_t gs[] = {1, cus, (size_t)cus * 4, (size_t)cus * 16};
+    for (int i = 0; i < 4; i++) launches("empty kernel", k_empty, gs[i], 256, n, 0);
+    launches("empty kernel", k_empty, cus * 4, 256, n, 1);
+    launches("empty kernel", k_empty, cus * 4, 256, n, 8);
+    launches("one thread increments a counter", k_chain, 1, 64, n, 0);
+    /* decode's kernels take a dozen buffers and a position that changes every step */
+    cl_kernel k_many = clCreateKernel(pr, "many", &e);
+    CHECK(e);
+    for (cl_uint i = 0; i < 12; i++) CHECK(clSetKernelArg(k_many, i, sizeof a, &a));
+    cl_int big = 1 << 30;
+    CHECK(clSetKernelArg(k_many, 12, sizeof big, &big));
+    launches("12 buffer arguments", k_many, cus * 4, 256, n, 0);
+    {
+        size_t l = 256, g = cus * 4 * l;
+        double t0 = now();
+        for (int i = 0; i < n; i++) {
+            cl_int v = big + (i & 1);
+            CHECK(clSetKernelArg(k_many, 12, sizeof v, &v));
+            CHECK(clEnqueueNDRangeKernel(q, k_many, 1, NULL, &g, &l, 0, NULL, NULL));
+        }
+        double t1 = now();
+        CHECK(clFinish(q));
+        printf("%-34s groups %5zu x %4zu        : enqueue %6.2f us, wall %6.2f us per launch\n",
+               "12 buffers, an int set per launch", g / l, l, (t1 - t0) / n * 1e6, (now() - t0) / n * 1e6);
+    }
+    clReleaseKernel(k_many);
+    /* the decode matrices: 896x896 / 896x1152 (0.45-0.6 MB), gate+up 4.4 MB, lm_head 77 MB (here 64) */
+    size_t sizes[] = {512u << 10, 4480u << 10, 64u << 20};
+    for (int i = 0; i < 3; i++) {
+        cl_int n16 = (cl_int)(sizes[i] / 16);
+        CHECK(clSetKernelArg(k_stream, 0, sizeof w, &w));
+        CHECK(clSetKernelArg(k_stream, 1, sizeof n16, &n16));
+        CHECK(clSetKernelArg(k_stream, 2, sizeof a, &a));
+        size_t groups = (size_t)(n16 + 255) / 256;
+        if (groups > (size_t)cus * 16) groups = (size_t)cus * 16;
+        char what[64];
+        snprintf(what, sizeof what, "read %.2f MB once", sizes[i] / 1048576.0);
+        double t = launches(what, k_stream, groups, 256, i == 2 ? 200 : n, 0);
+        printf("%-34s %.0f GB/s\n", "", sizes[i] / t / 1e9);
+    }
+    const char *gk[] = {"gsync_atomic", "gsync_load"};
+    /* CPU runtimes (PoCL) do not run work-groups concurrently: a grid barrier would spin forever */
+    for (int v = 0; v < 2 && !(type & CL_DEVICE_TYPE_CPU); v++)
+        for (int mult = 1; mult <= 2; mult++) {
+            cl_kernel k = clCreateKernel(pr, gk[v], &e);
+            CHECK(e);
+            cl_int rounds = 2000;
+            CHECK(clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, 64, 0, NULL, NULL));
+            CHECK(clSetKernelArg(k, 0, sizeof a, &a));
+            CHECK(clSetKernelArg(k, 1, sizeof rounds, &rounds));
+            size_t l = 256, g = (size_t)cus * mult * l;
+            CHECK(clFinish(q));
+            double t0 = now();
+            CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &l, 0, NULL, NULL));
+            CHECK(clFinish(q));
+            double t = now() - t0;
+            int got = 0;
+            CHECK(clEnqueueReadBuffer(q, a, CL_TRUE, 0, sizeof got, &got, 0, NULL, NULL));
+            printf("grid barrier %-21s groups %5zu x %4zu: %6.2f us per barrier%s\n", gk[v], g / l, l, t / rounds * 1e6,
+                   got == rounds * (int)(g / l) ? "" : " (TIMED OUT: not all groups resident)");
+            clReleaseKernel(k);
+        }
+    clReleaseKernel(k_empty);
+    clReleaseKernel(k_chain);
+    clReleaseKernel(k_stream);
+    clReleaseMemObject(a);
+    clReleaseMemObject(w);
+    clReleaseProgram(pr);
+    clReleaseCommandQueue(q);
+    clReleaseContext(cx);
+    return 0;
+}
