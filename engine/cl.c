@@ -172,6 +172,8 @@ static char *read_file(const char *path) {
     return s;
 }
 
+static int dt_code(enum tllm_dtype d) { return d == TLLM_DT_BF16 ? 2 : d == TLLM_DT_F16 ? 1 : 0; }
+
 static int build_program(struct tllm_cl *cl) {
     /* TLLM_CL_DIR: load kernels/decode.cl from disk (while developing); TLLM_CL_OPTS: extra -D options */
     const char *dir = getenv("TLLM_CL_DIR"), *extra = getenv("TLLM_CL_OPTS");
@@ -197,7 +199,20 @@ static int build_program(struct tllm_cl *cl) {
     cl_device_type type = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s", fit, lws, cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
+    /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in decode.cl) */
+    const struct tllm_model *m = cl->m;
+    int fmt[3] = {-1, -1, -1}, uniform = 1;
+    for (int i = 0; i < 2 + 7 * m->cfg.n_layers && uniform; i++) {
+        const struct tllm_layer *L = i < 2 ? NULL : &m->layers[(i - 2) / 7];
+        const struct tllm_qweights *w = i == 0 ? &m->embed : i == 1 ? &m->lm_head
+            : (const struct tllm_qweights *[]){&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down}[(i - 2) % 7];
+        int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, dt_code(w->dtype)};
+        if (i == 0) memcpy(fmt, f, sizeof f);
+        uniform = !memcmp(fmt, f, sizeof f);
+    }
+    char fixed[64] = "";
+    if (uniform) snprintf(fixed, sizeof fixed, "-DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s", fit, lws, fixed, cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         size_t n = 0;
@@ -210,6 +225,16 @@ static int build_program(struct tllm_cl *cl) {
         free(log);
         return tllm_fail(TLLM_ERR_IO, "opencl: kernels/decode.cl does not build on %s: %s (log above)", cl->name,
                          cl_err_name(e));
+    }
+    const char *dump = getenv("TLLM_CL_DUMP"); /* the compiled program (PTX on NVIDIA), for inspection */
+    if (dump) {
+        size_t n = 0;
+        clGetProgramInfo(cl->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL);
+        unsigned char *bin = n ? malloc(n) : NULL;
+        FILE *f = bin ? fopen(dump, "wb") : NULL;
+        if (f && clGetProgramInfo(cl->prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) == CL_SUCCESS) fwrite(bin, 1, n, f);
+        if (f) fclose(f);
+        free(bin);
     }
     return TLLM_OK;
 }
@@ -273,7 +298,6 @@ static int read_tunables(struct tllm_cl *cl) {
     return TLLM_OK;
 }
 
-static int dt_code(enum tllm_dtype d) { return d == TLLM_DT_BF16 ? 2 : d == TLLM_DT_F16 ? 1 : 0; }
 
 static int upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, const char *what) {
     cl_int e;

@@ -22,7 +22,7 @@
 #define MV_LWS 256 /* work-group size of the matvec kernels (a power of two) */
 #endif
 #ifndef MV_ITERS
-#define MV_ITERS 8 /* the host picks threads per row so each thread reads at most this many uint4 of a row */
+#define MV_ITERS 2 /* the host picks threads per row so each thread reads at most this many uint4 of a row */
 #endif
 #ifndef MV_GROUPS_PER_CU
 #define MV_GROUPS_PER_CU 16 /* cap on matvec work-groups per compute unit (the rest loop) */
@@ -49,8 +49,20 @@ __kernel void tunables(__global int *out) {
     out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
 }
 
+/* -DQ_BITS -DQ_GS -DQ_DT (the host adds them when every matrix of the model has one format): the
+ * format is then a constant in every read, which removes the runtime divisions and the branches for
+ * the other formats (and most of the code). */
+#ifdef Q_BITS
+#define Q_FIX(bits, gs, dt) (bits = Q_BITS, gs = Q_GS, dt = Q_DT)
+#else
+#define Q_FIX(bits, gs, dt) ((void)0)
+#endif
+
 /* dt: 0 = f32, 1 = f16, 2 = bf16 */
 inline float ld(__global const uchar *p, int dt, size_t i) {
+#ifdef Q_DT
+    dt = Q_DT;
+#endif
     if (dt == 2) return as_float((uint)((__global const ushort *)p)[i] << 16);
     if (dt == 1) return vload_half(i, (__global const half *)p);
     return ((__global const float *)p)[i];
@@ -103,7 +115,8 @@ inline void block_sums(__local const float *xs, int n, __local float *xsum) {
 }
 
 /* The matvec input in local memory: xs = x * inv_rms(x) * normw (or x), and xsum[k] = sum of xs
- * over [16k, 16k + 16). n <= MV_LOCAL_X and n % 16 == 0 (the host checks). */
+ * over [16k, 16k + 16). n <= MV_LOCAL_X and n % 16 == 0 (the host checks). (Holding a thread's
+ * inputs in registers to issue all loads at once measured slower on the H200: 611 against 747 tok/s.) */
 inline void stage(__global const float *x, int n, __global const float *normw, float eps, __local float *xs,
                   __local float *xsum, __local float *red) {
     int lid = get_local_id(0);
@@ -120,19 +133,21 @@ inline void stage(__global const float *x, int n, __global const float *normw, f
     block_sums(xs, n, xsum);
 }
 
-/* sum_e code_e * x[e] over one 32-bit word of codes (scalar local reads: see XP) */
+/* sum_e code_e * x[e] over one 32-bit word of codes (scalar local reads: see XP). (Converting codes
+ * as as_float(0x4B000000 | c) - 2^23 instead of int-to-float measured no faster on the H200.) */
 #define X4(x, o) (float4)((x)[o], (x)[(o) + 1], (x)[(o) + 2], (x)[(o) + 3])
+#define CODES4(a, b, c, d) convert_float4((uint4)(a, b, c, d))
 inline float dot_w4(uint w, __local const float *x) {
-    return dot((float4)(w & 15u, (w >> 4) & 15u, (w >> 8) & 15u, (w >> 12) & 15u), X4(x, 0)) +
-           dot((float4)((w >> 16) & 15u, (w >> 20) & 15u, (w >> 24) & 15u, w >> 28), X4(x, 4));
+    return dot(CODES4(w & 15u, (w >> 4) & 15u, (w >> 8) & 15u, (w >> 12) & 15u), X4(x, 0)) +
+           dot(CODES4((w >> 16) & 15u, (w >> 20) & 15u, (w >> 24) & 15u, w >> 28), X4(x, 4));
 }
 inline float dot_w8(uint w, __local const float *x) {
-    return dot((float4)(w & 255u, (w >> 8) & 255u, (w >> 16) & 255u, w >> 24), X4(x, 0));
+    return dot(CODES4(w & 255u, (w >> 8) & 255u, (w >> 16) & 255u, w >> 24), X4(x, 0));
 }
 inline float dot_w2(uint w, __local const float *x) {
     float r = 0.0f;
     for (int k = 0; k < 4; k++, w >>= 8)
-        r += dot((float4)(w & 3u, (w >> 2) & 3u, (w >> 4) & 3u, (w >> 6) & 3u), X4(x, 4 * k));
+        r += dot(CODES4(w & 3u, (w >> 2) & 3u, (w >> 4) & 3u, (w >> 6) & 3u), X4(x, 4 * k));
     return r;
 }
 
@@ -145,6 +160,7 @@ struct qvec {
 
 inline struct qvec load_vec(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
                             int gs, int dt, int r, int cols, int v) {
+    Q_FIX(bits, gs, dt);
     struct qvec q;
     int vpr = cols * bits / 128;
     size_t g = (size_t)r * (cols / gs) + v * (128 / bits) / gs;
@@ -163,6 +179,7 @@ struct qrow {
 
 inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
                             int dt, int r, int rows, int cols, int lane, int tpr) {
+    Q_FIX(bits, gs, dt);
     struct qrow q;
     int vpr = cols * bits / 128;
 #pragma unroll
@@ -177,6 +194,7 @@ inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __
 /* uint4 number v of row r (starting at group g0 = r * groups per row) . its inputs, with scales and biases */
 inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
                      size_t g0, __local const float *xs, __local const float *xsum) {
+    Q_FIX(bits, gs, dt);
     int c = v * (128 / bits);
     uint4 w = q.w;
     __local const float *x = xs + XP(c); /* 4 and 8 bits: their 32 or 16 inputs have no pad inside */
@@ -204,6 +222,7 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
 inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
                      int dt, int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs,
                      __local const float *xsum) {
+    Q_FIX(bits, gs, dt);
     float acc = 0.0f;
     if (bits == 0) {
         for (int j = lane; j < cols; j += tpr) acc += ld(W, dt, (size_t)r * cols + j) * xs[XP(j)];
@@ -224,6 +243,7 @@ inline float row_dot(__global const uchar *W, __global const uchar *S, __global 
 /* Inputs too long to stage (cols > MV_LOCAL_X: only down_proj of large models), read from global. */
 inline float row_dot_global(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
                             int gs, int dt, int r, int cols, int lane, int tpr, __global const float *x) {
+    Q_FIX(bits, gs, dt);
     float acc = 0.0f;
     if (bits == 0) {
         for (int j = lane; j < cols; j += tpr) acc += ld(W, dt, (size_t)r * cols + j) * x[j];
@@ -262,14 +282,20 @@ inline float2 wg_best(float2 v, __local float2 *red) {
     return red[0];
 }
 
-/* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. */
+/* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. Halved down to 8
+ * lanes first: one lane adding 128 values from local memory is a 128-step dependent chain. */
 inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
-    int lid = get_local_id(0);
+    int lid = get_local_id(0), lane = lid % tpr;
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
+    int n = tpr;
+    for (; n > 8; n >>= 1) {
+        if (lane < n / 2) red[lid] += red[lid + n / 2];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
     float2 s = (float2)(0.0f);
-    if (lid % tpr == 0)
-        for (int i = 0; i < tpr; i++) s += red[lid + i];
+    if (lane == 0)
+        for (int i = 0; i < n; i++) s += red[lid + i];
     barrier(CLK_LOCAL_MEM_FENCE);
     return s;
 }
@@ -279,6 +305,7 @@ inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
 
 /* x[j] = element j of embedding row `id` */
 inline float embed_one(WARGS(0), int cols, int id, int j) {
+    Q_FIX(bits0, gs0, dt0);
     if (bits0 == 0) return ld(W0, dt0, (size_t)id * cols + j);
     int per = 32 / bits0, ng = cols / gs0;
     uint word = ((__global const uint *)W0)[(size_t)id * (cols / per) + j / per];
@@ -346,14 +373,14 @@ inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const 
                           __local float *xsum, __local float2 *red2) {
     int lid = get_local_id(0);
     struct qrow first = load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr, tpr);
+#pragma unroll 4
     for (int j = lid; j < cols; j += MV_LWS) {
         __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
-        float m = -INFINITY, num = 0.0f, den = 0.0f;
-        for (int s = 0; s < n_split; s++) m = fmax(m, p[s * (hd + 2)]);
-        for (int s = 0; s < n_split; s++) {
-            float w = exp(p[s * (hd + 2)] - m);
-            den += w * p[s * (hd + 2) + 1];
-            num += w * p[s * (hd + 2) + 2 + j % hd];
+        float m = p[0], den = p[1], num = p[2 + j % hd]; /* one pass: the three loads of a span together */
+        for (int s = 1; s < n_split; s++) {
+            float ms = p[s * (hd + 2)], ls = p[s * (hd + 2) + 1], as = p[s * (hd + 2) + 2 + j % hd];
+            float m2 = fmax(m, ms), a = exp(m - m2), b = exp(ms - m2);
+            den = den * a + ls * b, num = num * a + as * b, m = m2;
         }
         xs[XP(j)] = num / den;
     }
@@ -510,6 +537,7 @@ inline void attention_body(__global const float *q, __global const float *kt, __
             /* hd % 4 == 0: four independent loads in flight per step, not one */
             float4 d4 = (float4)(0.0f);
             __global const float *kp = k + p;
+#pragma unroll 8
             for (int i = 0; i < hd; i += 4)
                 d4 += (float4)(qs[i], qs[i + 1], qs[i + 2], qs[i + 3]) *
                       (float4)(kp[(size_t)i * n_ctx], kp[(size_t)(i + 1) * n_ctx], kp[(size_t)(i + 2) * n_ctx], kp[(size_t)(i + 3) * n_ctx]);
@@ -522,6 +550,7 @@ inline void attention_body(__global const float *q, __global const float *kt, __
         acc *= alpha;
         if (pt < parts) {
             int pp = pt;
+#pragma unroll 4
             for (; pp + parts < n; pp += 2 * parts) /* two rows of V in flight */
                 acc += sl[pp] * vload4(i4, v + (size_t)(c0 + pp) * kv_dim) +
                        sl[pp + parts] * vload4(i4, v + (size_t)(c0 + pp + parts) * kv_dim);
