@@ -84,8 +84,6 @@ struct tllm_cl {
     int phases;
     cl_mem times;
     double host_enqueue_s, host_wait_s;
-    int flush_every; /* TLLM_CL_FLUSH=N: clFlush after every N launches (0: only the step's read flushes) */
-    int n_launched;
 };
 
 static const char *cl_err_name(cl_int e) {
@@ -762,8 +760,6 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     cl->host_times = prof && !strcmp(prof, "host");
     cl->phases = prof && !strcmp(prof, "phases");
     cl->profile = prof && *prof && strcmp(prof, "0") && !cl->host_times && !cl->phases;
-    const char *flush = getenv("TLLM_CL_FLUSH");
-    cl->flush_every = flush ? atoi(flush) : 0;
     *out = cl; /* from here on, tllm_cl_free releases what was made */
     cl_int e;
     cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)plats[pick], 0};
@@ -895,9 +891,7 @@ static cl_int launch(struct tllm_cl *cl, const struct cl_launch *L) {
         cl->event_kind[cl->n_events] = L->kind;
         ev = &cl->events[cl->n_events++];
     }
-    cl_int e = clEnqueueNDRangeKernel(cl->q, L->k, (cl_uint)L->dims, NULL, L->global, L->local, 0, NULL, ev);
-    if (!e && cl->flush_every > 0 && ++cl->n_launched % cl->flush_every == 0) e = clFlush(cl->q);
-    return e;
+    return clEnqueueNDRangeKernel(cl->q, L->k, (cl_uint)L->dims, NULL, L->global, L->local, 0, NULL, ev);
 }
 
 static cl_int set_int(const struct cl_launch *L, cl_uint i, int v) {

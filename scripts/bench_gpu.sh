@@ -11,7 +11,7 @@ B=${1:-build-static}
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 if [ ! -x "$B/tllm" ]; then
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release && cmake --build "$B" -j"$(nproc)" --target tllm-cli test_opencl
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release && cmake --build "$B" -j"$(nproc)" --target tllm-cli test_opencl tllm-cl-floor
 fi
 # NVIDIA's OpenCL is installed without an ICD file on the lent machines: register it
 if [ -e /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1 ] || ldconfig -p | grep -q libnvidia-opencl; then
@@ -21,9 +21,12 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null || true
 # correctness on this GPU: every small fixture, token by token, against transformers' logits
 "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl.txt" 2>&1 && echo "test_opencl: pass" || { echo "test_opencl: FAIL"; tail -20 "$OUT/test_opencl.txt"; }
-# the opt-in persistent per-layer kernel (GPUs only; CI's PoCL cannot run it)
-TLLM_CL_PERSISTENT=1 "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl_persistent.txt" 2>&1 &&
-  echo "test_opencl (persistent): pass" || { echo "test_opencl (persistent): FAIL"; tail -20 "$OUT/test_opencl_persistent.txt"; }
+# the same with one launch per kernel (the default on a GPU is the persistent `token` kernel, which
+# CI's PoCL cannot run)
+TLLM_CL_PERSISTENT=0 "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl_launches.txt" 2>&1 &&
+  echo "test_opencl (one launch per kernel): pass" || { echo "test_opencl (one launch per kernel): FAIL"; tail -20 "$OUT/test_opencl_launches.txt"; }
+# what launches and grid barriers cost on this device, without the model
+[ -x "$B/tllm-cl-floor" ] && "$B/tllm-cl-floor" | tee "$OUT/cl_floor.txt"
 M=/tmp/tllm-synth-qwen2.5-0.5b-q4
 [ -f "$M/model.safetensors" ] || "$B/tllm" synth --config configs/qwen2.5-0.5b-instruct.json --out "$M" --tokenizer tests/data/tokenizer
 T=$(nproc)
@@ -31,6 +34,8 @@ T=$(nproc)
 "$B/tllm" bench -m "$M" --device opencl -p 512 -n 128 -r 5 -t "$T" -o json > "$OUT/bench_opencl.json"
 # decode deeper into the context (attention's share grows), and where a token's time goes per kernel
 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -d 0,1024,4096 -r 3 -t "$T" | tee "$OUT/bench_opencl_depth.md"
-TLLM_CL_PROFILE=1 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" 2>&1 | grep -A12 "opencl profile" | tee "$OUT/profile.txt"
-TLLM_CL_PERSISTENT=1 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" | tee "$OUT/bench_opencl_persistent.md"
+TLLM_CL_PROFILE=phases "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" 2>&1 | grep -A12 "opencl profile" | tee "$OUT/profile.txt"
+TLLM_CL_PROFILE=host "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" 2>&1 | grep "opencl host" | tee -a "$OUT/profile.txt"
+TLLM_CL_PERSISTENT=0 "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" | tee "$OUT/bench_opencl_launches.md"
+TLLM_CL_PERSISTENT=0 TLLM_CL_PROFILE=host "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -r 3 -t "$T" 2>&1 | grep "opencl host" | tee -a "$OUT/profile.txt"
 "$B/tllm" bench -m "$M" --device cpu -p 512 -n 128 -r 3 -t "$T" | tee "$OUT/bench_cpu.md"
