@@ -172,6 +172,16 @@ static char *read_file(const char *path) {
 
 static int dt_code(enum tllm_dtype d) { return d == TLLM_DT_BF16 ? 2 : d == TLLM_DT_F16 ? 1 : 0; }
 
+/* Every matrix of the model, in the descriptor table's order: embed, lm_head, then q k v o gate up
+ * down of each layer. */
+static int n_mats(const struct tllm_model *m) { return 2 + 7 * m->cfg.n_layers; }
+static const struct tllm_qweights *model_mat(const struct tllm_model *m, int i) {
+    if (i < 2) return i ? &m->lm_head : &m->embed;
+    const struct tllm_layer *L = &m->layers[(i - 2) / 7];
+    const struct tllm_qweights *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return ws[(i - 2) % 7];
+}
+
 static int build_program(struct tllm_cl *cl) {
     /* TLLM_CL_DIR: load kernels/decode.cl from disk (while developing); TLLM_CL_OPTS: extra -D options */
     const char *dir = getenv("TLLM_CL_DIR"), *extra = getenv("TLLM_CL_OPTS");
@@ -198,12 +208,9 @@ static int build_program(struct tllm_cl *cl) {
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in decode.cl) */
-    const struct tllm_model *m = cl->m;
     int fmt[3] = {-1, -1, -1}, uniform = 1;
-    for (int i = 0; i < 2 + 7 * m->cfg.n_layers && uniform; i++) {
-        const struct tllm_layer *L = i < 2 ? NULL : &m->layers[(i - 2) / 7];
-        const struct tllm_qweights *w = i == 0 ? &m->embed : i == 1 ? &m->lm_head
-            : (const struct tllm_qweights *[]){&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down}[(i - 2) % 7];
+    for (int i = 0; i < n_mats(cl->m) && uniform; i++) {
+        const struct tllm_qweights *w = model_mat(cl->m, i);
         int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, dt_code(w->dtype)};
         if (i == 0) memcpy(fmt, f, sizeof f);
         uniform = !memcmp(fmt, f, sizeof f);
@@ -363,20 +370,16 @@ static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, str
     return TLLM_OK;
 }
 
-/* Every matrix of the model, in the descriptor table's order: embed, lm_head, then q k v o gate up
- * down of each layer. */
-static int n_mats(const struct tllm_model *m) { return 2 + 7 * m->cfg.n_layers; }
+/* Matrix i of the model, and its device copy, in the descriptor table's order. */
 static void mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, struct cl_weights **cw) {
-    const struct tllm_model *m = cl->m;
+    *w = model_mat(cl->m, i);
     if (i < 2) {
-        *w = i ? &m->lm_head : &m->embed, *cw = i ? &cl->lm_head : &cl->embed;
+        *cw = i ? &cl->lm_head : &cl->embed;
         return;
     }
-    const struct tllm_layer *L = &m->layers[(i - 2) / 7];
     struct cl_layer *D = &cl->layers[(i - 2) / 7];
-    const struct tllm_qweights *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     struct cl_weights *cws[7] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
-    *w = ws[(i - 2) % 7], *cw = cws[(i - 2) % 7];
+    *cw = cws[(i - 2) % 7];
 }
 
 /* Uploads every weight once: into one arena buffer where the device allows a buffer that large (and
