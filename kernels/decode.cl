@@ -282,6 +282,17 @@ inline float2 wg_best(float2 v, __local float2 *red) {
     return red[0];
 }
 
+/* out[0] = the row of the largest of the n per-group bests (the first on ties), out[1] = whether a
+ * grid barrier gave up; one work-group. */
+inline void argmax_body(__global const float2 *best, int n, __global int *out, volatile __global const int *bar,
+                        __local float2 *red) {
+    float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
+    for (int j = get_local_id(0); j < n; j += MV_LWS)
+        if (beats(best[j], b)) b = best[j];
+    b = wg_best(b, red);
+    if (get_local_id(0) == 0) out[0] = as_int(b.y), out[1] = bar[1];
+}
+
 /* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. Halved down to 8
  * lanes first: one lane adding 128 values from local memory is a 128-step dependent chain. */
 inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
@@ -616,6 +627,11 @@ inline void grid_sync(volatile __global int *bar, int target) {
 #endif
 
 #if ATT_LWS == MV_LWS
+/* The end of a phase of `token`: all groups meet, and (profiling) group 0 notes the time. */
+#define PHASE_END()                             \
+    grid_sync(bar, bar_base + ++nb * G);        \
+    PHASE_MARK(nb)
+
 /* Matrix `idx` of the descriptor table: its codes, scales and biases inside the weight arena (offsets
  * in units of 16 bytes), format and threads per row. */
 #define MAT(n, idx)                                                                                          \
@@ -649,8 +665,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
         MAT(0, 0);
         for (int j = get_global_id(0); j < dim; j += get_global_size(0)) act[j] = embed_one(WPASS(0), dim, id, j);
     }
-    grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+    PHASE_END();
     for (int l = 0; l < n_layers; l++) {
         __global float *x = act + l * per_layer, *x2 = x + dim, *q = x2 + dim, *hb = q + q_dim;
         __global float *x_next = act + (l + 1) * per_layer, *pl = part + l * part_layer;
@@ -663,46 +678,36 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
             qkv_body(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, dim, tpr0, x, vecs, lv[0], lv[1], lv[2], lv[3],
                      eps, inv_freq, n_ctx, q, kt, vc, l, pos, xs, xsum, red, red2);
         }
-        grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+        PHASE_END();
         for (int w = get_group_id(0); w < n_split * n_heads; w += G)
             attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, qs, sl,
                            red, acc_l);
-        grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+        PHASE_END();
         {
             MAT(3, m + 3);
             attn_out_body(WPASS(3), dim, q_dim, tpr3, pl, hd, x, x2, n_split, xs, xsum, red2);
         }
-        grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+        PHASE_END();
         {
             MAT(4, m + 4);
             MAT(5, m + 5);
             gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, xs, xsum, red, red2);
         }
-        grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+        PHASE_END();
         {
             MAT(6, m + 6);
             matvec_body(WPASS(6), dim, ffn, tpr6, hb, vecs, -1, eps, x_next, x2, 1, 0, 0, xs, xsum, red, red2);
         }
-        grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+        PHASE_END();
     }
     {
         MAT(1, 1);
         matvec_body(WPASS(1), vocab, dim, tpr1, act + n_layers * per_layer, vecs, final_norm, eps, logits, logits, 0,
                     best, 1, xs, xsum, red, red2);
     }
-    grid_sync(bar, bar_base + ++nb * G);
-    PHASE_MARK(nb);
+    PHASE_END();
     if (get_group_id(0) == 0) {
-        float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
-        for (int j = get_local_id(0); j < G; j += MV_LWS)
-            if (beats(best[j], b)) b = best[j];
-        b = wg_best(b, red2);
-        if (get_local_id(0) == 0) next[0] = as_int(b.y), next[1] = bar[1];
+        argmax_body(best, G, next, bar, red2);
         PHASE_MARK(nb + 1);
     }
 }
@@ -712,9 +717,5 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
  * work-group of MV_LWS threads. */
 __kernel void argmax(__global const float2 *best, int n, __global int *out, __global const int *bar) {
     __local float2 red[MV_LWS];
-    float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
-    for (int j = get_local_id(0); j < n; j += MV_LWS)
-        if (beats(best[j], b)) b = best[j];
-    b = wg_best(b, red);
-    if (get_local_id(0) == 0) out[0] = as_int(b.y), out[1] = bar[1]; /* and whether a grid barrier gave up */
+    argmax_body(best, n, out, bar, red);
 }
