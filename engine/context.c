@@ -173,6 +173,20 @@ static void add_bias(float *y, const float *b, int n, int dim) {
         for (int i = 0; i < dim; i++) y[(size_t)t * dim + i] += b[i];
 }
 
+struct swiglu_args {
+    float *gate;
+    const float *up;
+    size_t n;
+};
+
+static void swiglu_task(void *arg, int ith, int nth) {
+    const struct swiglu_args *a = arg;
+    size_t per = (a->n + (size_t)nth - 1) / (size_t)nth;
+    per = (per + 15) / 16 * 16; /* whole vectors, and whole cache lines of each thread's range */
+    size_t i0 = (size_t)ith * per, i1 = i0 + per < a->n ? i0 + per : a->n;
+    if (i0 < i1) tllm_swiglu(a->gate + i0, a->up + i0, (int)(i1 - i0));
+}
+
 struct attn_args {
     struct tllm_ctx *ctx;
     int l, pos0, n;
@@ -255,7 +269,9 @@ static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float 
         a = act_of(ctx, ctx->xb, n, dim);
         linear(&L->w_gate, &a, ctx->hb);
         linear(&L->w_up, &a, ctx->hb2);
-        tllm_swiglu(ctx->hb, ctx->hb2, n * c->ffn_dim);
+        struct swiglu_args sw = {ctx->hb, ctx->hb2, (size_t)n * c->ffn_dim};
+        if (n > 1) tllm_parallel(swiglu_task, &sw);
+        else swiglu_task(&sw, 0, 1);
         a = act_of(ctx, ctx->hb, n, c->ffn_dim);
         linear(&L->w_down, &a, ctx->proj);
         for (size_t i = 0; i < (size_t)n * dim; i++) ctx->x[i] += ctx->proj[i];

@@ -41,9 +41,10 @@ typedef float f32x16 __attribute__((vector_size(64)));
 /* a macro, not a function: a vector-returning function would have a different ABI in each clone */
 #define load16(p) ({ f32x16 v_; memcpy(&v_, (p), sizeof v_); v_; })
 
-TLLM_CLONES void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
-                                const float *v, size_t v_stride, int hd, float *scores, float *out,
-                                size_t out_stride) {
+/* The portable attention: GCC vector extensions, compiled per x86-64 level by TLLM_CLONES. */
+TLLM_CLONES void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, const float *kt,
+                                           size_t kt_stride, const float *v, size_t v_stride, int hd,
+                                           float *scores, float *out, size_t out_stride) {
     const int L = pos0 + nq;
     const float scale = 1.0f / sqrtf((float)hd);
     /* scores = q . K^T, 4 queries x 16 keys at a time, accumulated over the head dimension in registers
@@ -92,6 +93,34 @@ TLLM_CLONES void tllm_attention(const float *q, size_t q_stride, int nq, int pos
     }
 }
 
+void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                    const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
+    if (tllm_attention_avx512_ok(hd))
+        tllm_attention_avx512(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
+    else
+        tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
+}
+
+void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                        const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
+    const int L = pos0 + nq;
+    for (int j = 0; j < nq; j++) {
+        const int len = pos0 + j + 1;
+        float *s = scores + (size_t)j * L;
+        for (int p = 0; p < len; p++) {
+            double dot = 0.0;
+            for (int i = 0; i < hd; i++) dot += (double)q[(size_t)j * q_stride + i] * kt[(size_t)i * kt_stride + p];
+            s[p] = (float)(dot / sqrt((double)hd));
+        }
+        tllm_softmax(s, len);
+        for (int i = 0; i < hd; i++) {
+            double acc = 0.0;
+            for (int p = 0; p < len; p++) acc += (double)s[p] * v[(size_t)p * v_stride + i];
+            out[(size_t)j * out_stride + i] = (float)acc;
+        }
+    }
+}
+
 void tllm_softmax(float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
@@ -104,7 +133,12 @@ void tllm_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-TLLM_CLONES void tllm_swiglu(float *gate, const float *up, int n) {
+void tllm_swiglu(float *gate, const float *up, int n) {
+    if (tllm_cpu_has_avx512()) tllm_swiglu_avx512(gate, up, n);
+    else tllm_swiglu_ref(gate, up, n);
+}
+
+TLLM_CLONES void tllm_swiglu_ref(float *gate, const float *up, int n) {
     for (int i = 0; i < n; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];

@@ -1,0 +1,94 @@
+/* The fast attention, softmax exp and SwiGLU against their scalar references, on odd shapes: query
+ * blocks that are not a multiple of the tiles, key counts with tails, head sizes of one vector. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "check.h"
+#include "kernels/ops.h"
+
+#define TOL_ATTN 2e-6   /* max |fast - ref| / max |v|: outputs are convex combinations of value rows */
+#define TOL_EXP 4e-7    /* relative error of the vectorized exp (2 float ulp is 2.4e-7) */
+#define TOL_SWIGLU 1e-6 /* relative to |gate * up| + 1e-30 */
+
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+typedef void attn_fn(const float *, size_t, int, int, const float *, size_t, const float *, size_t, int, float *,
+                     float *, size_t);
+
+static void test_attention(const char *name, attn_fn *fn) {
+    const int hds[] = {16, 48, 64, 128}, nqs[] = {1, 2, 3, 4, 5, 8, 9, 13, 16}, pos0s[] = {0, 1, 15, 16, 17, 40, 100};
+    unsigned seed = 7;
+    for (size_t a = 0; a < sizeof hds / sizeof *hds; a++)
+        for (size_t b = 0; b < sizeof nqs / sizeof *nqs; b++)
+            for (size_t c = 0; c < sizeof pos0s / sizeof *pos0s; c++) {
+                int hd = hds[a], nq = nqs[b], pos0 = pos0s[c], L = pos0 + nq, n_ctx = L + 5;
+                size_t q_stride = (size_t)hd + 3, v_stride = (size_t)hd + 16, out_stride = (size_t)hd + 1;
+                float *q = malloc(nq * q_stride * sizeof(float)), *kt = malloc((size_t)hd * n_ctx * sizeof(float));
+                float *v = malloc((size_t)n_ctx * v_stride * sizeof(float));
+                float *s1 = malloc((size_t)nq * L * sizeof(float)), *s2 = malloc((size_t)nq * L * sizeof(float));
+                float *o1 = calloc(nq * out_stride, sizeof(float)), *o2 = calloc(nq * out_stride, sizeof(float));
+                for (size_t i = 0; i < nq * q_stride; i++) q[i] = 4.0f * frand(&seed); /* peaked softmaxes too */
+                for (size_t i = 0; i < (size_t)hd * n_ctx; i++) kt[i] = frand(&seed);
+                for (size_t i = 0; i < (size_t)n_ctx * v_stride; i++) v[i] = frand(&seed);
+                fn(q, q_stride, nq, pos0, kt, (size_t)n_ctx, v, v_stride, hd, s1, o1, out_stride);
+                tllm_attention_ref(q, q_stride, nq, pos0, kt, (size_t)n_ctx, v, v_stride, hd, s2, o2, out_stride);
+                double worst = 0;
+                for (int j = 0; j < nq; j++)
+                    for (int i = 0; i < hd; i++) {
+                        double e = fabs((double)o1[j * out_stride + i] - o2[j * out_stride + i]);
+                        worst = e > worst || isnan(e) ? e : worst;
+                    }
+                CHECK(worst <= TOL_ATTN, "%s hd %d nq %d pos0 %d: max error %.3g", name, hd, nq, pos0, worst);
+                free(q), free(kt), free(v), free(s1), free(s2), free(o1), free(o2);
+            }
+}
+
+static void test_exp(void) {
+    enum { N = 4099 };
+    static float x[N], in[N];
+    double worst = 0;
+    for (int i = 0; i < N; i++) x[i] = in[i] = -103.0f + 191.0f * (float)i / (N - 1);
+    tllm_exp_avx512(x, N);
+    for (int i = 0; i < N; i++) {
+        double ref = exp((double)in[i]);
+        if (ref < 1.2e-38 || ref > 3.4e38) continue; /* subnormal or overflowing results: checked below */
+        double e = fabs(x[i] - ref) / ref;
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst <= TOL_EXP, "exp: relative error %.3g", worst);
+    float ends[5] = {-200.0f, 100.0f, 0.0f, NAN, -INFINITY};
+    tllm_exp_avx512(ends, 5);
+    CHECK(ends[0] == 0.0f && isinf(ends[1]) && ends[2] == 1.0f && isnan(ends[3]) && ends[4] == 0.0f,
+          "exp ends: %g %g %g %g %g", ends[0], ends[1], ends[2], ends[3], ends[4]);
+}
+
+static void test_swiglu(void) {
+    enum { N = 1000 + 7 };
+    static float g1[N], g2[N], up[N];
+    unsigned seed = 3;
+    for (int i = 0; i < N; i++) g1[i] = g2[i] = 30.0f * frand(&seed), up[i] = frand(&seed);
+    tllm_swiglu_avx512(g1, up, N);
+    tllm_swiglu_ref(g2, up, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double e = fabs((double)g1[i] - g2[i]) / (fabs((double)g2[i]) + 1e-30);
+        worst = e > worst ? e : worst;
+    }
+    CHECK(worst <= TOL_SWIGLU, "swiglu: relative error %.3g", worst);
+}
+
+int main(void) {
+    test_attention("portable", tllm_attention_portable);
+    test_attention("dispatch", tllm_attention);
+    if (tllm_cpu_has_avx512()) {
+        test_attention("avx512", tllm_attention_avx512);
+        test_exp();
+        test_swiglu();
+    } else {
+        printf("no AVX-512 here: its kernels are not tested\n");
+    }
+    return check_done();
+}
