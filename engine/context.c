@@ -3,6 +3,7 @@
 #include "context.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +14,9 @@
 #include "error.h"
 #include "threadpool.h"
 
-#define ATT_QUERY_BLOCK 16 /* queries per attention task: heads x query blocks are shared out */
+#define ATT_QUERY_BLOCK 16     /* queries per attention task: heads x query blocks are shared out */
+#define LINEAR_PREFILL_CHUNK 4 /* row blocks per grab in multi-token steps */
+#define LINEAR_DECODE_SPLIT 1  /* runs per thread in one-token steps: long runs keep the prefetcher streaming */
 
 int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
     memset(ctx, 0, sizeof *ctx);
@@ -128,27 +131,27 @@ struct linear_args {
     const struct tllm_qweights *w;
     struct act *a;
     float *y;
+    int chunk;       /* row blocks per grab */
+    atomic_int next; /* the next chunk not yet taken */
 };
 
-#define LINEAR_ROW_ALIGN TLLM_QPACK_ROWS /* thread ranges start on a packed row block (and a cache line of y) */
-
-static void rows_of_thread(int rows, int ith, int nth, int *r0, int *r1) {
-    int chunk = (rows + nth - 1) / nth;
-    chunk = (chunk + LINEAR_ROW_ALIGN - 1) / LINEAR_ROW_ALIGN * LINEAR_ROW_ALIGN;
-    *r0 = ith * chunk;
-    *r1 = *r0 + chunk < rows ? *r0 + chunk : rows;
-}
-
+/* Threads take chunks of 16-row blocks from a shared counter rather than a fixed share: on a shared
+ * or hybrid machine cores run at different speeds, and a fixed split waits for the slowest. Each
+ * row's result does not depend on who computes it, so any thread count gives the same bits. */
 static void linear_task(void *arg, int ith, int nth) {
-    const struct linear_args *la = arg;
-    int r0, r1;
-    rows_of_thread(la->w->rows, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (la->w->pack)
-        tllm_qpack_matmul(la->w->pack, &la->a->q, la->y, r0 / TLLM_QPACK_ROWS,
-                          (r1 + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS);
-    else
-        tllm_qmatmul(la->w, la->a->x, la->a->n, la->y, r0, r1);
+    (void)ith, (void)nth;
+    struct linear_args *la = arg;
+    const int rows = la->w->rows, n_blocks = (rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
+    for (;;) {
+        int b0 = atomic_fetch_add_explicit(&la->next, 1, memory_order_relaxed) * la->chunk;
+        if (b0 >= n_blocks) return;
+        int b1 = b0 + la->chunk < n_blocks ? b0 + la->chunk : n_blocks;
+        if (la->w->pack)
+            tllm_qpack_matmul(la->w->pack, &la->a->q, la->y, b0, b1);
+        else
+            tllm_qmatmul(la->w, la->a->x, la->a->n, la->y, b0 * TLLM_QPACK_ROWS,
+                         b1 * TLLM_QPACK_ROWS < rows ? b1 * TLLM_QPACK_ROWS : rows);
+    }
 }
 
 static void quantize_task(void *arg, int ith, int nth) {
@@ -164,7 +167,9 @@ static void linear(const struct tllm_qweights *w, struct act *a, float *y) {
         else tllm_xq_quantize(&a->q, a->x, 0, a->n);
         a->quantized = 1;
     }
-    struct linear_args la = {w, a, y};
+    int n_blocks = (w->rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS, nth = tllm_threadpool_size();
+    int chunk = a->n > 1 ? LINEAR_PREFILL_CHUNK : (n_blocks + nth * LINEAR_DECODE_SPLIT - 1) / (nth * LINEAR_DECODE_SPLIT);
+    struct linear_args la = {w, a, y, chunk > 0 ? chunk : 1, 0};
     tllm_parallel(linear_task, &la);
 }
 
