@@ -83,6 +83,7 @@ struct tllm_cl {
     /* TLLM_CL_PROFILE=phases (NVIDIA, persistent): the GPU's timer at each grid barrier of `token` */
     int phases;
     cl_mem times;
+    int int8; /* the matvecs take int8 activations (XQ in decode.cl) */
     double host_enqueue_s, host_wait_s;
 };
 
@@ -217,7 +218,15 @@ static int build_program(struct tllm_cl *cl) {
     }
     char fixed[64] = "";
     if (uniform) snprintf(fixed, sizeof fixed, "-DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s", fit, lws, fixed, cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
+    /* int8 activations (XQ in decode.cl) where the CPU path takes them too (a packed model, i.e. not
+     * --exact), for 4-bit models whose inputs split into blocks of 32; NVIDIA gets the dp4a instruction
+     * through inline PTX (OpenCL C has no integer dot product without an extension NVIDIA lacks) */
+    const struct tllm_config *c = &cl->m->cfg;
+    int xq = uniform && fmt[0] == 4 && model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
+             (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
+    cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1"));
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
+             strstr(cl->name, "NVIDIA") ? "-DDP4A_PTX" : "", cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         size_t n = 0;
@@ -883,6 +892,8 @@ void tllm_cl_free(struct tllm_cl *cl) {
 }
 
 const char *tllm_cl_device_name(const struct tllm_cl *cl) { return cl->name; }
+
+int tllm_cl_int8(const struct tllm_cl *cl) { return cl->int8; }
 
 int tllm_cl_launches_per_token(const struct tllm_cl *cl) {
     return cl->persistent ? 1 : 1 + 5 * cl->m->cfg.n_layers + 2;

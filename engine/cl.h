@@ -33,6 +33,9 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
 int tllm_cl_kv_upload(struct tllm_cl *cl, const float *key_cache, const float *value_cache, int p0, int p1);
 int tllm_cl_kv_download(struct tllm_cl *cl, float *key_cache, float *value_cache, int p0, int p1);
 
+/* 1 if the device's matvecs take int8 activations (a packed 4-bit model; not --exact). */
+int tllm_cl_int8(const struct tllm_cl *cl);
+
 /* Kernel launches of one decode step (for reports). */
 int tllm_cl_launches_per_token(const struct tllm_cl *cl);
 

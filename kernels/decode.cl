@@ -24,6 +24,9 @@
 #ifndef MV_ITERS
 #define MV_ITERS 2 /* the host picks threads per row so each thread reads at most this many uint4 of a row */
 #endif
+#ifndef MV_PIPE
+#define MV_PIPE 1 /* 1: a row loop issues the next sweep's weight reads before this sweep's arithmetic */
+#endif
 #ifndef MV_GROUPS_PER_CU
 #define MV_GROUPS_PER_CU 16 /* cap on matvec work-groups per compute unit (the rest loop) */
 #endif
@@ -103,6 +106,37 @@ inline float wg_max(float v, __local float *red, int n) {
 #define XP(k) ((k) + ((k) >> 5))
 #define XS_LEN (MV_LOCAL_X + MV_LOCAL_X / 32)
 
+/* -DQ_INT8=1 (the host adds it for a 4-bit model whose CPU path also takes int8 activations, i.e.
+ * not --exact): the staged input is also quantized per block of 32 to two int8 levels, x ~ d (q1 +
+ * q2 / 128) (as accurate as float32 for practical purposes: the CPU decode path's scheme), and a
+ * uint4 of 32 codes meets its block in 16 integer dot products of 4 bytes (dp4a) instead of 32
+ * int-to-float conversions, 32 local reads and 32 multiply-adds. The kernels were instruction-bound. */
+#if defined(Q_INT8) && defined(Q_BITS)
+#if Q_INT8 && Q_BITS == 4
+#define XQ 1
+#endif
+#endif
+#ifndef XQ
+#define XQ 0
+#endif
+#define XQ_NB (MV_LOCAL_X / 32) /* blocks of 32 */
+/* xs is followed by the quantized input (XQ): 4 x XQ_NB uint4, see block_quant */
+#define XS_ALLOC (XS_LEN + (XQ ? MV_LOCAL_X / 2 : 0))
+
+/* c + the dot product of 4 unsigned bytes of a and 4 signed bytes of b */
+#if defined(DP4A_PTX)
+inline int dp4a(uint a, uint b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+#else
+inline int dp4a(uint a, uint b, int c) {
+    int4 x = convert_int4(as_uchar4(a)), y = convert_int4(as_char4(b));
+    return c + x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+}
+#endif
+
 /* xsum[k] = sum of the staged inputs 16k .. 16k + 15 (never across a pad: 16k % 32 is 0 or 16) */
 inline void block_sums(__local const float *xs, int n, __local float *xsum) {
     for (int k = get_local_id(0); k < n / 16; k += MV_LWS) {
@@ -112,6 +146,48 @@ inline void block_sums(__local const float *xs, int n, __local float *xsum) {
         xsum[k] = a;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* XQ: block k (inputs 32k .. 32k + 31) of the staged xs as two int8 levels, laid out for vec_dot: a
+ * word of 8 codes splits into its even and odd nibbles (w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F), so
+ * each 8 inputs are stored as their even 4 then their odd 4 bytes. xq[p * XQ_NB + k] holds words
+ * 2p, 2p + 1 (p = 0, 1) of level one and (p = 2, 3) of level two; xsum[k] = d and xsum[XQ_NB + k] =
+ * the sum of the block's quantized inputs (the bias term). */
+inline void block_quant(__local float *xs, int n, __local float *xsum) {
+    __local uint *xq = (__local uint *)(xs + XS_LEN);
+    for (int k = get_local_id(0); k < n / 32; k += MV_LWS) {
+        __local const float *p = xs + XP(32 * k); /* 32 inputs with no pad inside */
+        float mx = 0.0f;
+        for (int i = 0; i < 32; i++) mx = fmax(mx, fabs(p[i]));
+        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f;
+        int sum1 = 0, sum2 = 0;
+        for (int wi = 0; wi < 4; wi++) {
+            uint a1 = 0, b1 = 0, a2 = 0, b2 = 0;
+            for (int e = 0; e < 8; e++) {
+                float x = p[8 * wi + e], f1 = rint(x * id);
+                int q1 = (int)f1, q2 = clamp((int)rint((x - f1 * d) * id * 128.0f), -127, 127);
+                sum1 += q1, sum2 += q2;
+                uint sh = 8 * (e / 2);
+                if (e % 2 == 0) a1 |= (uint)(q1 & 255) << sh, a2 |= (uint)(q2 & 255) << sh;
+                else b1 |= (uint)(q1 & 255) << sh, b2 |= (uint)(q2 & 255) << sh;
+            }
+            int part = wi / 2, at = 4 * (part * XQ_NB + k) + 2 * (wi % 2); /* uint index of word wi */
+            xq[at] = a1, xq[at + 1] = b1;
+            xq[at + 8 * XQ_NB] = a2, xq[at + 8 * XQ_NB + 1] = b2;
+        }
+        xsum[k] = d;
+        xsum[XQ_NB + k] = d * ((float)sum1 + (float)sum2 / 128.0f);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* After xs is written: what the dot products need besides it (block sums, or the int8 form). */
+inline void stage_done(__local float *xs, int n, __local float *xsum) {
+#if XQ
+    block_quant(xs, n, xsum);
+#else
+    block_sums(xs, n, xsum);
+#endif
 }
 
 /* The matvec input in local memory: xs = x * inv_rms(x) * normw (or x), and xsum[k] = sum of xs
@@ -130,7 +206,7 @@ inline void stage(__global const float *x, int n, __global const float *normw, f
         for (int j = lid; j < n; j += MV_LWS) xs[XP(j)] = x[j];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    block_sums(xs, n, xsum);
+    stage_done(xs, n, xsum);
 }
 
 /* sum_e code_e * x[e] over one 32-bit word of codes (scalar local reads: see XP). (Converting codes
@@ -199,6 +275,25 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     uint4 w = q.w;
     __local const float *x = xs + XP(c); /* 4 and 8 bits: their 32 or 16 inputs have no pad inside */
     __local const float *sx = xsum + c / 16;
+#if XQ
+    if (bits == 4) { /* v is the input block: 32 codes a uint4 */
+        __local const uint4 *xq = (__local const uint4 *)(xs + XS_LEN);
+        uint4 a = xq[v], b = xq[XQ_NB + v], a2 = xq[2 * XQ_NB + v], b2 = xq[3 * XQ_NB + v];
+        int s1 = 0, s2 = 0;
+#define DOTW(wd, A1, B1, A2, B2)                                          \
+    {                                                                     \
+        uint lo = (wd) & 0x0F0F0F0Fu, hi = ((wd) >> 4) & 0x0F0F0F0Fu;      \
+        s1 = dp4a(lo, A1, s1), s1 = dp4a(hi, B1, s1);                     \
+        s2 = dp4a(lo, A2, s2), s2 = dp4a(hi, B2, s2);                     \
+    }
+        DOTW(w.x, a.x, a.y, a2.x, a2.y);
+        DOTW(w.y, a.z, a.w, a2.z, a2.w);
+        DOTW(w.z, b.x, b.y, b2.x, b2.y);
+        DOTW(w.w, b.z, b.w, b2.z, b2.w);
+#undef DOTW
+        return q.s * xsum[v] * ((float)s1 + (float)s2 * (1.0f / 128.0f)) + q.b * xsum[XQ_NB + v];
+    }
+#endif
     if (bits == 4) {
         float d = dot_w4(w.x, x) + dot_w4(w.y, x + 8) + dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24);
         return q.s * d + q.b * (sx[0] + sx[1]);
@@ -340,11 +435,19 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
     for (int r0 = get_group_id(0) * rpg; r0 < rows; r0 += rpg * get_num_groups(0)) {
         int r = r0 + lid / tpr;
         float part = 0.0f;
+#if MV_PIPE
+        /* the next sweep's reads are in flight while this one's arithmetic runs */
+        struct qrow next = load_row(WPASS(0), r + rpg * get_num_groups(0), staged ? rows : 0, cols, lane, tpr);
+#endif
         if (r < rows) {
             if (staged) part = row_dot(WPASS(0), r, cols, lane, tpr, first, xs, xsum);
             else part = row_dot_global(WPASS(0), r, cols, lane, tpr, x);
         }
+#if MV_PIPE
+        first = next;
+#else
         if (staged) first = load_row(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane, tpr); /* next sweep */
+#endif
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
             y[r] = add ? res[r] + s : s;
@@ -372,7 +475,7 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
 __kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
                      int norm_off, float eps, __global float *y, __global const float *res, int add,
                      __global float2 *best, int track) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
     matvec_body(WPASS(0), rows, cols, tpr, x, vecs, norm_off, eps, y, res, add, best, track, xs, xsum, red, red2);
 }
@@ -396,13 +499,13 @@ inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const 
         xs[XP(j)] = num / den;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    block_sums(xs, cols, xsum);
+    stage_done(xs, cols, xsum);
     rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, 1, x_out, x, 1, first, red2, 0);
 }
 
 __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
                        __global const float *x, __global float *x_out, int n_split) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16];
+    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16];
     __local float2 red2[MV_LWS];
     attn_out_body(WPASS(0), rows, cols, tpr, part, hd, x, x_out, n_split, xs, xsum, red2);
 }
@@ -417,12 +520,20 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; r - lid / tpr < rows; r += stride) {
         float2 gu = (float2)(0.0f);
+#if MV_PIPE
+        struct qrow ng = load_row(WPASS(0), r + stride, rows, cols, lane, tpr),
+                    nu = load_row(WPASS(1), r + stride, rows, cols, lane, tpr);
+#endif
         if (r < rows) {
             gu.x = row_dot(WPASS(0), r, cols, lane, tpr, fg, xs, xsum);
             gu.y = row_dot(WPASS(1), r, cols, lane, tpr, fu, xs, xsum);
         }
+#if MV_PIPE
+        fg = ng, fu = nu;
+#else
         fg = load_row(WPASS(0), r + stride, rows, cols, lane, tpr);
         fu = load_row(WPASS(1), r + stride, rows, cols, lane, tpr);
+#endif
         gu = row_reduce2(gu, red2, tpr);
         if (lane == 0 && r < rows) h[r] = gu.x / (1.0f + exp(-gu.x)) * gu.y;
     }
@@ -430,7 +541,7 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
 
 __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
                       __global const float *vecs, int norm_off, float eps, __global float *h) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
     gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, xs, xsum, red, red2);
 }
@@ -517,7 +628,7 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
 }
 
 __kernel void qkv(QKV_ARGS, int pos) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
     qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
 }
@@ -654,7 +765,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
                     __global int *bar, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
                     int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
-    __local float xs[XS_LEN], xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
+    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
     int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;

@@ -13,11 +13,14 @@
 #define TOL_CL_REL_RMS 1e-3 /* relative RMS of a logits row (issue 7) */
 #define MARGIN_MIN_CL 1e-2  /* compare argmax where top1 - top2 exceeds this */
 
-static void test_fixture(const char *dir, int device) {
+/* packed: the model as the CLI loads it without --exact, so 4-bit models get the int8-activation
+ * matvecs on the device (the CPU's prefill then takes int8 activations too: the CPU/device greedy
+ * comparison is left to the float run). */
+static void test_fixture(const char *dir, int device, int packed) {
     struct ref_fixture r;
     struct tllm_model *m;
-    printf("%s\n", dir);
-    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK) {
+    printf("%s%s\n", dir, packed ? " (packed)" : "");
+    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK || (packed && tllm_model_pack(m) != TLLM_OK)) {
         CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
         return;
     }
@@ -51,7 +54,9 @@ static void test_fixture(const char *dir, int device) {
         agree += a == r.top1[p];
         CHECK(a == r.top1[p], "%s opencl: argmax at %d is %d, reference %d", dir, p, a, r.top1[p]);
     }
-    printf("  opencl decode: worst rel RMS %.2e, argmax %d/%d\n", worst, agree, compared);
+    printf("  opencl decode (%s activations): worst rel RMS %.2e, argmax %d/%d\n", tllm_cl_int8(cl) ? "int8" : "float32",
+           worst, agree, compared);
+    if (packed) goto done;
 
     /* CPU prefill of the prompt, then greedy on the device (argmax there), then a CPU step that needs
      * the device's K/V, then the device again: the greedy ids must be the reference's */
@@ -80,6 +85,7 @@ static void test_fixture(const char *dir, int device) {
     }
     CHECK(same == r.n_greedy, "%s: %d of %d greedy ids match with CPU/device alternating", dir, same, r.n_greedy);
     printf("  greedy, CPU prefill + device decode + CPU step: %d/%d ids\n", same, r.n_greedy);
+done:
     tllm_ctx_use_cl(&ctx, NULL);
     tllm_cl_free(cl);
 out:
@@ -110,6 +116,7 @@ int main(int argc, char **argv) {
         tllm_model_free(m);
     }
     const char *dev = getenv("TLLM_TEST_CL_DEVICE"); /* default: the first GPU, else the first device */
-    for (int i = 1; i < argc; i++) test_fixture(argv[i], dev ? atoi(dev) : -1);
+    for (int i = 1; i < argc; i++)
+        for (int packed = 0; packed < 2; packed++) test_fixture(argv[i], dev ? atoi(dev) : -1, packed);
     return check_done();
 }
