@@ -183,7 +183,24 @@ static const struct tllm_qweights *model_mat(const struct tllm_model *m, int i) 
     return ws[(i - 2) % 7];
 }
 
-static int build_program(struct tllm_cl *cl) {
+/* The most local memory one work-group of any kernel of the program takes (0 if none says). */
+static cl_ulong program_local_mem(struct tllm_cl *cl) {
+    static const char *const names[] = {"matvec", "attn_out", "gate_up", "qkv", "attention", "token"};
+    cl_ulong worst = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        cl_int e;
+        cl_kernel k = clCreateKernel(cl->prog, names[i], &e);
+        if (e != CL_SUCCESS) continue; /* `token` is absent where ATT_LWS != MV_LWS */
+        cl_ulong n = 0;
+        clGetKernelWorkGroupInfo(k, cl->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof n, &n, NULL);
+        worst = n > worst ? n : worst;
+        clReleaseKernel(k);
+    }
+    return worst;
+}
+
+/* int8_ok: int8 activations may be compiled in (retried without them when they do not fit) */
+static int build_program(struct tllm_cl *cl, int int8_ok) {
     /* TLLM_CL_DIR: load kernels/decode.cl from disk (while developing); TLLM_CL_OPTS: extra -D options */
     const char *dir = getenv("TLLM_CL_DIR"), *extra = getenv("TLLM_CL_OPTS");
     char *disk = NULL;
@@ -201,8 +218,15 @@ static int build_program(struct tllm_cl *cl) {
     cl_ulong local_mem = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
     char opts[768], fit[64] = "", lws[32] = "";
-    if (local_mem && local_mem < 48 * 1024 && !(extra && strstr(extra, "MV_LOCAL_X")))
-        snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", (int)((local_mem - 8 * 1024) / 4 / 256 * 256));
+    /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
+     * needs room beside the floats), and less on devices with little local memory (32 KiB) */
+    const struct tllm_config *c = &cl->m->cfg;
+    int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = 8192; /* decode.cl's MV_LOCAL_X */
+    longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
+    if (longest < local_x) local_x = (longest + 255) / 256 * 256;
+    if (local_mem && local_mem < 48 * 1024 && (int)((local_mem - 8 * 1024) / 4 / 256 * 256) < local_x)
+        local_x = (int)((local_mem - 8 * 1024) / 4 / 256 * 256);
+    if (local_x != 8192 && !(extra && strstr(extra, "MV_LOCAL_X"))) snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
     /* CPU devices get 64-thread matvec groups: PoCL 3.1 (Debian 12, what CI runs) miscompiles the matvec kernels
      * at 128 and 256 (a vectorized store with a wild trip count; correct with -cl-opt-disable) */
     cl_device_type type = 0;
@@ -219,14 +243,13 @@ static int build_program(struct tllm_cl *cl) {
     char fixed[64] = "";
     if (uniform) snprintf(fixed, sizeof fixed, "-DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
     /* int8 activations (XQ in decode.cl) where the CPU path takes them too (a packed model, i.e. not
-     * --exact), for 4-bit models whose inputs split into blocks of 32; NVIDIA gets the dp4a instruction
-     * through inline PTX (OpenCL C has no integer dot product without an extension NVIDIA lacks) */
-    const struct tllm_config *c = &cl->m->cfg;
-    int xq = uniform && fmt[0] == 4 && model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
+     * --exact), for 4-bit models whose inputs split into blocks of 32. NVIDIA gets dp4a and warp
+     * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
+    int xq = int8_ok && uniform && fmt[0] == 4 && model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1"));
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
-             strstr(cl->name, "NVIDIA") ? "-DDP4A_PTX" : "", cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
+             strstr(cl->name, "NVIDIA") ? "-DDP4A_PTX -DSHFL_PTX" : "", cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         size_t n = 0;
@@ -239,6 +262,11 @@ static int build_program(struct tllm_cl *cl) {
         free(log);
         return tllm_fail(TLLM_ERR_IO, "opencl: kernels/decode.cl does not build on %s: %s (log above)", cl->name,
                          cl_err_name(e));
+    }
+    if (xq && local_mem && program_local_mem(cl) > local_mem) { /* the int8 form does not fit: float inputs */
+        clReleaseProgram(cl->prog);
+        cl->prog = NULL;
+        return build_program(cl, 0);
     }
     const char *dump = getenv("TLLM_CL_DUMP"); /* the compiled program (PTX on NVIDIA), for inspection */
     if (dump) {
@@ -779,7 +807,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateContext on %s: %s", cl->name, cl_err_name(e));
     cl->q = clCreateCommandQueue(cl->cx, cl->dev, cl->profile ? CL_QUEUE_PROFILING_ENABLE : 0, &e);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateCommandQueue: %s", cl_err_name(e));
-    int rc = build_program(cl);
+    int rc = build_program(cl, 1);
     if (!rc) rc = read_tunables(cl);
     if (!rc) rc = check_shapes(cl);
     if (rc) return rc;

@@ -120,7 +120,8 @@ inline float wg_max(float v, __local float *red, int n) {
 #define XQ 0
 #endif
 #define XQ_NB (MV_LOCAL_X / 32) /* blocks of 32 */
-/* xs is followed by the quantized input (XQ): 4 x XQ_NB uint4, see block_quant */
+/* xs is followed by the quantized input (XQ): 4 x XQ_NB uint4, see block_quant (read as uint4:
+ * every xs is declared 16-byte aligned, and XS_LEN floats are a multiple of 16 bytes) */
 #define XS_ALLOC (XS_LEN + (XQ ? MV_LOCAL_X / 2 : 0))
 
 /* c + the dot product of 4 unsigned bytes of a and 4 signed bytes of b */
@@ -388,9 +389,26 @@ inline void argmax_body(__global const float2 *best, int n, __global int *out, v
     if (get_local_id(0) == 0) out[0] = as_int(b.y), out[1] = bar[1];
 }
 
+/* SHFL_PTX (the host adds it on NVIDIA, whose warps are 32 threads): rows of at most 32 lanes are
+ * summed with warp shuffles (inline PTX), with no local memory and no work-group barrier, so the next
+ * sweep's weight reads (MV_PIPE) stay in flight across the reduction. */
+#if defined(SHFL_PTX)
+inline float shfl_xor(float v, int m) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+#endif
+
 /* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. Halved down to 8
  * lanes first: one lane adding 128 values from local memory is a 128-step dependent chain. */
 inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
+#if defined(SHFL_PTX)
+    if (tpr <= 32) { /* every thread of the work-group takes the same branch */
+        for (int m = tpr / 2; m > 0; m >>= 1) v += (float2)(shfl_xor(v.x, m), shfl_xor(v.y, m));
+        return v;
+    }
+#endif
     int lid = get_local_id(0), lane = lid % tpr;
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -475,7 +493,7 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
 __kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
                      int norm_off, float eps, __global float *y, __global const float *res, int add,
                      __global float2 *best, int track) {
-    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
     matvec_body(WPASS(0), rows, cols, tpr, x, vecs, norm_off, eps, y, res, add, best, track, xs, xsum, red, red2);
 }
@@ -505,7 +523,7 @@ inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const 
 
 __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
                        __global const float *x, __global float *x_out, int n_split) {
-    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16];
+    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16];
     __local float2 red2[MV_LWS];
     attn_out_body(WPASS(0), rows, cols, tpr, part, hd, x, x_out, n_split, xs, xsum, red2);
 }
@@ -541,7 +559,7 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
 
 __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
                       __global const float *vecs, int norm_off, float eps, __global float *h) {
-    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
     gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, xs, xsum, red, red2);
 }
@@ -628,7 +646,7 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
 }
 
 __kernel void qkv(QKV_ARGS, int pos) {
-    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS];
     __local float2 red2[MV_LWS];
     qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
 }
@@ -765,7 +783,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
                     __global int *bar, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
                     int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
-    __local float xs[XS_ALLOC], xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
+    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
     int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;
