@@ -71,9 +71,36 @@ inline float ld(__global const uchar *p, int dt, size_t i) {
     return ((__global const float *)p)[i];
 }
 
+/* SHFL_PTX (the host adds it on NVIDIA, whose warps are 32 threads): sums go through warp shuffles
+ * (inline PTX) instead of local memory: a row of at most 32 lanes needs no work-group barrier, so the
+ * next sweep's weight reads (MV_PIPE) stay in flight across it, and a work-group sum needs one
+ * barrier instead of one per halving. */
+#if defined(SHFL_PTX)
+inline float shfl_xor(float v, int m) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
+    return r;
+}
+
+/* wg_sum (is_max 0) or wg_max (1) of n >= 32 threads: within each warp, then across the n / 32 warps */
+inline float wg_reduce_shfl(float v, __local float *red, int n, int is_max) {
+    int lid = get_local_id(0);
+    for (int m = 16; m > 0; m >>= 1) v = is_max ? fmax(v, shfl_xor(v, m)) : v + shfl_xor(v, m);
+    if (lid % 32 == 0) red[lid / 32] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float r = red[0];
+    for (int i = 1; i < n / 32; i++) r = is_max ? fmax(r, red[i]) : r + red[i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+#endif
+
 /* Sum (or max) of one value per thread over a work-group of n threads (a power of two >= 16);
  * every thread gets the result. */
 inline float wg_sum(float v, __local float *red, int n) {
+#if defined(SHFL_PTX)
+    if (n >= 32) return wg_reduce_shfl(v, red, n, 0);
+#endif
     int lid = get_local_id(0);
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -87,6 +114,9 @@ inline float wg_sum(float v, __local float *red, int n) {
     return r;
 }
 inline float wg_max(float v, __local float *red, int n) {
+#if defined(SHFL_PTX)
+    if (n >= 32) return wg_reduce_shfl(v, red, n, 1);
+#endif
     int lid = get_local_id(0);
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -389,25 +419,22 @@ inline void argmax_body(__global const float2 *best, int n, __global int *out, v
     if (get_local_id(0) == 0) out[0] = as_int(b.y), out[1] = bar[1];
 }
 
-/* SHFL_PTX (the host adds it on NVIDIA, whose warps are 32 threads): rows of at most 32 lanes are
- * summed with warp shuffles (inline PTX), with no local memory and no work-group barrier, so the next
- * sweep's weight reads (MV_PIPE) stay in flight across the reduction. */
-#if defined(SHFL_PTX)
-inline float shfl_xor(float v, int m) {
-    float r;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(m));
-    return r;
-}
-#endif
-
 /* Sums of the tpr lanes of each row slot (two values at once); valid in lane 0. Halved down to 8
  * lanes first: one lane adding 128 values from local memory is a 128-step dependent chain. */
 inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
-#if defined(SHFL_PTX)
-    if (tpr <= 32) { /* every thread of the work-group takes the same branch */
-        for (int m = tpr / 2; m > 0; m >>= 1) v += (float2)(shfl_xor(v.x, m), shfl_xor(v.y, m));
-        return v;
-    }
+#if defined(SHFL_PTX) && MV_LWS >= 32
+    /* every thread of the work-group takes the same branches */
+    for (int m = (tpr < 32 ? tpr : 32) / 2; m > 0; m >>= 1) v += (float2)(shfl_xor(v.x, m), shfl_xor(v.y, m));
+    if (tpr <= 32) return v;
+    /* longer rows: each warp's sum, then lane 0 adds the row's tpr / 32 of them */
+    int wl = get_local_id(0);
+    if (wl % 32 == 0) red[wl / 32] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float2 t = (float2)(0.0f);
+    if (wl % tpr == 0)
+        for (int i = 0; i < tpr / 32; i++) t += red[wl / 32 + i];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return t;
 #endif
     int lid = get_local_id(0), lane = lid % tpr;
     red[lid] = v;
