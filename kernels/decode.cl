@@ -1,6 +1,8 @@
 /* OpenCL C 1.2 kernels for one decode step (engine/cl.c drives them). No extension is needed: f16
  * scales are read with vload_half, bf16 as the top half of a float, and reductions go through local
- * memory (NVIDIA's OpenCL has neither cl_khr_fp16 nor subgroups). Five launches per layer:
+ * memory (NVIDIA's OpenCL has neither cl_khr_fp16 nor subgroups); on NVIDIA the host also enables
+ * inline PTX for dp4a and warp shuffles (DP4A_PTX, SHFL_PTX), each with a portable fallback here.
+ * Five launches per layer:
  *   qkv        RMSNorm + q/k/v + bias + RoPE + cache write
  *   attention  one work-group per (query head, span of positions): partial softmax . V (split-K)
  *   attn_out   the spans combined, o_proj, residual add
