@@ -247,9 +247,10 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
      * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
     int xq = int8_ok && uniform && fmt[0] == 4 && model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
-    cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1"));
+    cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
+    int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
-             strstr(cl->name, "NVIDIA") ? "-DDP4A_PTX -DSHFL_PTX" : "", cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
+             nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         size_t n = 0;
