@@ -13,6 +13,7 @@
 
 extern const char tllm_cl_source_decode[]; /* kernels/decode.cl, embedded at build time */
 
+#define CL_MV_LOCAL_X 8192 /* kernels/decode.cl's default MV_LOCAL_X */
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
 
@@ -214,19 +215,20 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
     cl->prog = clCreateProgramWithSource(cl->cx, 1, &src, NULL, &e);
     free(disk);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateProgramWithSource: %s", cl_err_name(e));
-    /* devices with little local memory (32 KiB) stage shorter inputs unless the options say otherwise */
+    /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
+     * needs room beside the floats), and less on devices with little local memory (32 KiB), unless the
+     * options say otherwise */
     cl_ulong local_mem = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
     char opts[768], fit[64] = "", lws[32] = "";
-    /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
-     * needs room beside the floats), and less on devices with little local memory (32 KiB) */
     const struct tllm_config *c = &cl->m->cfg;
-    int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = 8192; /* decode.cl's MV_LOCAL_X */
+    int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = CL_MV_LOCAL_X;
     longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
     if (longest < local_x) local_x = (longest + 255) / 256 * 256;
-    if (local_mem && local_mem < 48 * 1024 && (int)((local_mem - 8 * 1024) / 4 / 256 * 256) < local_x)
-        local_x = (int)((local_mem - 8 * 1024) / 4 / 256 * 256);
-    if (local_x != 8192 && !(extra && strstr(extra, "MV_LOCAL_X"))) snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
+    int room = local_mem && local_mem < 48 * 1024 ? (int)((local_mem - 8 * 1024) / 4 / 256 * 256) : local_x;
+    if (room < local_x) local_x = room;
+    if (local_x != CL_MV_LOCAL_X && !(extra && strstr(extra, "MV_LOCAL_X")))
+        snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
     /* CPU devices get 64-thread matvec groups: PoCL 3.1 (Debian 12, what CI runs) miscompiles the matvec kernels
      * at 128 and 256 (a vectorized store with a wild trip count; correct with -cl-opt-disable) */
     cl_device_type type = 0;
@@ -541,7 +543,7 @@ static int bind_matvec(struct tllm_cl *cl, struct cl_launch *L, const struct cl_
     return end(&a, "matvec");
 }
 
-/* The arguments qkv and layer share (QKV_ARGS in decode.cl). */
+/* The arguments of the qkv kernel before the position (QKV_ARGS in decode.cl). */
 static void qkv_args(struct tllm_cl *cl, struct args *a, int l, int tpr) {
     const struct tllm_model *m = cl->m;
     const struct tllm_config *c = &m->cfg;
@@ -1026,7 +1028,7 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the step's result from %s: %s (%d)", cl->name, cl_err_name(e), e);
     if (cl->persistent && res[1]) {
         /* the step's output is garbage, but everything it wrote is rewritten by a redo */
-        fprintf(stderr, "tllm: opencl: the work-groups of the per-layer kernel did not all run at once on %s; "
+        fprintf(stderr, "tllm: opencl: the work-groups of the token kernel did not all run at once on %s; "
                         "using one launch per kernel from now on\n", cl->name);
         cl->persistent = 0;
         int rc = reset_bar(cl);

@@ -84,7 +84,7 @@ inline float shfl_xor(float v, int m) {
     return r;
 }
 
-/* wg_sum (is_max 0) or wg_max (1) of n >= 32 threads: within each warp, then across the n / 32 warps */
+/* wg_reduce of n >= 32 threads: within each warp, then across the n / 32 warps */
 inline float wg_reduce_shfl(float v, __local float *red, int n, int is_max) {
     int lid = get_local_id(0);
     for (int m = 16; m > 0; m >>= 1) v = is_max ? fmax(v, shfl_xor(v, m)) : v + shfl_xor(v, m);
@@ -97,40 +97,26 @@ inline float wg_reduce_shfl(float v, __local float *red, int n, int is_max) {
 }
 #endif
 
-/* Sum (or max) of one value per thread over a work-group of n threads (a power of two >= 16);
- * every thread gets the result. */
-inline float wg_sum(float v, __local float *red, int n) {
+/* Sum (is_max 0) or max (1) of one value per thread over a work-group of n threads (a power of two
+ * >= 16); every thread gets the result. */
+inline float wg_reduce(float v, __local float *red, int n, int is_max) {
 #if defined(SHFL_PTX)
-    if (n >= 32) return wg_reduce_shfl(v, red, n, 0);
+    if (n >= 32) return wg_reduce_shfl(v, red, n, is_max);
 #endif
     int lid = get_local_id(0);
     red[lid] = v;
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int s = n / 2; s >= 16; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
+        if (lid < s) red[lid] = is_max ? fmax(red[lid], red[lid + s]) : red[lid] + red[lid + s];
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    float r = 0.0f;
-    for (int i = 0; i < 16; i++) r += red[i];
+    float r = is_max ? -INFINITY : 0.0f;
+    for (int i = 0; i < 16; i++) r = is_max ? fmax(r, red[i]) : r + red[i];
     barrier(CLK_LOCAL_MEM_FENCE);
     return r;
 }
-inline float wg_max(float v, __local float *red, int n) {
-#if defined(SHFL_PTX)
-    if (n >= 32) return wg_reduce_shfl(v, red, n, 1);
-#endif
-    int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = n / 2; s >= 16; s >>= 1) {
-        if (lid < s) red[lid] = fmax(red[lid], red[lid + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    float r = -INFINITY;
-    for (int i = 0; i < 16; i++) r = fmax(r, red[i]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
+inline float wg_sum(float v, __local float *red, int n) { return wg_reduce(v, red, n, 0); }
+inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, red, n, 1); }
 
 /* Staged inputs are padded by one float every 32 (element k at XP(k)): a thread reads the 32 inputs
  * of its uint4 of 4-bit codes, neighbours' inputs start 33 floats apart, and so fall in different
@@ -156,6 +142,8 @@ inline float wg_max(float v, __local float *red, int n) {
 /* xs is followed by the quantized input (XQ): 4 x XQ_NB uint4, see block_quant (read as uint4:
  * every xs is declared 16-byte aligned, and XS_LEN floats are a multiple of 16 bytes) */
 #define XS_ALLOC (XS_LEN + (XQ ? MV_LOCAL_X / 2 : 0))
+/* A kernel's staging arrays (the start of a __local declaration list) */
+#define STAGE_LOCALS __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16]
 
 /* c + the dot product of 4 unsigned bytes of a and 4 signed bytes of b */
 #if defined(DP4A_PTX)
@@ -523,7 +511,7 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
 __kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
                      int norm_off, float eps, __global float *y, __global const float *res, int add,
                      __global float2 *best, int track) {
-    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
     matvec_body(WPASS(0), rows, cols, tpr, x, vecs, norm_off, eps, y, res, add, best, track, xs, xsum, red, red2);
 }
@@ -553,7 +541,7 @@ inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const 
 
 __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
                        __global const float *x, __global float *x_out, int n_split) {
-    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16];
+    STAGE_LOCALS;
     __local float2 red2[MV_LWS];
     attn_out_body(WPASS(0), rows, cols, tpr, part, hd, x, x_out, n_split, xs, xsum, red2);
 }
@@ -589,7 +577,7 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
 
 __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
                       __global const float *vecs, int norm_off, float eps, __global float *h) {
-    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
     gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, xs, xsum, red, red2);
 }
@@ -676,7 +664,7 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
 }
 
 __kernel void qkv(QKV_ARGS, int pos) {
-    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS];
+    STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
     qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
 }
@@ -801,7 +789,7 @@ inline void grid_sync(volatile __global int *bar, int target) {
 
 /* A whole decode step in one launch (GPUs): embedding, every layer's five steps above, the lm_head and
  * the argmax, as phases separated by grid barriers, run by a grid small enough that all its
- * work-groups are resident at once (on CPU devices, a single work-group). Weights come from one arena
+ * work-groups are resident at once (the host never uses it on CPU devices). Weights come from one arena
  * through the descriptor table: desc[8 * m ...] for matrix m (0 embed, 1 lm_head, 2 + 7 * layer +
  * q, k, v, o, gate, up, down), then 8 ints per layer (attn_norm, bq, bk, bv, ffn_norm offsets in vecs).
  * Every activation a phase writes has its own place per layer in `act` (and `part`), so nothing is
@@ -813,7 +801,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
                     __global int *bar, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
                     int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
-    __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16], red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
+    STAGE_LOCALS, red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
     int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;

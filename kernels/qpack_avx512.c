@@ -6,6 +6,7 @@
  * Compiled for AVX-512 via target attributes and chosen at run time, so the binary runs anywhere. */
 #include <string.h>
 
+#include "ops.h" /* tllm_cpu_has_avx512 */
 #include "qpack.h"
 
 #ifndef TLLM_QPACK_TILE_TOKENS
@@ -144,12 +145,7 @@ void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *
 
 int tllm_cpu_has_avx512vnni(void) {
     static int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-              __builtin_cpu_supports("avx512vnni");
-    }
+    if (has < 0) has = tllm_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni"); /* it ran cpu_init */
     return has;
 }
 #else

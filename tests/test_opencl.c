@@ -35,6 +35,10 @@ static void test_fixture(const char *dir, int device, int packed) {
         goto out;
     }
     tllm_ctx_use_cl(&ctx, cl);
+    if (packed && !tllm_cl_int8(cl)) { /* no int8 form for this format: the float run covered it */
+        printf("  (float32 activations: as above)\n");
+        goto done;
+    }
     /* every token through the device */
     for (int p = 0; p < r.n_seq; p++)
         CHECK(tllm_ctx_forward(&ctx, &r.sequence[p], 1, logits + (size_t)p * vocab, TLLM_LOGITS_LAST) == TLLM_OK,
