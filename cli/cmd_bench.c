@@ -95,9 +95,11 @@ int cmd_bench(int argc, char **argv) {
     mo.threads = th[0];
     cli_session_open(&s, &mo, 0);
     if (s.cl) {
-        int n = tllm_cl_launches_per_token(s.cl);
-        fprintf(stderr, "decode on %s, %d kernel launch%s per token, %s activations; prefill on %d CPU threads\n",
-                cli_session_backend(&s), n, n == 1 ? "" : "es", tllm_cl_int8(s.cl) ? "int8" : "float32", th[0]);
+        int n = tllm_cl_launches_per_token(s.cl), g = tllm_cl_token_groups(s.cl);
+        char grid[48] = "";
+        if (g) snprintf(grid, sizeof grid, " (%d work-groups)", g);
+        fprintf(stderr, "decode on %s, %d kernel launch%s per token%s, %s activations; prefill on %d CPU threads\n",
+                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, tllm_cl_int8(s.cl) ? "int8" : "float32", th[0]);
     }
     if (max_len > s.ctx.n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx.n_ctx);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);

@@ -40,9 +40,12 @@ struct cl_layer {
     struct cl_launch qkv, attn, attn_out, gate_up, down_l;
 };
 
-/* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel. */
+/* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel
+ * (N_TUNABLES ints, in this order). */
+enum { N_TUNABLES = 9 };
 struct cl_tunables {
     int mv_lws, mv_iters, mv_groups_per_cu, mv_local_x, att_lws, att_max_split, max_head_dim, persist_groups_per_cu;
+    int qrow_n; /* uint4s of a row one thread keeps in flight (QROW_N) */
 };
 
 struct tllm_cl {
@@ -77,6 +80,7 @@ struct tllm_cl {
     cl_event *events;
     int *event_kind;
     double prof_ns[K_COUNT], prof_span_ns, prof_wall_s;
+    double prof_first_ns[K_COUNT], prof_last_ns[K_COUNT]; /* phases: the first and the last group's arrival */
     double floor_ns, floor_gap_ns; /* a trivial kernel's duration and the gap between two, back to back */
     long prof_count[K_COUNT];
     /* TLLM_CL_PROFILE=host: the host's time per step enqueueing and waiting, no device events */
@@ -200,6 +204,18 @@ static cl_ulong program_local_mem(struct tllm_cl *cl) {
     return worst;
 }
 
+/* The compiler's messages, if any, to stderr */
+static void print_build_log(const struct tllm_cl *cl) {
+    size_t n = 0;
+    clGetProgramBuildInfo(cl->prog, cl->dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
+    char *log = n > 1 ? malloc(n + 1) : NULL;
+    if (log && clGetProgramBuildInfo(cl->prog, cl->dev, CL_PROGRAM_BUILD_LOG, n, log, NULL) == CL_SUCCESS) {
+        log[n] = 0;
+        fprintf(stderr, "opencl build log for %s:\n%s\n", cl->name, log);
+    }
+    free(log);
+}
+
 /* int8_ok: int8 activations may be compiled in (retried without them when they do not fit) */
 static int build_program(struct tllm_cl *cl, int int8_ok) {
     /* TLLM_CL_DIR: load kernels/decode.cl from disk (while developing); TLLM_CL_OPTS: extra -D options */
@@ -255,14 +271,7 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
              nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
-        size_t n = 0;
-        clGetProgramBuildInfo(cl->prog, cl->dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
-        char *log = malloc(n + 1);
-        if (log && clGetProgramBuildInfo(cl->prog, cl->dev, CL_PROGRAM_BUILD_LOG, n, log, NULL) == CL_SUCCESS) {
-            log[n] = 0;
-            fprintf(stderr, "opencl build log for %s:\n%s\n", cl->name, log);
-        }
-        free(log);
+        print_build_log(cl);
         return tllm_fail(TLLM_ERR_IO, "opencl: kernels/decode.cl does not build on %s: %s (log above)", cl->name,
                          cl_err_name(e));
     }
@@ -271,6 +280,7 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
         cl->prog = NULL;
         return build_program(cl, 0);
     }
+    if (cl->profile || cl->phases) print_build_log(cl); /* e.g. registers, with -cl-nv-verbose */
     const char *dump = getenv("TLLM_CL_DUMP"); /* the compiled program (PTX on NVIDIA), for inspection */
     if (dump) {
         size_t n = 0;
@@ -297,7 +307,7 @@ static void measure_floor(struct tllm_cl *cl) {
     cl_kernel k;
     if (make_kernel(cl, &k, "tunables")) return;
     cl_int e;
-    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * 8, NULL, &e);
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * N_TUNABLES, NULL, &e);
     cl_event ev[N];
     size_t one = 1;
     int n = 0;
@@ -327,8 +337,8 @@ static int read_tunables(struct tllm_cl *cl) {
     int rc = make_kernel(cl, &k, "tunables");
     if (rc) return rc;
     cl_int e;
-    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * 8, NULL, &e);
-    cl_int v[8] = {0};
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * N_TUNABLES, NULL, &e);
+    cl_int v[N_TUNABLES] = {0};
     size_t one = 1;
     if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
     if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, NULL);
@@ -336,9 +346,9 @@ static int read_tunables(struct tllm_cl *cl) {
     if (buf) clReleaseMemObject(buf);
     clReleaseKernel(k);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", cl_err_name(e));
-    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]};
+    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
     int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
-    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1)
+    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1 || v[8] < v[1])
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS and ATT_LWS must be powers of two >= 16, the rest positive");
     return TLLM_OK;
 }
@@ -491,19 +501,36 @@ static void arg_weights(struct args *a, const struct cl_weights *w) {
     ARG_INT(a, w->dt);
 }
 
-/* Threads per row of a matvec over w: a power of two so that each reads about MV_ITERS uint4. */
-static int pick_tpr(const struct tllm_cl *cl, const struct cl_weights *w) {
+/* Sweeps that `groups` work-groups of MV_LWS threads take over `rows` row slots of tpr threads */
+static size_t sweeps(const struct tllm_cl *cl, int rows, int tpr, size_t groups) {
+    size_t rpg = (size_t)(cl->t.mv_lws / tpr), slots = ((size_t)rows + rpg - 1) / rpg;
+    return (slots + groups - 1) / groups;
+}
+
+/* Threads per row of a matvec over w (a power of two): enough that each reads about MV_ITERS uint4,
+ * or fewer (down to QROW_N uint4 each) where that lets `groups` work-groups cover the `rows` row
+ * slots in fewer sweeps: a phase takes as long as its slowest group, so one sweep too many is a
+ * second round of memory latency (gate_up's 4864 rows of 16 threads are 304 slots for 264 groups). */
+static int pick_tpr(const struct tllm_cl *cl, const struct cl_weights *w, int rows, size_t groups) {
     int units = w->bits ? w->cols * w->bits / 128 : (w->cols + 3) / 4;
     int want = (units + cl->t.mv_iters - 1) / cl->t.mv_iters, tpr = 1;
     while (tpr < want && tpr < cl->t.mv_lws) tpr <<= 1;
+    while (w->bits && tpr > 1 && (units + tpr / 2 - 1) / (tpr / 2) <= cl->t.qrow_n &&
+           sweeps(cl, rows, tpr / 2, groups) < sweeps(cl, rows, tpr, groups))
+        tpr >>= 1;
     return tpr;
 }
+
+/* The row slots of qkv: each computes a RoPE pair of rows of one head of [q | k | v] */
+static int qkv_slots(const struct tllm_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2); }
+
+/* The groups of a per-kernel matvec launch at most (shape_rows) */
+static size_t max_groups(const struct tllm_cl *cl) { return (size_t)cl->n_cu * (size_t)cl->t.mv_groups_per_cu; }
 
 /* A 1-D matvec launch over `rows` row slots of tpr threads, capped at MV_GROUPS_PER_CU per compute
  * unit (the kernels loop over the rest). */
 static void shape_rows(const struct tllm_cl *cl, struct cl_launch *L, int rows, int tpr, int kind) {
-    size_t rpg = (size_t)(cl->t.mv_lws / tpr), groups = ((size_t)rows + rpg - 1) / rpg;
-    size_t cap = (size_t)cl->n_cu * (size_t)cl->t.mv_groups_per_cu;
+    size_t rpg = (size_t)(cl->t.mv_lws / tpr), groups = ((size_t)rows + rpg - 1) / rpg, cap = max_groups(cl);
     if (groups > cap) groups = cap;
     L->dims = 1, L->kind = kind;
     L->local[0] = (size_t)cl->t.mv_lws;
@@ -524,7 +551,7 @@ static int end(struct args *a, const char *name) {
 static int bind_matvec(struct tllm_cl *cl, struct cl_launch *L, const struct cl_weights *w, cl_mem x, int norm_off,
                        cl_mem y, cl_mem res, int add, int track, int kind) {
     struct args a;
-    int rc = begin(cl, L, "matvec", &a), tpr = pick_tpr(cl, w);
+    int rc = begin(cl, L, "matvec", &a), tpr = pick_tpr(cl, w, w->rows, max_groups(cl));
     if (rc) return rc;
     arg_weights(&a, w);
     ARG_INT(&a, w->rows);
@@ -615,11 +642,11 @@ static int bind_all(struct tllm_cl *cl) {
         struct cl_layer *D = &cl->layers[l];
         int ffn_norm = (int)(Lm->ffn_norm - m->vectors);
         if ((rc = begin(cl, &D->qkv, "qkv", &a))) return rc;
-        tpr_qkv = pick_tpr(cl, &D->wq);
+        tpr_qkv = pick_tpr(cl, &D->wq, qkv_slots(c), max_groups(cl));
         qkv_args(cl, &a, l, tpr_qkv);
         D->qkv.dyn = a.i;
         ARG_INT(&a, 0); /* pos */
-        shape_rows(cl, &D->qkv, (c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), tpr_qkv, K_QKV);
+        shape_rows(cl, &D->qkv, qkv_slots(c), tpr_qkv, K_QKV);
         if ((rc = end(&a, "qkv"))) return rc;
 
         if ((rc = begin(cl, &D->attn, "attention", &a))) return rc;
@@ -641,7 +668,7 @@ static int bind_all(struct tllm_cl *cl) {
         if ((rc = end(&a, "attention"))) return rc;
 
         if ((rc = begin(cl, &D->attn_out, "attn_out", &a))) return rc;
-        int tpr = pick_tpr(cl, &D->wo);
+        int tpr = pick_tpr(cl, &D->wo, D->wo.rows, max_groups(cl));
         arg_weights(&a, &D->wo);
         ARG_INT(&a, D->wo.rows);
         ARG_INT(&a, D->wo.cols);
@@ -656,7 +683,7 @@ static int bind_all(struct tllm_cl *cl) {
         if ((rc = end(&a, "attn_out"))) return rc;
 
         if ((rc = begin(cl, &D->gate_up, "gate_up", &a))) return rc;
-        tpr = pick_tpr(cl, &D->gate);
+        tpr = pick_tpr(cl, &D->gate, c->ffn_dim, max_groups(cl));
         arg_weights(&a, &D->gate);
         arg_weights(&a, &D->up);
         ARG_INT(&a, c->ffn_dim);
@@ -738,6 +765,12 @@ static void pick_persistent(struct tllm_cl *cl) {
     cl->persistent = 1;
 }
 
+/* Entries of the `times` buffer of TLLM_CL_PROFILE=phases (see PHASE_MARK in decode.cl): when group 0
+ * passes each grid barrier, and when each group arrives at it. */
+static size_t phase_times_len(const struct tllm_cl *cl) {
+    return (4 + 5 * (size_t)cl->m->cfg.n_layers) * (1 + (size_t)cl->persist_groups);
+}
+
 /* The token kernel's descriptor table (see decode.cl) and its per-layer activations. */
 static int token_buffers(struct tllm_cl *cl) {
     const struct tllm_model *m = cl->m;
@@ -752,7 +785,8 @@ static int token_buffers(struct tllm_cl *cl) {
         mat(cl, i, &w, &cw);
         cl_int *e = d + 8 * i;
         for (int j = 0; j < 3; j++) e[j] = (cl_int)(cw->off[j] / 16);
-        e[3] = cw->bits, e[4] = cw->gs, e[5] = cw->dt, e[6] = pick_tpr(cl, cw);
+        int slots = i >= 2 && (i - 2) % 7 < 3 ? qkv_slots(c) : cw->rows; /* q, k, v: qkv's row pairs */
+        e[3] = cw->bits, e[4] = cw->gs, e[5] = cw->dt, e[6] = pick_tpr(cl, cw, slots, (size_t)cl->persist_groups);
     }
     for (int l = 0; l < c->n_layers; l++) {
         const struct tllm_layer *L = &m->layers[l];
@@ -764,7 +798,7 @@ static int token_buffers(struct tllm_cl *cl) {
     free(d);
     size_t per_layer = 2 * (size_t)c->dim + (size_t)c->n_heads * c->head_dim + (size_t)c->ffn_dim;
     if (!rc) rc = device_buffer(cl, &cl->act, ((size_t)c->n_layers + 1) * per_layer * 4, "activations");
-    if (!rc) rc = device_buffer(cl, &cl->times, (4 + 5 * (size_t)c->n_layers) * sizeof(cl_ulong), "phase times");
+    if (!rc) rc = device_buffer(cl, &cl->times, phase_times_len(cl) * sizeof(cl_ulong), "phase times");
     return rc;
 }
 
@@ -859,11 +893,20 @@ static void print_profile(const struct tllm_cl *cl) {
     double steps = cl->prof_steps, busy = 0;
     for (int k = 0; k < K_COUNT; k++) busy += cl->prof_ns[k];
     fprintf(stderr, "opencl profile, %s, %d steps (per token):\n", cl->name, cl->prof_steps);
-    fprintf(stderr, "  %-10s %9s %10s %7s\n", "kernel", "launches", "us", "share");
-    for (int k = 0; k < K_COUNT; k++)
-        if (cl->prof_count[k])
-            fprintf(stderr, "  %-10s %9.1f %10.1f %6.1f%%\n", kind_names[k], cl->prof_count[k] / steps,
-                    cl->prof_ns[k] / steps / 1e3, 100 * cl->prof_ns[k] / busy);
+    if (cl->persistent)
+        fprintf(stderr, "  one `token` launch of %d work-groups x %d threads\n", cl->persist_groups, cl->t.mv_lws);
+    if (cl->phases)
+        fprintf(stderr, "  (phases: the work of the first and the last work-group to arrive at the grid barrier "
+                        "that ends it; the rest is the barrier)\n");
+    fprintf(stderr, "  %-10s %9s %10s %7s%s\n", "kernel", "launches", "us", "share", cl->phases ? "   first    last" : "");
+    for (int k = 0; k < K_COUNT; k++) {
+        if (!cl->prof_count[k]) continue;
+        fprintf(stderr, "  %-10s %9.1f %10.1f %6.1f%%", kind_names[k], cl->prof_count[k] / steps,
+                cl->prof_ns[k] / steps / 1e3, 100 * cl->prof_ns[k] / busy);
+        if (cl->phases && k != K_ARGMAX)
+            fprintf(stderr, " %7.1f %7.1f", cl->prof_first_ns[k] / steps / 1e3, cl->prof_last_ns[k] / steps / 1e3);
+        fprintf(stderr, "\n");
+    }
     fprintf(stderr, "  kernels busy %.1f us, first start to last end %.1f us (gaps %.1f us), host wall %.1f us\n",
             busy / steps / 1e3, cl->prof_span_ns / steps / 1e3, (cl->prof_span_ns - busy) / steps / 1e3,
             cl->prof_wall_s / steps * 1e6);
@@ -874,20 +917,30 @@ static void print_profile(const struct tllm_cl *cl) {
 /* TLLM_CL_PROFILE=phases: the step's barrier times into the per-kernel sums (each phase counted with
  * the grid barrier that ends it). */
 static void collect_phases(struct tllm_cl *cl, double wall) {
-    int L = cl->m->cfg.n_layers, n = 4 + 5 * L;
-    cl_ulong t[4 + 5 * 256];
-    if (n > (int)(sizeof t / sizeof t[0]) ||
-        clEnqueueReadBuffer(cl->q, cl->times, CL_TRUE, 0, (size_t)n * sizeof t[0], t, 0, NULL, NULL) != CL_SUCCESS)
+    int L = cl->m->cfg.n_layers, n = 4 + 5 * L, G = cl->persist_groups;
+    cl_ulong *t = malloc(phase_times_len(cl) * sizeof *t);
+    if (!t || clEnqueueReadBuffer(cl->q, cl->times, CL_TRUE, 0, phase_times_len(cl) * sizeof *t, t, 0, NULL, NULL) !=
+                  CL_SUCCESS) {
+        free(t);
         return;
+    }
     static const int layer_kind[5] = {K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN};
     for (int i = 0; i + 1 < n; i++) {
         int k = i == 0 ? K_EMBED : i <= 5 * L ? layer_kind[(i - 1) % 5] : i == 5 * L + 1 ? K_LM_HEAD : K_ARGMAX;
         cl->prof_ns[k] += (double)(t[i + 1] - t[i]);
         cl->prof_count[k]++;
+        if (i + 1 >= n - 1) continue; /* the argmax phase ends with no grid barrier */
+        const cl_ulong *arr = t + n + (size_t)(i + 1) * G; /* each group's arrival at the barrier ending phase i */
+        cl_ulong first = arr[0], last = arr[0];
+        for (int g = 1; g < G; g++) first = arr[g] < first ? arr[g] : first, last = arr[g] > last ? arr[g] : last;
+        /* groups with no work in a phase can arrive before group 0 has passed the previous barrier */
+        cl->prof_first_ns[k] += first > t[i] ? (double)(first - t[i]) : 0.0;
+        cl->prof_last_ns[k] += last > t[i] ? (double)(last - t[i]) : 0.0;
     }
     cl->prof_span_ns += (double)(t[n - 1] - t[0]);
     cl->prof_wall_s += wall;
     cl->prof_steps++;
+    free(t);
 }
 
 void tllm_cl_free(struct tllm_cl *cl) {
@@ -925,6 +978,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
 const char *tllm_cl_device_name(const struct tllm_cl *cl) { return cl->name; }
 
 int tllm_cl_int8(const struct tllm_cl *cl) { return cl->int8; }
+int tllm_cl_token_groups(const struct tllm_cl *cl) { return cl->persistent ? cl->persist_groups : 0; }
 
 int tllm_cl_launches_per_token(const struct tllm_cl *cl) {
     return cl->persistent ? 1 : 1 + 5 * cl->m->cfg.n_layers + 2;

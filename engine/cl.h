@@ -35,6 +35,8 @@ int tllm_cl_kv_download(struct tllm_cl *cl, float *key_cache, float *value_cache
 
 /* 1 if the device's matvecs take int8 activations (a packed 4-bit model; not --exact). */
 int tllm_cl_int8(const struct tllm_cl *cl);
+/* Work-groups of the one-launch `token` kernel (0 when a step is one launch per kernel) */
+int tllm_cl_token_groups(const struct tllm_cl *cl);
 
 /* Kernel launches of one decode step (for reports). */
 int tllm_cl_launches_per_token(const struct tllm_cl *cl);

@@ -12,11 +12,13 @@
  * runs all of them as phases of one launch separated by grid barriers (the default there: NVIDIA's
  * OpenCL spends 5-11 us of host time per launch, more than most of these kernels take to run).
  *
- * Matvecs: `tpr` threads share a row (the host picks it from the row length), each reading the row's
- * codes 16 bytes (one uint4) at a time so a row's reads are coalesced; the input vector is staged
- * (normalized) in local memory with its sums over blocks of 16, so an affine group costs
- * s * sum(q x) + b * sum(x) with sum(x) looked up. Work-groups loop over rows (grid stride) so the
- * host can cap their number and the staging is amortized on the 151936-row lm_head.
+ * Matvecs: `tpr` threads share a row (the host picks it from the row length and the grid), each
+ * reading the row's codes 16 bytes (one uint4) at a time so a row's reads are coalesced; the input
+ * vector is staged (normalized) in local memory with its sums over blocks of 16, so an affine group
+ * costs s * sum(q x) + b * sum(x) with sum(x) looked up (or, for 4-bit models, as int8 blocks: XQ).
+ * Work-groups loop over rows (grid stride) so the host can cap their number and the staging is
+ * amortized on the 151936-row lm_head. A phase's first weight reads are issued before its input is
+ * staged (in `token`, while the group waits at the grid barrier before it).
  * Tunables are defaults here and can be overridden with -D (TLLM_CL_OPTS); the host reads them back
  * with the `tunables` kernel. */
 
@@ -24,7 +26,11 @@
 #define MV_LWS 256 /* work-group size of the matvec kernels (a power of two) */
 #endif
 #ifndef MV_ITERS
-#define MV_ITERS 2 /* the host picks threads per row so each thread reads at most this many uint4 of a row */
+#define MV_ITERS 2 /* the host picks threads per row so each thread reads about this many uint4 of a row */
+#endif
+#ifndef MV_MAX_ITERS
+#define MV_MAX_ITERS 4 /* uint4s of a row one thread can have in flight; the host lowers threads per row (down to
+                        * this many uint4 each) where that saves a sweep of the rows */
 #endif
 #ifndef MV_PIPE
 #define MV_PIPE 1 /* 1: a row loop issues the next sweep's weight reads before this sweep's arithmetic */
@@ -49,9 +55,13 @@
 #define PERSIST_GROUPS_PER_CU 2 /* work-groups per compute unit of the persistent `token` kernel */
 #endif
 
+/* the uint4 reads of a row a thread keeps (struct qrow) */
+#define QROW_N (MV_MAX_ITERS > MV_ITERS ? MV_MAX_ITERS : MV_ITERS)
+
 __kernel void tunables(__global int *out) {
     out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
     out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
+    out[8] = QROW_N;
 }
 
 /* -DQ_BITS -DQ_GS -DQ_DT (the host adds them when every matrix of the model has one format): the
@@ -139,9 +149,15 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #define XQ 0
 #endif
 #define XQ_NB (MV_LOCAL_X / 32) /* blocks of 32 */
-/* xs is followed by the quantized input (XQ): 4 x XQ_NB uint4, see block_quant (read as uint4:
- * every xs is declared 16-byte aligned, and XS_LEN floats are a multiple of 16 bytes) */
-#define XS_ALLOC (XS_LEN + (XQ ? MV_LOCAL_X / 2 : 0))
+#ifndef STAGE_FUSED
+#define STAGE_FUSED 1 /* XQ: a thread loads 8 inputs, normalizes and quantizes them (4 threads a block) */
+#endif
+#define XQ_FUSED (XQ && STAGE_FUSED)
+/* Floats of the staged input: none when the int8 form is all the dot products read (XQ_FUSED) */
+#define XS_FLOATS (XQ_FUSED ? 0 : XS_LEN)
+/* xs's floats are followed by the quantized input (XQ): 4 x XQ_NB uint4, see quant_word (read as
+ * uint4: every xs is declared 16-byte aligned, and XS_LEN floats are a multiple of 16 bytes) */
+#define XS_ALLOC (XS_FLOATS + (XQ ? MV_LOCAL_X / 2 : 0))
 /* A kernel's staging arrays (the start of a __local declaration list) */
 #define STAGE_LOCALS __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16]
 
@@ -170,35 +186,89 @@ inline void block_sums(__local const float *xs, int n, __local float *xsum) {
     barrier(CLK_LOCAL_MEM_FENCE);
 }
 
-/* XQ: block k (inputs 32k .. 32k + 31) of the staged xs as two int8 levels, laid out for vec_dot: a
- * word of 8 codes splits into its even and odd nibbles (w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F), so
- * each 8 inputs are stored as their even 4 then their odd 4 bytes. xq[p * XQ_NB + k] holds words
- * 2p, 2p + 1 (p = 0, 1) of level one and (p = 2, 3) of level two; xsum[k] = d and xsum[XQ_NB + k] =
- * the sum of the block's quantized inputs (the bias term). */
+/* XQ: the staged input in blocks of 32 as two int8 levels, laid out for vec_dot: a word of 8 codes
+ * splits into its even and odd nibbles (w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F), so each 8 inputs
+ * are stored as their even 4 then their odd 4 bytes. For block k, xq[p * XQ_NB + k] holds words 2p,
+ * 2p + 1 (p = 0, 1) of level one and (p = 2, 3) of level two; xsum[k] = d and xsum[XQ_NB + k] = the
+ * sum of the block's quantized inputs (the bias term). */
+
+/* Inputs 8c .. 8c + 7 (word c % 4 of block c / 4), scaled by 1 / d, as the four words that hold
+ * them; s gets their sum in units of d. */
+inline uint4 quant8(float8 y, float d, float id, float *s) {
+    float x[8] = {y.s0, y.s1, y.s2, y.s3, y.s4, y.s5, y.s6, y.s7};
+    uint a1 = 0, b1 = 0, a2 = 0, b2 = 0;
+    int sum1 = 0, sum2 = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        float f1 = rint(x[e] * id);
+        int q1 = (int)f1, q2 = clamp((int)rint((x[e] - f1 * d) * id * 128.0f), -127, 127);
+        sum1 += q1, sum2 += q2;
+        uint sh = 8 * (e / 2);
+        if (e % 2 == 0) a1 |= (uint)(q1 & 255) << sh, a2 |= (uint)(q2 & 255) << sh;
+        else b1 |= (uint)(q1 & 255) << sh, b2 |= (uint)(q2 & 255) << sh;
+    }
+    *s = (float)sum1 + (float)sum2 / 128.0f; /* exact: at most 2^20 in units of 1/128 */
+    return (uint4)(a1, b1, a2, b2);
+}
+
+/* Stores word c's four words where vec_dot reads them (c < n / 8). */
+inline void store_quant(__local float *xs, int c, uint4 w) {
+    __local uint *xq = (__local uint *)(xs + XS_FLOATS);
+    int k = c / 4, wi = c % 4, at = 4 * ((wi / 2) * XQ_NB + k) + 2 * (wi % 2);
+    xq[at] = w.x, xq[at + 1] = w.y;
+    xq[at + 8 * XQ_NB] = w.z, xq[at + 8 * XQ_NB + 1] = w.w;
+}
+
+/* The max (is_max) or sum of v over the 4 threads 4m .. 4m + 3 of the work-group, which quantize one
+ * block together; every thread of the group calls it (shuffles and barriers), red has MV_LWS floats. */
+inline float quad_reduce(float v, __local float *red, int is_max) {
+#if defined(SHFL_PTX)
+    (void)red;
+    for (int m = 1; m < 4; m <<= 1) {
+        float o = shfl_xor(v, m);
+        v = is_max ? fmax(v, o) : v + o;
+    }
+    return v;
+#else
+    int lid = get_local_id(0);
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __local const float *r = red + (lid & ~3);
+    v = is_max ? fmax(fmax(r[0], r[1]), fmax(r[2], r[3])) : (r[0] + r[1]) + (r[2] + r[3]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return v;
+#endif
+}
+
+/* Thread lid quantizes word c = lid + it * MV_LWS (live: c < n / 8) of the input, y = its 8 values;
+ * called by every thread of the group with the same it. */
+inline void quant_word(float8 y, int c, int live, __local float *xs, __local float *xsum, __local float *red) {
+    float4 a = fmax(fabs(y.lo), fabs(y.hi));
+    float mx = quad_reduce(fmax(fmax(a.x, a.y), fmax(a.z, a.w)), red, 1);
+    float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, s;
+    uint4 w = quant8(y, d, id, &s);
+    s = quad_reduce(s, red, 0);
+    if (live) {
+        store_quant(xs, c, w);
+        if (c % 4 == 0) xsum[c / 4] = d, xsum[XQ_NB + c / 4] = d * s;
+    }
+}
+
+/* The serial form (STAGE_FUSED 0): one thread per block quantizes the staged floats */
 inline void block_quant(__local float *xs, int n, __local float *xsum) {
-    __local uint *xq = (__local uint *)(xs + XS_LEN);
     for (int k = get_local_id(0); k < n / 32; k += MV_LWS) {
         __local const float *p = xs + XP(32 * k); /* 32 inputs with no pad inside */
         float mx = 0.0f;
         for (int i = 0; i < 32; i++) mx = fmax(mx, fabs(p[i]));
-        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f;
-        int sum1 = 0, sum2 = 0;
+        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, sum = 0.0f, s;
         for (int wi = 0; wi < 4; wi++) {
-            uint a1 = 0, b1 = 0, a2 = 0, b2 = 0;
-            for (int e = 0; e < 8; e++) {
-                float x = p[8 * wi + e], f1 = rint(x * id);
-                int q1 = (int)f1, q2 = clamp((int)rint((x - f1 * d) * id * 128.0f), -127, 127);
-                sum1 += q1, sum2 += q2;
-                uint sh = 8 * (e / 2);
-                if (e % 2 == 0) a1 |= (uint)(q1 & 255) << sh, a2 |= (uint)(q2 & 255) << sh;
-                else b1 |= (uint)(q1 & 255) << sh, b2 |= (uint)(q2 & 255) << sh;
-            }
-            int part = wi / 2, at = 4 * (part * XQ_NB + k) + 2 * (wi % 2); /* uint index of word wi */
-            xq[at] = a1, xq[at + 1] = b1;
-            xq[at + 8 * XQ_NB] = a2, xq[at + 8 * XQ_NB + 1] = b2;
+            float8 y = (float8)(p[8 * wi], p[8 * wi + 1], p[8 * wi + 2], p[8 * wi + 3], p[8 * wi + 4], p[8 * wi + 5],
+                                p[8 * wi + 6], p[8 * wi + 7]);
+            store_quant(xs, 4 * k + wi, quant8(y, d, id, &s));
+            sum += s;
         }
         xsum[k] = d;
-        xsum[XQ_NB + k] = d * ((float)sum1 + (float)sum2 / 128.0f);
+        xsum[XQ_NB + k] = d * sum;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
 }
@@ -212,12 +282,38 @@ inline void stage_done(__local float *xs, int n, __local float *xsum) {
 #endif
 }
 
+/* Words of 8 inputs one thread stages at most (XQ_FUSED) */
+#define SQ_IT ((MV_LOCAL_X / 8 + MV_LWS - 1) / MV_LWS)
+
 /* The matvec input in local memory: xs = x * inv_rms(x) * normw (or x), and xsum[k] = sum of xs
- * over [16k, 16k + 16). n <= MV_LOCAL_X and n % 16 == 0 (the host checks). (Holding a thread's
- * inputs in registers to issue all loads at once measured slower on the H200: 611 against 747 tok/s.) */
+ * over [16k, 16k + 16) (or its int8 form). n <= MV_LOCAL_X and n % 16 == 0 (% 32 with XQ: the host
+ * checks). */
 inline void stage(__global const float *x, int n, __global const float *normw, float eps, __local float *xs,
                   __local float *xsum, __local float *red) {
     int lid = get_local_id(0);
+#if XQ_FUSED
+    /* every load of the thread issued at once: one memory latency for the whole prologue */
+    float8 v[SQ_IT], w[SQ_IT];
+    int nw = n / 8;
+#pragma unroll
+    for (int i = 0; i < SQ_IT; i++) {
+        int c = lid + i * MV_LWS;
+        v[i] = c < nw ? vload8(c, x) : (float8)(0.0f);
+        w[i] = normw && c < nw ? vload8(c, normw) : (float8)(1.0f);
+    }
+    float inv = 1.0f;
+    if (normw) {
+        float8 ss = (float8)(0.0f);
+#pragma unroll
+        for (int i = 0; i < SQ_IT; i++) ss += v[i] * v[i];
+        float4 s4 = ss.lo + ss.hi;
+        inv = rsqrt(wg_sum((s4.x + s4.y) + (s4.z + s4.w), red, MV_LWS) / (float)n + eps);
+    }
+#pragma unroll
+    for (int i = 0; i < SQ_IT; i++)
+        if (i * MV_LWS < nw) quant_word(v[i] * inv * w[i], lid + i * MV_LWS, lid + i * MV_LWS < nw, xs, xsum, red);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#else
     float inv = 1.0f;
     if (normw) {
         float ss = 0.0f;
@@ -229,6 +325,7 @@ inline void stage(__global const float *x, int n, __global const float *normw, f
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     stage_done(xs, n, xsum);
+#endif
 }
 
 /* sum_e code_e * x[e] over one 32-bit word of codes (scalar local reads: see XP). (Converting codes
@@ -268,11 +365,11 @@ inline struct qvec load_vec(__global const uchar *W, __global const uchar *S, __
     return q;
 }
 
-/* This thread's share of row r: uint4s lane, lane + tpr, ... (up to MV_ITERS of them; the host picks
+/* This thread's share of row r: uint4s lane, lane + tpr, ... (up to QROW_N of them; the host picks
  * tpr so that is all of them but on very long rows), every read issued at once so a row costs one
  * memory latency, not one per uint4. Zeros past the matrix (rows) or the row. */
 struct qrow {
-    struct qvec v[MV_ITERS];
+    struct qvec v[QROW_N];
 };
 
 inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
@@ -281,7 +378,7 @@ inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __
     struct qrow q;
     int vpr = cols * bits / 128;
 #pragma unroll
-    for (int i = 0; i < MV_ITERS; i++) {
+    for (int i = 0; i < QROW_N; i++) {
         int v = lane + i * tpr;
         q.v[i].w = (uint4)(0), q.v[i].s = q.v[i].b = 0.0f;
         if (bits && r < rows && v < vpr) q.v[i] = load_vec(W, S, B, bits, gs, dt, r, cols, v);
@@ -299,7 +396,7 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     __local const float *sx = xsum + c / 16;
 #if XQ
     if (bits == 4) { /* v is the input block: 32 codes a uint4 */
-        __local const uint4 *xq = (__local const uint4 *)(xs + XS_LEN);
+        __local const uint4 *xq = (__local const uint4 *)(xs + XS_FLOATS);
         uint4 a = xq[v], b = xq[XQ_NB + v], a2 = xq[2 * XQ_NB + v], b2 = xq[3 * XQ_NB + v];
         int s1 = 0, s2 = 0;
 #define DOTW(wd, A1, B1, A2, B2)                                          \
@@ -335,7 +432,7 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     return q.s * q0 + q.b * (sx[0] + sx[1]) + s1 * q1 + b1 * (sx[2] + sx[3]);
 }
 
-/* This thread's share of row r . xs, from the reads load_row issued (and any beyond MV_ITERS). */
+/* This thread's share of row r . xs, from the reads load_row issued (and any beyond QROW_N). */
 inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
                      int dt, int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs,
                      __local const float *xsum) {
@@ -348,11 +445,11 @@ inline float row_dot(__global const uchar *W, __global const uchar *S, __global 
     const int vpr = cols * bits / 128;
     size_t g0 = (size_t)r * (cols / gs);
 #pragma unroll
-    for (int i = 0; i < MV_ITERS; i++) {
+    for (int i = 0; i < QROW_N; i++) {
         int v = lane + i * tpr;
         if (v < vpr) acc += vec_dot(q.v[i], v, S, B, bits, gs, dt, g0, xs, xsum);
     }
-    for (int v = lane + MV_ITERS * tpr; v < vpr; v += tpr)
+    for (int v = lane + QROW_N * tpr; v < vpr; v += tpr)
         acc += vec_dot(load_vec(W, S, B, bits, gs, dt, r, cols, v), v, S, B, bits, gs, dt, g0, xs, xsum);
     return acc;
 }
@@ -470,7 +567,7 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
     int bi = 0x7fffffff;
     for (int r0 = get_group_id(0) * rpg; r0 < rows; r0 += rpg * get_num_groups(0)) {
         int r = r0 + lid / tpr;
-        float part = 0.0f;
+        float part = 0.0f, rv = add && lane == 0 && r < rows ? res[r] : 0.0f; /* read before the dot products */
 #if MV_PIPE
         /* the next sweep's reads are in flight while this one's arithmetic runs */
         struct qrow next = load_row(WPASS(0), r + rpg * get_num_groups(0), staged ? rows : 0, cols, lane, tpr);
@@ -486,7 +583,7 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
 #endif
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
-            y[r] = add ? res[r] + s : s;
+            y[r] = add ? rv + s : s;
             if (s > bv) bv = s, bi = r;
         }
     }
@@ -495,15 +592,20 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
     if (lid == 0) best[get_group_id(0)] = b;
 }
 
+/* The first reads of a matvec-like phase: this thread's share of its first row (nothing past `rows`) */
+inline struct qrow first_row(WARGS(0), int rows, int cols, int tpr) {
+    int lid = get_local_id(0);
+    return load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr, tpr);
+}
+
 /* y = W . norm(x) (norm_off >= 0) or W . x, plus res when add (the residual); track: leave each
- * group's largest y in best[] (the lm_head, for argmax). */
+ * group's largest y in best[] (the lm_head, for argmax). first: first_row's reads (of nothing when
+ * cols > MV_LOCAL_X). */
 inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
                         int norm_off, float eps, __global float *y, __global const float *res, int add,
-                        __global float2 *best, int track, __local float *xs, __local float *xsum, __local float *red,
-                        __local float2 *red2) {
-    int lid = get_local_id(0);
+                        __global float2 *best, int track, struct qrow first, __local float *xs, __local float *xsum,
+                        __local float *red, __local float2 *red2) {
     int staged = cols <= MV_LOCAL_X;
-    struct qrow first = load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, staged ? rows : 0, cols, lid % tpr, tpr);
     if (staged) stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
     rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, res, add, first, red2, track ? best : 0);
 }
@@ -513,46 +615,67 @@ __kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float
                      __global float2 *best, int track) {
     STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
-    matvec_body(WPASS(0), rows, cols, tpr, x, vecs, norm_off, eps, y, res, add, best, track, xs, xsum, red, red2);
+    struct qrow first = first_row(WPASS(0), cols <= MV_LOCAL_X ? rows : 0, cols, tpr);
+    matvec_body(WPASS(0), rows, cols, tpr, x, vecs, norm_off, eps, y, res, add, best, track, first, xs, xsum, red, red2);
 }
 
-/* x_out = x + Wo . attention output, where the output is first combined from the split-K partials
- * that `attention` left: per head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). */
+/* Element j of the attention output, combined from the split-K partials that `attention` left: per
+ * head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). */
+inline float attn_combine(__global const float *part, int hd, int n_split, int j) {
+    __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
+    float m = p[0], den = p[1], num = p[2 + j % hd]; /* one pass: the three loads of a span together */
+    for (int s = 1; s < n_split; s++) {
+        float ms = p[s * (hd + 2)], ls = p[s * (hd + 2) + 1], as = p[s * (hd + 2) + 2 + j % hd];
+        float m2 = fmax(m, ms), a = exp(m - m2), b = exp(ms - m2);
+        den = den * a + ls * b, num = num * a + as * b, m = m2;
+    }
+    return num / den;
+}
+
+/* x_out = x + Wo . attention output (first: first_row's reads) */
 inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
-                          __global const float *x, __global float *x_out, int n_split, __local float *xs,
-                          __local float *xsum, __local float2 *red2) {
+                          __global const float *x, __global float *x_out, int n_split, struct qrow first,
+                          __local float *xs, __local float *xsum, __local float *red, __local float2 *red2) {
     int lid = get_local_id(0);
-    struct qrow first = load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr, tpr);
-#pragma unroll 4
-    for (int j = lid; j < cols; j += MV_LWS) {
-        __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
-        float m = p[0], den = p[1], num = p[2 + j % hd]; /* one pass: the three loads of a span together */
-        for (int s = 1; s < n_split; s++) {
-            float ms = p[s * (hd + 2)], ls = p[s * (hd + 2) + 1], as = p[s * (hd + 2) + 2 + j % hd];
-            float m2 = fmax(m, ms), a = exp(m - m2), b = exp(ms - m2);
-            den = den * a + ls * b, num = num * a + as * b, m = m2;
+#if XQ_FUSED
+    int nw = cols / 8;
+#pragma unroll
+    for (int i = 0; i < SQ_IT; i++) {
+        int c = lid + i * MV_LWS;
+        if (i * MV_LWS >= nw) break; /* the same for the whole group */
+        float y[8] = {0.0f};
+        if (c < nw) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) y[e] = attn_combine(part, hd, n_split, 8 * c + e);
         }
-        xs[XP(j)] = num / den;
+        quant_word(vload8(0, y), c, c < nw, xs, xsum, red);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+#else
+    (void)red;
+#pragma unroll 4
+    for (int j = lid; j < cols; j += MV_LWS) xs[XP(j)] = attn_combine(part, hd, n_split, j);
+    barrier(CLK_LOCAL_MEM_FENCE);
     stage_done(xs, cols, xsum);
+#endif
     rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, 1, x_out, x, 1, first, red2, 0);
 }
 
 __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,
                        __global const float *x, __global float *x_out, int n_split) {
-    STAGE_LOCALS;
+    STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
-    attn_out_body(WPASS(0), rows, cols, tpr, part, hd, x, x_out, n_split, xs, xsum, red2);
+    attn_out_body(WPASS(0), rows, cols, tpr, part, hd, x, x_out, n_split, first_row(WPASS(0), rows, cols, tpr), xs,
+                  xsum, red, red2);
 }
 
-/* h = silu(Wg . norm(x)) * (Wu . norm(x)) */
+/* h = silu(Wg . norm(x)) * (Wu . norm(x)); fg, fu: first_row's reads of both (with the same tpr) */
 inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
-                         __global const float *vecs, int norm_off, float eps, __global float *h, __local float *xs,
-                         __local float *xsum, __local float *red, __local float2 *red2) {
+                         __global const float *vecs, int norm_off, float eps, __global float *h, struct qrow fg,
+                         struct qrow fu, __local float *xs, __local float *xsum, __local float *red,
+                         __local float2 *red2) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int r = get_group_id(0) * rpg + lid / tpr;
-    struct qrow fg = load_row(WPASS(0), r, rows, cols, lane, tpr), fu = load_row(WPASS(1), r, rows, cols, lane, tpr);
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; r - lid / tpr < rows; r += stride) {
         float2 gu = (float2)(0.0f);
@@ -579,28 +702,36 @@ __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global 
                       __global const float *vecs, int norm_off, float eps, __global float *h) {
     STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
-    gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, xs, xsum, red, red2);
+    gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, first_row(WPASS(0), rows, cols, tpr),
+                 first_row(WPASS(1), rows, cols, tpr), xs, xsum, red, red2);
 }
 
-/* Adds the bias to the pair (rows i, i + head_dim/2 of `head` in [q | k | v]), rotates q and k by
- * RoPE, and stores q, or k and v into the layer's cache. */
-inline void rope_store(float2 ab, int which, int r, int i, int pos, int n_kv, int hd, int n_ctx,
-                       __global const float *vecs, int bq_off, int bk_off, int bv_off, __global const float *inv_freq,
-                       __global float *q, __global float *kt, __global float *vc) {
+/* What rope_store needs besides the dot products of the pair (rows r, r + head_dim/2 of matrix
+ * `which` of [q | k | v], i = r % (head_dim/2)): its two biases, cos and sin of its RoPE angle (read
+ * and computed before the dot products, so none of it waits at the end of the phase) */
+inline float4 rope_consts(int which, int r, int i, int pos, int hd, __global const float *vecs, int bq_off, int bk_off,
+                          int bv_off, __global const float *inv_freq) {
+    int off = which == 0 ? bq_off : which == 1 ? bk_off : bv_off;
+    float angle = (float)pos * inv_freq[i];
+    return (float4)(vecs[off + r], vecs[off + r + hd / 2], cos(angle), sin(angle));
+}
+
+/* Adds the biases to the pair's dot products ab, rotates q and k by RoPE, and stores q, or k and v
+ * into the layer's cache; k4 = rope_consts. */
+inline void rope_store(float2 ab, float4 k4, int which, int r, int pos, int n_kv, int hd, int n_ctx, __global float *q,
+                       __global float *kt, __global float *vc) {
     int half_d = hd / 2;
-    float a = ab.x, b = ab.y, angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle);
+    float a = ab.x + k4.x, b = ab.y + k4.y, c = k4.z, s = k4.w;
     if (which == 0) {
-        a += vecs[bq_off + r], b += vecs[bq_off + r + half_d];
         q[r] = a * c - b * s;
         q[r + half_d] = b * c + a * s;
     } else if (which == 1) {
-        a += vecs[bk_off + r], b += vecs[bk_off + r + half_d];
         kt[(size_t)r * n_ctx + pos] = a * c - b * s;
         kt[(size_t)(r + half_d) * n_ctx + pos] = b * c + a * s;
     } else {
         int kv_dim = n_kv * hd;
-        vc[(size_t)pos * kv_dim + r] = a + vecs[bv_off + r];
-        vc[(size_t)pos * kv_dim + r + half_d] = b + vecs[bv_off + r + half_d];
+        vc[(size_t)pos * kv_dim + r] = a;
+        vc[(size_t)pos * kv_dim + r + half_d] = b;
     }
 }
 
@@ -608,16 +739,44 @@ inline void rope_store(float2 ab, int which, int r, int i, int pos, int n_kv, in
 #define QKV_PICK(which, r, head, i)                                                                     \
     int which = head < n_heads ? 0 : head < n_heads + n_kv ? 1 : 2;                                    \
     int r = (head - (which == 0 ? 0 : which == 1 ? n_heads : n_heads + n_kv)) * hd + i
-#define QKV_FIRST(which, r, lane) \
-    (which == 0 ? load_row(WPASS(0), r, 1 << 30, cols, lane, tpr) : which == 1 ? load_row(WPASS(1), r, 1 << 30, cols, lane, tpr) \
-                : load_row(WPASS(2), r, 1 << 30, cols, lane, tpr))
-/* fa, fb = the first reads of unit u's two rows (nothing past the last unit) */
-#define QKV_PREFETCH(u)                                                                                     \
-    if ((u) < n_units) {                                                                                    \
-        QKV_PICK(pw, pr, (u) / half_d, (u) % half_d);                                                       \
-        fa = QKV_FIRST(pw, pr, lane);                                                                       \
-        fb = QKV_FIRST(pw, pr + half_d, lane);                                                              \
+/* rope_consts of unit u (zeros past the last unit) */
+inline float4 qkv_consts(int u, int n_heads, int n_kv, int hd, int pos, __global const float *vecs, int bq_off,
+                         int bk_off, int bv_off, __global const float *inv_freq) {
+    int half_d = hd / 2;
+    if (u >= (n_heads + 2 * n_kv) * half_d) return (float4)(0.0f);
+    QKV_PICK(which, r, u / half_d, u % half_d);
+    return rope_consts(which, r, u % half_d, pos, hd, vecs, bq_off, bk_off, bv_off, inv_freq);
+}
+
+/* The reads of a qkv unit's two rows (a RoPE pair) */
+struct qrow2 {
+    struct qrow a, b;
+};
+
+/* This thread's first reads of unit u's two rows, or `none` past the last unit */
+inline struct qrow2 qkv_prefetch(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr, int u,
+                                 struct qrow2 none) {
+    int half_d = hd / 2, lane = get_local_id(0) % tpr;
+    if (u >= (n_heads + 2 * n_kv) * half_d) return none;
+    QKV_PICK(which, r, u / half_d, u % half_d);
+    struct qrow2 f;
+    if (which == 0) {
+        f.a = load_row(WPASS(0), r, 1 << 30, cols, lane, tpr), f.b = load_row(WPASS(0), r + half_d, 1 << 30, cols, lane, tpr);
+    } else if (which == 1) {
+        f.a = load_row(WPASS(1), r, 1 << 30, cols, lane, tpr), f.b = load_row(WPASS(1), r + half_d, 1 << 30, cols, lane, tpr);
+    } else {
+        f.a = load_row(WPASS(2), r, 1 << 30, cols, lane, tpr), f.b = load_row(WPASS(2), r + half_d, 1 << 30, cols, lane, tpr);
     }
+    return f;
+}
+
+/* The first reads of the qkv phase (its first unit's two rows) */
+inline struct qrow2 qkv_first(WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr) {
+    struct qrow2 none;
+    none.a = none.b = load_row(WPASS(0), 0, 0, cols, 0, tpr); /* zeros */
+    return qkv_prefetch(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr,
+                        get_group_id(0) * (MV_LWS / tpr) + get_local_id(0) / tpr, none);
+}
 
 #define QKV_ARGS                                                                                            \
     WARGS(0), WARGS(1), WARGS(2), int n_heads, int n_kv, int hd, int cols, int tpr, __global const float *x,   \
@@ -630,15 +789,17 @@ inline void rope_store(float2 ab, int which, int r, int i, int pos, int n_kv, in
 /* q, k, v for one token at position pos: each row slot computes rows i and i + head_dim/2 of one head
  * of the concatenated [q | k | v] outputs, so RoPE's pairs stay in one slot. Adds the biases, rotates
  * q and k, writes q to `q` and k, v into the layer's cache (k transposed: [kv_head][dim][position]). */
-inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, __local float *red,
+inline void qkv_body(QKV_ARGS, int pos, struct qrow2 f, __local float *xs, __local float *xsum, __local float *red,
                      __local float2 *red2) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int half_d = hd / 2, n_units = (n_heads + 2 * n_kv) * half_d;
     kt += (size_t)layer * n_kv * hd * n_ctx; /* this layer's cache */
     vc += (size_t)layer * n_kv * hd * n_ctx;
     int unit = get_group_id(0) * rpg + lid / tpr;
-    struct qrow fa = load_row(WPASS(0), 0, 0, cols, lane, tpr), fb = fa; /* zero, then issued before the prologue */
-    QKV_PREFETCH(unit);
+/* qkv_consts of unit u for lane 0 of its slot (which stores it) */
+#define QKV_CONSTS(u) \
+    (lane == 0 ? qkv_consts(u, n_heads, n_kv, hd, pos, vecs, bq_off, bk_off, bv_off, inv_freq) : (float4)(0.0f))
+    float4 k4 = QKV_CONSTS(unit);
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; unit - lid / tpr < n_units; unit += stride) {
         int i = unit % half_d;
@@ -646,27 +807,29 @@ inline void qkv_body(QKV_ARGS, int pos, __local float *xs, __local float *xsum, 
         float2 ab = (float2)(0.0f);
         if (unit < n_units) {
             if (which == 0) {
-                ab.x = row_dot(WPASS(0), r, cols, lane, tpr, fa, xs, xsum);
-                ab.y = row_dot(WPASS(0), r + half_d, cols, lane, tpr, fb, xs, xsum);
+                ab.x = row_dot(WPASS(0), r, cols, lane, tpr, f.a, xs, xsum);
+                ab.y = row_dot(WPASS(0), r + half_d, cols, lane, tpr, f.b, xs, xsum);
             } else if (which == 1) {
-                ab.x = row_dot(WPASS(1), r, cols, lane, tpr, fa, xs, xsum);
-                ab.y = row_dot(WPASS(1), r + half_d, cols, lane, tpr, fb, xs, xsum);
+                ab.x = row_dot(WPASS(1), r, cols, lane, tpr, f.a, xs, xsum);
+                ab.y = row_dot(WPASS(1), r + half_d, cols, lane, tpr, f.b, xs, xsum);
             } else {
-                ab.x = row_dot(WPASS(2), r, cols, lane, tpr, fa, xs, xsum);
-                ab.y = row_dot(WPASS(2), r + half_d, cols, lane, tpr, fb, xs, xsum);
+                ab.x = row_dot(WPASS(2), r, cols, lane, tpr, f.a, xs, xsum);
+                ab.y = row_dot(WPASS(2), r + half_d, cols, lane, tpr, f.b, xs, xsum);
             }
         }
-        QKV_PREFETCH(unit + stride);
+        f = qkv_prefetch(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr, unit + stride, f);
+        float4 k4_next = QKV_CONSTS(unit + stride);
         ab = row_reduce2(ab, red2, tpr);
-        if (lane == 0 && unit < n_units)
-            rope_store(ab, which, r, i, pos, n_kv, hd, n_ctx, vecs, bq_off, bk_off, bv_off, inv_freq, q, kt, vc);
+        if (lane == 0 && unit < n_units) rope_store(ab, k4, which, r, pos, n_kv, hd, n_ctx, q, kt, vc);
+        k4 = k4_next;
     }
+#undef QKV_CONSTS
 }
 
 __kernel void qkv(QKV_ARGS, int pos) {
     STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
-    qkv_body(QKV_PASS, pos, xs, xsum, red, red2);
+    qkv_body(QKV_PASS, pos, qkv_first(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr), xs, xsum, red, red2);
 }
 
 /* Work-group (s, h): query head h over positions [s * span, min((s + 1) * span, pos + 1)), scored
@@ -674,15 +837,14 @@ __kernel void qkv(QKV_ARGS, int pos) {
  * part[h][s] for attn_out to combine. hd % 4 == 0 and ATT_LWS >= hd / 4 (the host checks). */
 inline void attention_body(__global const float *q, __global const float *kt, __global const float *vc,
                            __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span,
-                           int s, int h, __local float *qs, __local float *sl, __local float *red, __local float4 *acc_l) {
+                           int s, int h, __local float *sl, __local float *red, __local float4 *acc_l) {
     int lid = get_local_id(0);
     int g = h / (n_heads / n_kv), kv_dim = n_kv * hd;
     int p0 = s * span, p1 = min(p0 + span, pos + 1);
     float scale = rsqrt((float)hd);
     kt += (size_t)layer * kv_dim * n_ctx;
     vc += (size_t)layer * kv_dim * n_ctx;
-    for (int i = lid; i < hd; i += ATT_LWS) qs[i] = q[h * hd + i] * scale;
-    barrier(CLK_LOCAL_MEM_FENCE);
+    q += h * hd; /* read by every thread (the same addresses: broadcast), together with its keys */
     __global const float *k = kt + (size_t)g * hd * n_ctx;
     __global const float *v = vc + (size_t)g * hd;
     int hd4 = hd / 4, parts = ATT_LWS / hd4, i4 = lid % hd4, pt = lid / hd4; /* V: (part, 4 dims) per thread */
@@ -697,7 +859,7 @@ inline void attention_body(__global const float *q, __global const float *kt, __
             __global const float *kp = k + p;
 #pragma unroll 8
             for (int i = 0; i < hd; i += 4)
-                d4 += (float4)(qs[i], qs[i + 1], qs[i + 2], qs[i + 3]) *
+                d4 += vload4(0, q + i) * scale *
                       (float4)(kp[(size_t)i * n_ctx], kp[(size_t)(i + 1) * n_ctx], kp[(size_t)(i + 2) * n_ctx], kp[(size_t)(i + 3) * n_ctx]);
             d = d4.x + d4.y + d4.z + d4.w;
         }
@@ -726,14 +888,14 @@ inline void attention_body(__global const float *q, __global const float *kt, __
         vstore4(t, lid, o + 2);
     }
     if (lid == 0) o[0] = m, o[1] = l;
-    barrier(CLK_LOCAL_MEM_FENCE); /* acc_l and qs are reused by the next (s, h) of a persistent group */
+    barrier(CLK_LOCAL_MEM_FENCE); /* acc_l is reused by the next (s, h) of a persistent group */
 }
 
 __kernel void attention(__global const float *q, __global const float *kt, __global const float *vc,
                         __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span) {
-    __local float qs[MAX_HEAD_DIM], sl[ATT_LWS], red[ATT_LWS];
+    __local float sl[ATT_LWS], red[ATT_LWS];
     __local float4 acc_l[ATT_LWS];
-    attention_body(q, kt, vc, part, n_ctx, hd, n_heads, n_kv, layer, pos, span, get_group_id(0), get_group_id(1), qs,
+    attention_body(q, kt, vc, part, n_ctx, hd, n_heads, n_kv, layer, pos, span, get_group_id(0), get_group_id(1),
                    sl, red, acc_l);
 }
 
@@ -744,12 +906,21 @@ __kernel void attention(__global const float *q, __global const float *kt, __glo
 /* Every work-group of a persistent launch waits here until all have arrived: `target` is the count
  * of arrivals that means so (the host keeps the running count). When waiting takes too long, the
  * work-groups are not all running at once; bar[1] is raised, every later barrier falls through, and
- * the host redoes the step one kernel per launch. */
-inline void grid_sync(volatile __global int *bar, int target) {
+ * the host redoes the step one kernel per launch. In two halves: between them a group may issue
+ * reads that do not depend on the other groups (the next phase's weights). Not before the arrival:
+ * its memory fence waits for the thread's reads in flight, which would delay the arrival by a
+ * memory latency (H200 tg128: 1095 tok/s with the reads before the arrival, 1157 with none, 1244
+ * with them between the halves). */
+inline void grid_arrive(volatile __global int *bar) {
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
     if (get_local_id(0) == 0) {
         mem_fence(CLK_GLOBAL_MEM_FENCE);
         atomic_inc(bar);
+    }
+}
+
+inline void grid_wait(volatile __global int *bar, int target) {
+    if (get_local_id(0) == 0) {
         for (int spins = 0; atomic_add(bar, 0) < target; spins++)
             if (spins > SPIN_LIMIT || bar[1]) {
                 bar[1] = 1;
@@ -760,24 +931,32 @@ inline void grid_sync(volatile __global int *bar, int target) {
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
 }
 
-/* TLLM_CL_PROFILE=phases on NVIDIA: the time each grid barrier of `token` is passed, read from the
- * GPU's nanosecond timer with inline PTX (not OpenCL C; compiled only when asked for). */
+/* TLLM_CL_PROFILE=phases on NVIDIA: the time each grid barrier of `token` is passed (by group 0:
+ * times[i], i < 4 + 5 x layers) and each group's arrival at it (times[4 + 5 x layers + i x groups +
+ * group]), read from the GPU's nanosecond timer with inline PTX (not OpenCL C; compiled only when
+ * asked for). */
 #ifdef PHASE_TIMES
+#define GLOBALTIMER(t) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t))
 #define PHASE_MARK(i)                                                                     \
     if (get_group_id(0) == 0 && get_local_id(0) == 0) {                                    \
         ulong t_;                                                                          \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                             \
+        GLOBALTIMER(t_);                                                                   \
         times[i] = t_;                                                                     \
+    }
+#define ARRIVE_MARK(i)                                                                    \
+    if (get_local_id(0) == 0) {                                                            \
+        ulong t_;                                                                          \
+        GLOBALTIMER(t_);                                                                   \
+        times[4 + 5 * n_layers + (i) * G + get_group_id(0)] = t_;                         \
     }
 #else
 #define PHASE_MARK(i)
+#define ARRIVE_MARK(i)
 #endif
 
 #if ATT_LWS == MV_LWS
 /* The end of a phase of `token`: all groups meet, and (profiling) group 0 notes the time. */
-#define PHASE_END()                             \
-    grid_sync(bar, bar_base + ++nb * G);        \
-    PHASE_MARK(nb)
+#define PHASE_END() NEXT_PHASE((void)0)
 
 /* Matrix `idx` of the descriptor table: its codes, scales and biases inside the weight arena (offsets
  * in units of 16 bytes), format and threads per row. */
@@ -786,6 +965,44 @@ inline void grid_sync(volatile __global int *bar, int target) {
     __global const uchar *W##n = arena + (size_t)d##n[0] * 16, *S##n = arena + (size_t)d##n[1] * 16,         \
                          *B##n = arena + (size_t)d##n[2] * 16;                                               \
     int bits##n = d##n[3], gs##n = d##n[4], dt##n = d##n[5], tpr##n = d##n[6]
+
+#ifndef PHASE_PREFETCH
+#define PHASE_PREFETCH 1 /* a phase's first weight reads are issued before the grid barrier that starts it */
+#endif
+/* The end of a phase whose successor's first weight reads are the statements `pre` (no commas outside
+ * parentheses: NVIDIA's OpenCL has no variadic macros): issued while the group waits at the grid
+ * barrier (they do not depend on it), so their memory latency overlaps the wait. */
+#if PHASE_PREFETCH
+#define NEXT_PHASE(pre)                    \
+    grid_arrive(bar);                      \
+    ARRIVE_MARK(nb + 1);                   \
+    { pre; }                               \
+    grid_wait(bar, bar_base + ++nb * G);   \
+    PHASE_MARK(nb)
+#else
+#define NEXT_PHASE(pre)                    \
+    grid_arrive(bar);                      \
+    ARRIVE_MARK(nb + 1);                   \
+    grid_wait(bar, bar_base + ++nb * G);   \
+    PHASE_MARK(nb);                        \
+    { pre; }
+#endif
+
+/* first_row of matrix idx of the table, with tpr threads a row */
+inline struct qrow table_first_row(__global const uchar *arena, __global const int *desc, int idx, int rows, int cols,
+                                   int tpr) {
+    MAT(0, idx);
+    return first_row(WPASS(0), rows, cols, tpr);
+}
+
+/* qkv_first of the q, k, v matrices m, m + 1, m + 2 of the table */
+inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const int *desc, int m, int n_heads, int n_kv,
+                                    int hd, int cols) {
+    MAT(0, m);
+    MAT(1, m + 1);
+    MAT(2, m + 2);
+    return qkv_first(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr0);
+}
 
 /* A whole decode step in one launch (GPUs): embedding, every layer's five steps above, the lm_head and
  * the argmax, as phases separated by grid barriers, run by a grid small enough that all its
@@ -801,18 +1018,19 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
                     __global int *bar, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
                     int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
-    STAGE_LOCALS, red[MV_LWS], qs[MAX_HEAD_DIM], sl[ATT_LWS];
+    STAGE_LOCALS, red[MV_LWS], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
     int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;
     size_t per_layer = 2 * (size_t)dim + q_dim + ffn; /* x, x2 (after attention), q, h */
     size_t part_layer = (size_t)n_heads * ATT_MAX_SPLIT * (hd + 2);
+    struct qrow2 f; /* the next phase's first weight reads (NEXT_PHASE): f.a only, or f.a and f.b */
     PHASE_MARK(0);
     {
         MAT(0, 0);
         for (int j = get_global_id(0); j < dim; j += get_global_size(0)) act[j] = embed_one(WPASS(0), dim, id, j);
     }
-    PHASE_END();
+    NEXT_PHASE(f = table_qkv_first(arena, desc, 2, n_heads, n_kv, hd, dim));
     for (int l = 0; l < n_layers; l++) {
         __global float *x = act + l * per_layer, *x2 = x + dim, *q = x2 + dim, *hb = q + q_dim;
         __global float *x_next = act + (l + 1) * per_layer, *pl = part + l * part_layer;
@@ -823,34 +1041,37 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
             MAT(1, m + 1);
             MAT(2, m + 2);
             qkv_body(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, dim, tpr0, x, vecs, lv[0], lv[1], lv[2], lv[3],
-                     eps, inv_freq, n_ctx, q, kt, vc, l, pos, xs, xsum, red, red2);
+                     eps, inv_freq, n_ctx, q, kt, vc, l, pos, f, xs, xsum, red, red2);
         }
         PHASE_END();
         for (int w = get_group_id(0); w < n_split * n_heads; w += G)
-            attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, qs, sl,
+            attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, sl,
                            red, acc_l);
-        PHASE_END();
+        NEXT_PHASE(f.a = table_first_row(arena, desc, m + 3, dim, q_dim, desc[8 * (m + 3) + 6]));
         {
             MAT(3, m + 3);
-            attn_out_body(WPASS(3), dim, q_dim, tpr3, pl, hd, x, x2, n_split, xs, xsum, red2);
+            attn_out_body(WPASS(3), dim, q_dim, tpr3, pl, hd, x, x2, n_split, f.a, xs, xsum, red, red2);
         }
-        PHASE_END();
+        NEXT_PHASE(int t = desc[8 * (m + 4) + 6]; /* up is read with gate's tpr */
+                   f.a = table_first_row(arena, desc, m + 4, ffn, dim, t);
+                   f.b = table_first_row(arena, desc, m + 5, ffn, dim, t));
         {
             MAT(4, m + 4);
             MAT(5, m + 5);
-            gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, xs, xsum, red, red2);
+            gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, f.a, f.b, xs, xsum, red, red2);
         }
-        PHASE_END();
+        NEXT_PHASE(f.a = table_first_row(arena, desc, m + 6, ffn <= MV_LOCAL_X ? dim : 0, ffn, desc[8 * (m + 6) + 6]));
         {
             MAT(6, m + 6);
-            matvec_body(WPASS(6), dim, ffn, tpr6, hb, vecs, -1, eps, x_next, x2, 1, 0, 0, xs, xsum, red, red2);
+            matvec_body(WPASS(6), dim, ffn, tpr6, hb, vecs, -1, eps, x_next, x2, 1, 0, 0, f.a, xs, xsum, red, red2);
         }
-        PHASE_END();
+        NEXT_PHASE(if (l + 1 < n_layers) f = table_qkv_first(arena, desc, m + 7, n_heads, n_kv, hd, dim);
+                   else f.a = table_first_row(arena, desc, 1, dim <= MV_LOCAL_X ? vocab : 0, dim, desc[8 + 6]));
     }
     {
         MAT(1, 1);
         matvec_body(WPASS(1), vocab, dim, tpr1, act + n_layers * per_layer, vecs, final_norm, eps, logits, logits, 0,
-                    best, 1, xs, xsum, red, red2);
+                    best, 1, f.a, xs, xsum, red, red2);
     }
     PHASE_END();
     if (get_group_id(0) == 0) {

@@ -2,7 +2,8 @@
 # Sweep the OpenCL decode kernels' tunables (kernels/decode.cl's #ifndef defaults, passed as -D through
 # TLLM_CL_OPTS) and print tg t/s for each, so the defaults can be chosen per device from numbers.
 #   bash scripts/tune_gpu.sh MODEL_DIR [BUILD_DIR] [-- "OPTS" "OPTS" ...]
-# Without option sets it sweeps a built-in list. Each line: options, tg128 t/s, tg128 t/s at depth 1024.
+# Without option sets it sweeps a built-in list. Each line: options, tg128 t/s, the one-launch kernel's
+# work-groups (the compiler's register use can lower them), tg128 t/s at depth 1024.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=$1; shift
@@ -13,9 +14,20 @@ if [ $# -eq 0 ]; then
   set -- "" "-DMV_LWS=64" "-DMV_LWS=128" "-DMV_ITERS=1" "-DMV_ITERS=4" "-DMV_GROUPS_PER_CU=4" \
     "-DMV_GROUPS_PER_CU=64" "-DATT_LWS=64" "-DATT_LWS=256" "-DATT_MAX_SPLIT=8" "-DMV_LWS=128 -DMV_ITERS=1"
 fi
-tg() { TLLM_CL_OPTS="$1" "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -d "$2" -r 3 -o json 2>/dev/null |
-       python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)[0]["avg_ts"])'; }
-printf "%-36s %10s %14s\n" "TLLM_CL_OPTS" "tg128" "tg128@d1024"
+# tg OPTS DEPTH: "t/s groups" (groups of the one-launch kernel, "-" when a step is one launch per
+# kernel; a build failure falls back to the CPU and shows as "cpu")
+tg() {
+  local err; err=$(mktemp)
+  TLLM_CL_OPTS="$1" "$B/tllm" bench -m "$M" --device opencl -p 0 -n 128 -d "$2" -r 3 -o json 2>"$err" |
+    python3 -c 'import json,sys; print("%.1f" % json.load(sys.stdin)[0]["avg_ts"], end=" ")'
+  if grep -q "decode on OpenCL" "$err"; then
+    sed -n 's/.*(\([0-9]*\) work-groups).*/\1/p' "$err" | grep . || echo "-"
+  else echo cpu; fi
+  rm -f "$err"
+}
+printf "%-44s %8s %7s %12s\n" "TLLM_CL_OPTS" "tg128" "groups" "tg128@d1024"
 for o in "$@"; do
-  printf "%-36s %10s %14s\n" "${o:-(defaults)}" "$(tg "$o" 0)" "$(tg "$o" 1024)"
+  read -r t0 g0 <<< "$(tg "$o" 0)"
+  read -r t1 _ <<< "$(tg "$o" 1024)"
+  printf "%-44s %8s %7s %12s\n" "${o:-(defaults)}" "$t0" "$g0" "$t1"
 done
