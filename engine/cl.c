@@ -42,10 +42,11 @@ struct cl_layer {
 
 /* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel
  * (N_TUNABLES ints, in this order). */
-enum { N_TUNABLES = 9 };
+enum { N_TUNABLES = 10 };
 struct cl_tunables {
     int mv_lws, mv_iters, mv_groups_per_cu, mv_local_x, att_lws, att_max_split, max_head_dim, persist_groups_per_cu;
-    int qrow_n; /* uint4s of a row one thread keeps in flight (QROW_N) */
+    int qrow_n;  /* uint4s of a row one thread keeps in flight (QROW_N) */
+    int mv_tail; /* and how many more it may read one after another (MV_TAIL) */
 };
 
 struct tllm_cl {
@@ -346,9 +347,9 @@ static int read_tunables(struct tllm_cl *cl) {
     if (buf) clReleaseMemObject(buf);
     clReleaseKernel(k);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", cl_err_name(e));
-    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]};
+    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
     int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
-    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1 || v[8] < v[1])
+    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1 || v[8] < v[1] || v[9] < 0)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS and ATT_LWS must be powers of two >= 16, the rest positive");
     return TLLM_OK;
 }
@@ -508,14 +509,15 @@ static size_t sweeps(const struct tllm_cl *cl, int rows, int tpr, size_t groups)
 }
 
 /* Threads per row of a matvec over w (a power of two): enough that each reads about MV_ITERS uint4,
- * or fewer (down to QROW_N uint4 each) where that lets `groups` work-groups cover the `rows` row
- * slots in fewer sweeps: a phase takes as long as its slowest group, so one sweep too many is a
- * second round of memory latency (gate_up's 4864 rows of 16 threads are 304 slots for 264 groups). */
+ * or fewer (down to QROW_N + MV_TAIL uint4 each) where that lets `groups` work-groups cover the
+ * `rows` row slots in fewer sweeps: a phase takes as long as its slowest group, so one sweep too
+ * many is a second round of memory latency (H200, 132 groups: gate_up's 4864 rows of 16 threads are
+ * 304 slots, of 8 threads 152; down_proj's 896 rows of 64 threads 224 slots, of 32 threads 112). */
 static int pick_tpr(const struct tllm_cl *cl, const struct cl_weights *w, int rows, size_t groups) {
     int units = w->bits ? w->cols * w->bits / 128 : (w->cols + 3) / 4;
     int want = (units + cl->t.mv_iters - 1) / cl->t.mv_iters, tpr = 1;
     while (tpr < want && tpr < cl->t.mv_lws) tpr <<= 1;
-    while (w->bits && tpr > 1 && (units + tpr / 2 - 1) / (tpr / 2) <= cl->t.qrow_n &&
+    while (w->bits && tpr > 1 && (units + tpr / 2 - 1) / (tpr / 2) <= cl->t.qrow_n + cl->t.mv_tail &&
            sweeps(cl, rows, tpr / 2, groups) < sweeps(cl, rows, tpr, groups))
         tpr >>= 1;
     return tpr;
