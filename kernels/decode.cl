@@ -154,7 +154,8 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #endif
 #define XQ_NB (MV_LOCAL_X / 32) /* blocks of 32 */
 #ifndef STAGE_FUSED
-#define STAGE_FUSED 1 /* XQ: a thread loads 8 inputs, normalizes and quantizes them (4 threads a block) */
+#define STAGE_FUSED 1 /* XQ: a thread loads 8 inputs, normalizes and quantizes them (4 threads a block; without
+                       * shuffles that takes two work-group barriers a word: 0 may suit such devices) */
 #endif
 #define XQ_FUSED (XQ && STAGE_FUSED)
 /* Floats of the staged input: none when the int8 form is all the dot products read (XQ_FUSED) */
@@ -971,7 +972,7 @@ inline void grid_wait(volatile __global int *bar, int target) {
     int bits##n = d##n[3], gs##n = d##n[4], dt##n = d##n[5], tpr##n = d##n[6]
 
 #ifndef PHASE_PREFETCH
-#define PHASE_PREFETCH 1 /* a phase's first weight reads are issued before the grid barrier that starts it */
+#define PHASE_PREFETCH 1 /* a phase's first weight reads are issued while waiting at the grid barrier before it */
 #endif
 /* The end of a phase whose successor's first weight reads are the statements `pre` (no commas outside
  * parentheses: NVIDIA's OpenCL has no variadic macros): issued while the group waits at the grid

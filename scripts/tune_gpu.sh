@@ -11,8 +11,9 @@ B=build-static
 if [ $# -gt 0 ] && [ "$1" != "--" ]; then B=$1; shift; fi
 [ $# -gt 0 ] && [ "$1" = "--" ] && shift
 if [ $# -eq 0 ]; then
-  set -- "" "-DMV_LWS=64" "-DMV_LWS=128" "-DMV_ITERS=1" "-DMV_ITERS=4" "-DMV_GROUPS_PER_CU=4" \
-    "-DMV_GROUPS_PER_CU=64" "-DATT_LWS=64" "-DATT_LWS=256" "-DATT_MAX_SPLIT=8" "-DMV_LWS=128 -DMV_ITERS=1"
+  set -- "" "-DMV_ITERS=1" "-DMV_ITERS=4" "-DMV_MAX_ITERS=2" "-DMV_TAIL=0" "-DMV_PIPE=0" "-DSTAGE_FUSED=0" \
+    "-DPHASE_PREFETCH=0" "-DMV_GROUPS_PER_CU=4" "-DMV_GROUPS_PER_CU=64" "-DATT_MAX_SPLIT=8" \
+    "-DMV_LWS=128 -DATT_LWS=128 -DPERSIST_GROUPS_PER_CU=4"
 fi
 # tg OPTS DEPTH: "t/s groups" (groups of the one-launch kernel, "-" when a step is one launch per
 # kernel; a build failure falls back to the CPU and shows as "cpu")
