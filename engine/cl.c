@@ -89,6 +89,7 @@ struct tllm_cl {
     /* TLLM_CL_PROFILE=phases (NVIDIA, persistent): the GPU's timer at each grid barrier of `token` */
     int phases;
     cl_mem times;
+    cl_ulong *times_host; /* TLLM_CL_PROFILE=phases: the step's `times`, read back (phase_times_len) */
     int int8; /* the matvecs take int8 activations (XQ in decode.cl) */
     double host_enqueue_s, host_wait_s;
 };
@@ -801,6 +802,8 @@ static int token_buffers(struct tllm_cl *cl) {
     size_t per_layer = 2 * (size_t)c->dim + (size_t)c->n_heads * c->head_dim + (size_t)c->ffn_dim;
     if (!rc) rc = device_buffer(cl, &cl->act, ((size_t)c->n_layers + 1) * per_layer * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->times, phase_times_len(cl) * sizeof(cl_ulong), "phase times");
+    if (!rc && cl->phases && !(cl->times_host = malloc(phase_times_len(cl) * sizeof *cl->times_host)))
+        rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     return rc;
 }
 
@@ -920,12 +923,9 @@ static void print_profile(const struct tllm_cl *cl) {
  * the grid barrier that ends it). */
 static void collect_phases(struct tllm_cl *cl, double wall) {
     int L = cl->m->cfg.n_layers, n = 4 + 5 * L, G = cl->persist_groups;
-    cl_ulong *t = malloc(phase_times_len(cl) * sizeof *t);
-    if (!t || clEnqueueReadBuffer(cl->q, cl->times, CL_TRUE, 0, phase_times_len(cl) * sizeof *t, t, 0, NULL, NULL) !=
-                  CL_SUCCESS) {
-        free(t);
+    cl_ulong *t = cl->times_host;
+    if (clEnqueueReadBuffer(cl->q, cl->times, CL_TRUE, 0, phase_times_len(cl) * sizeof *t, t, 0, NULL, NULL) != CL_SUCCESS)
         return;
-    }
     static const int layer_kind[5] = {K_QKV, K_ATTN, K_ATTN_OUT, K_GATE_UP, K_DOWN};
     for (int i = 0; i + 1 < n; i++) {
         int k = i == 0 ? K_EMBED : i <= 5 * L ? layer_kind[(i - 1) % 5] : i == 5 * L + 1 ? K_LM_HEAD : K_ARGMAX;
@@ -942,7 +942,6 @@ static void collect_phases(struct tllm_cl *cl, double wall) {
     cl->prof_span_ns += (double)(t[n - 1] - t[0]);
     cl->prof_wall_s += wall;
     cl->prof_steps++;
-    free(t);
 }
 
 void tllm_cl_free(struct tllm_cl *cl) {
@@ -953,6 +952,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
                 cl->host_enqueue_s / cl->host_steps * 1e6, cl->host_wait_s / cl->host_steps * 1e6);
     free(cl->events);
     free(cl->event_kind);
+    free(cl->times_host);
     release_weights(&cl->embed);
     release_weights(&cl->lm_head);
     struct cl_launch *ls[] = {&cl->l_embed, &cl->l_lm_head, &cl->l_argmax, &cl->l_token};

@@ -52,7 +52,7 @@
 #define ATT_MAX_SPLIT 32 /* work-groups per head at most (longer spans loop with an online softmax) */
 #endif
 #ifndef MAX_HEAD_DIM
-#define MAX_HEAD_DIM 256
+#define MAX_HEAD_DIM 256 /* the largest head the host accepts (the kernels need hd % 4 == 0, ATT_LWS >= hd / 4) */
 #endif
 
 #ifndef PERSIST_GROUPS_PER_CU
