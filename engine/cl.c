@@ -768,6 +768,9 @@ static void pick_persistent(struct tllm_cl *cl) {
     cl->persistent = 1;
 }
 
+/* n floats rounded up to whole 128-byte lines, as `token` lays out its per-layer regions (LINE_PAD) */
+static size_t line_pad(size_t n) { return (n + 31) & ~(size_t)31; }
+
 /* Entries of the `times` buffer of TLLM_CL_PROFILE=phases (see PHASE_MARK in decode.cl): when group 0
  * passes each grid barrier, and when each group arrives at it. */
 static size_t phase_times_len(const struct tllm_cl *cl) {
@@ -799,7 +802,7 @@ static int token_buffers(struct tllm_cl *cl) {
     }
     int rc = upload(cl, &cl->desc, d, n_desc * sizeof *d, "weight table");
     free(d);
-    size_t per_layer = 2 * (size_t)c->dim + (size_t)c->n_heads * c->head_dim + (size_t)c->ffn_dim;
+    size_t per_layer = 2 * line_pad((size_t)c->dim) + line_pad((size_t)c->n_heads * c->head_dim) + line_pad((size_t)c->ffn_dim);
     if (!rc) rc = device_buffer(cl, &cl->act, ((size_t)c->n_layers + 1) * per_layer * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->times, phase_times_len(cl) * sizeof(cl_ulong), "phase times");
     if (!rc && cl->phases && !(cl->times_host = malloc(phase_times_len(cl) * sizeof *cl->times_host)))
@@ -876,8 +879,9 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     if (!rc) rc = device_buffer(cl, &cl->hb, (size_t)c->ffn_dim * 4, "activations");
     if (!rc) rc = device_buffer(cl, &cl->logits, (size_t)c->vocab_size * 4, "logits");
     /* the token kernel keeps each layer's partials apart */
-    if (!rc) rc = device_buffer(cl, &cl->part, (size_t)(cl->persistent ? c->n_layers : 1) * (size_t)c->n_heads *
-                                (size_t)cl->t.att_max_split * (size_t)(c->head_dim + 2) * 4, "attention partials");
+    if (!rc) rc = device_buffer(cl, &cl->part, (size_t)(cl->persistent ? c->n_layers : 1) *
+                                line_pad((size_t)c->n_heads * (size_t)cl->t.att_max_split * (size_t)(c->head_dim + 2)) * 4,
+                                "attention partials");
     if (!rc) rc = device_buffer(cl, &cl->best, n_groups_max * 8, "argmax partials");
     if (!rc) rc = device_buffer(cl, &cl->next, 2 * sizeof(cl_int), "token id");
     if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");

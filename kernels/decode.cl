@@ -1009,6 +1009,13 @@ inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const 
     return qkv_first(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr0);
 }
 
+/* n floats rounded up to whole 128-byte lines. The compute units' caches are not coherent: a line
+ * that held the end of one activation and the start of another, cached by a read of the first, could
+ * later serve a compute unit stale values of the second, written meanwhile by another (H200: wrong
+ * logits with ATT_MAX_SPLIT 1 or 2, whose per-layer partials were not whole lines). So every region
+ * `token` writes starts on a line (the buffers themselves are aligned far more). */
+#define LINE_PAD(n) (((size_t)(n) + 31) & ~(size_t)31)
+
 /* A whole decode step in one launch (GPUs): embedding, every layer's five steps above, the lm_head and
  * the argmax, as phases separated by grid barriers, run by a grid small enough that all its
  * work-groups are resident at once (the host never uses it on CPU devices). Weights come from one arena
@@ -1027,8 +1034,9 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
     int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;
-    size_t per_layer = 2 * (size_t)dim + q_dim + ffn; /* x, x2 (after attention), q, h */
-    size_t part_layer = (size_t)n_heads * ATT_MAX_SPLIT * (hd + 2);
+    /* per layer: x, x2 (after attention), q, h, each starting on a line (LINE_PAD) */
+    size_t per_layer = 2 * LINE_PAD(dim) + LINE_PAD(q_dim) + LINE_PAD(ffn);
+    size_t part_layer = LINE_PAD((size_t)n_heads * ATT_MAX_SPLIT * (hd + 2));
     struct qrow2 f; /* the next phase's first weight reads (NEXT_PHASE): f.a only, or f.a and f.b */
     PHASE_MARK(0);
     {
@@ -1037,7 +1045,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
     }
     NEXT_PHASE(f = table_qkv_first(arena, desc, 2, n_heads, n_kv, hd, dim));
     for (int l = 0; l < n_layers; l++) {
-        __global float *x = act + l * per_layer, *x2 = x + dim, *q = x2 + dim, *hb = q + q_dim;
+        __global float *x = act + l * per_layer, *x2 = x + LINE_PAD(dim), *q = x2 + LINE_PAD(dim), *hb = q + LINE_PAD(q_dim);
         __global float *x_next = act + (l + 1) * per_layer, *pl = part + l * part_layer;
         __global const int *lv = desc + 8 * (2 + 7 * n_layers + l);
         int m = 2 + 7 * l;

@@ -25,6 +25,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.mem --format=csv,noheader > 
 # CI's PoCL cannot run)
 TLLM_CL_PERSISTENT=0 "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl_launches.txt" 2>&1 &&
   echo "test_opencl (one launch per kernel): pass" || { echo "test_opencl (one launch per kernel): FAIL"; tail -20 "$OUT/test_opencl_launches.txt"; }
+# and with small attention spans in few slots (several ATT_LWS blocks a span: the online softmax
+# across blocks; per-layer partials that are not whole cache lines unless padded)
+TLLM_CL_OPTS="-DMV_LWS=64 -DATT_LWS=64 -DATT_MAX_SPLIT=1" "$B/tests/test_opencl" tests/data/models/* > "$OUT/test_opencl_spans.txt" 2>&1 &&
+  echo "test_opencl (ATT_LWS 64, one span a head): pass" || { echo "test_opencl (ATT_LWS 64, one span a head): FAIL"; tail -20 "$OUT/test_opencl_spans.txt"; }
 # what launches and grid barriers cost on this device, without the model
 [ -x "$B/tllm-cl-floor" ] && "$B/tllm-cl-floor" | tee "$OUT/cl_floor.txt"
 M=/tmp/tllm-synth-qwen2.5-0.5b-q4
