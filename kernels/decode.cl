@@ -1013,7 +1013,10 @@ inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const 
  * that held the end of one activation and the start of another, cached by a read of the first, could
  * later serve a compute unit stale values of the second, written meanwhile by another (H200: wrong
  * logits with ATT_MAX_SPLIT 1 or 2, whose per-layer partials were not whole lines). So every region
- * `token` writes starts on a line (the buffers themselves are aligned far more). */
+ * of `act` and `part` starts on a line (the buffers themselves are aligned far more). The KV cache
+ * needs no padding: a layer's attention reads its cache only after the qkv phase wrote position pos,
+ * and the previous layer's reads reach the line it shares with this layer's first positions only
+ * when pos is among both the first and the last positions of a row (caches under 64 positions). */
 #define LINE_PAD(n) (((size_t)(n) + 31) & ~(size_t)31)
 
 /* A whole decode step in one launch (GPUs): embedding, every layer's five steps above, the lm_head and
