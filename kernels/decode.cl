@@ -744,6 +744,11 @@ inline void rope_store(float2 ab, float4 k4, int which, int r, int pos, int n_kv
 #define QKV_PICK(which, r, head, i)                                                                     \
     int which = head < n_heads ? 0 : head < n_heads + n_kv ? 1 : 2;                                    \
     int r = (head - (which == 0 ? 0 : which == 1 ? n_heads : n_heads + n_kv)) * hd + i
+/* The arguments (WPASS) of matrix `which` of q, k, v (0, 1, 2) */
+#define QKV_W(which)                                                                                     \
+    (which == 0 ? W0 : which == 1 ? W1 : W2), (which == 0 ? S0 : which == 1 ? S1 : S2),                   \
+        (which == 0 ? B0 : which == 1 ? B1 : B2), (which == 0 ? bits0 : which == 1 ? bits1 : bits2),      \
+        (which == 0 ? gs0 : which == 1 ? gs1 : gs2), (which == 0 ? dt0 : which == 1 ? dt1 : dt2)
 /* rope_consts of unit u (zeros past the last unit) */
 inline float4 qkv_consts(int u, int n_heads, int n_kv, int hd, int pos, __global const float *vecs, int bq_off,
                          int bk_off, int bv_off, __global const float *inv_freq) {
@@ -765,13 +770,7 @@ inline struct qrow2 qkv_prefetch(WARGS(0), WARGS(1), WARGS(2), int n_heads, int 
     if (u >= (n_heads + 2 * n_kv) * half_d) return none;
     QKV_PICK(which, r, u / half_d, u % half_d);
     struct qrow2 f;
-    if (which == 0) {
-        f.a = load_row(WPASS(0), r, 1 << 30, cols, lane, tpr), f.b = load_row(WPASS(0), r + half_d, 1 << 30, cols, lane, tpr);
-    } else if (which == 1) {
-        f.a = load_row(WPASS(1), r, 1 << 30, cols, lane, tpr), f.b = load_row(WPASS(1), r + half_d, 1 << 30, cols, lane, tpr);
-    } else {
-        f.a = load_row(WPASS(2), r, 1 << 30, cols, lane, tpr), f.b = load_row(WPASS(2), r + half_d, 1 << 30, cols, lane, tpr);
-    }
+    f.a = load_row(QKV_W(which), r, 1 << 30, cols, lane, tpr), f.b = load_row(QKV_W(which), r + half_d, 1 << 30, cols, lane, tpr);
     return f;
 }
 
@@ -811,16 +810,8 @@ inline void qkv_body(QKV_ARGS, int pos, struct qrow2 f, __local float *xs, __loc
         QKV_PICK(which, r, unit / half_d, i);
         float2 ab = (float2)(0.0f);
         if (unit < n_units) {
-            if (which == 0) {
-                ab.x = row_dot(WPASS(0), r, cols, lane, tpr, f.a, xs, xsum);
-                ab.y = row_dot(WPASS(0), r + half_d, cols, lane, tpr, f.b, xs, xsum);
-            } else if (which == 1) {
-                ab.x = row_dot(WPASS(1), r, cols, lane, tpr, f.a, xs, xsum);
-                ab.y = row_dot(WPASS(1), r + half_d, cols, lane, tpr, f.b, xs, xsum);
-            } else {
-                ab.x = row_dot(WPASS(2), r, cols, lane, tpr, f.a, xs, xsum);
-                ab.y = row_dot(WPASS(2), r + half_d, cols, lane, tpr, f.b, xs, xsum);
-            }
+            ab.x = row_dot(QKV_W(which), r, cols, lane, tpr, f.a, xs, xsum);
+            ab.y = row_dot(QKV_W(which), r + half_d, cols, lane, tpr, f.b, xs, xsum);
         }
         f = qkv_prefetch(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr, unit + stride, f);
         float4 k4_next = QKV_CONSTS(unit + stride);
