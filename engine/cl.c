@@ -74,8 +74,11 @@ struct tllm_cl {
     cl_mem bar, act;
     long bar_count;
     struct cl_launch l_token;
-    cl_mem kt, vc;     /* [layers x kv_dim x n_ctx], [layers x n_ctx x kv_dim] */
+    cl_mem kt, vc;     /* [layers x kv_dim x ctx_stride], [layers x ctx_stride x kv_dim] */
     int n_ctx;
+    /* positions a key row holds: n_ctx rounded up to whole 128-byte lines, so no line holds two rows
+     * (the caches of the compute units are not coherent: see LINE_PAD in decode.cl) */
+    int ctx_stride;
     /* TLLM_CL_PROFILE: per-kernel device times, summed over steps and printed by tllm_cl_free */
     int profile, n_events, prof_steps;
     cl_event *events;
@@ -260,8 +263,11 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
         if (i == 0) memcpy(fmt, f, sizeof f);
         uniform = !memcmp(fmt, f, sizeof f);
     }
-    char fixed[64] = "";
-    if (uniform) snprintf(fixed, sizeof fixed, "-DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
+    /* and the head size, so attention's loops and branches fold (H200: the `token` kernel's attention
+     * then has one form, not three, and the other phases run faster for the smaller program) */
+    char fixed[96] = "";
+    int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
+    if (uniform) snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
     /* int8 activations (XQ in decode.cl) where the CPU path takes them too (a packed model, i.e. not
      * --exact), for 4-bit models whose inputs split into blocks of 32. NVIDIA gets dp4a and warp
      * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
@@ -595,7 +601,7 @@ static void qkv_args(struct tllm_cl *cl, struct args *a, int l, int tpr) {
     ARG_INT(a, (int)(Lm->bv - m->vectors));
     ARG_F32(a, c->norm_eps);
     ARG_MEM(a, cl->inv_freq);
-    ARG_INT(a, cl->n_ctx);
+    ARG_INT(a, cl->ctx_stride);
     ARG_MEM(a, cl->qb);
     ARG_MEM(a, cl->kt);
     ARG_MEM(a, cl->vc);
@@ -612,7 +618,7 @@ static int bind_token(struct tllm_cl *cl) {
     if (rc) return rc;
     cl_mem bufs[] = {cl->arena, cl->desc, cl->vecs, cl->inv_freq, cl->act, cl->part, cl->kt, cl->vc, cl->logits, cl->best, cl->next, cl->bar};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ARG_MEM(&a, bufs[i]);
-    int ints[] = {c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, cl->n_ctx,
+    int ints[] = {c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, cl->ctx_stride,
                   (int)(m->final_norm - m->vectors)};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) ARG_INT(&a, ints[i]);
     ARG_F32(&a, c->norm_eps);
@@ -657,7 +663,7 @@ static int bind_all(struct tllm_cl *cl) {
         ARG_MEM(&a, cl->kt);
         ARG_MEM(&a, cl->vc);
         ARG_MEM(&a, cl->part);
-        ARG_INT(&a, cl->n_ctx);
+        ARG_INT(&a, cl->ctx_stride);
         ARG_INT(&a, c->head_dim);
         ARG_INT(&a, c->n_heads);
         ARG_INT(&a, c->n_kv_heads);
@@ -812,6 +818,7 @@ static int token_buffers(struct tllm_cl *cl) {
 
 int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
     *out = NULL;
+    if (n_ctx < 1 || n_ctx > (1 << 24)) return tllm_fail(TLLM_ERR_ARG, "opencl: context of %d positions (1 to 16777216)", n_ctx);
     cl_device_id devs[MAX_DEVICES];
     cl_platform_id plats[MAX_DEVICES];
     int n = all_devices(devs, plats, MAX_DEVICES), pick = -1;
@@ -834,6 +841,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     cl->m = m;
     cl->dev = devs[pick];
     cl->n_ctx = n_ctx;
+    cl->ctx_stride = (n_ctx + 31) & ~31;
     char dname[128] = "", pname[128] = "";
     clGetDeviceInfo(cl->dev, CL_DEVICE_NAME, sizeof dname, dname, NULL);
     clGetPlatformInfo(plats[pick], CL_PLATFORM_NAME, sizeof pname, pname, NULL);
@@ -884,8 +892,8 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
                                 "attention partials");
     if (!rc) rc = device_buffer(cl, &cl->best, n_groups_max * 8, "argmax partials");
     if (!rc) rc = device_buffer(cl, &cl->next, 2 * sizeof(cl_int), "token id");
-    if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
-    if (!rc) rc = device_buffer(cl, &cl->vc, (size_t)c->n_layers * kv_dim * n_ctx * 4, "KV cache");
+    if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * (size_t)cl->ctx_stride * 4, "KV cache");
+    if (!rc) rc = device_buffer(cl, &cl->vc, (size_t)c->n_layers * kv_dim * (size_t)cl->ctx_stride * 4, "KV cache");
     if (!rc) rc = bind_all(cl);
     if (!rc && cl->profile) {
         measure_floor(cl);
@@ -1102,22 +1110,23 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
     return TLLM_OK;
 }
 
-/* The two caches as rectangles: keys have layers*kv_dim rows of n_ctx positions; values have `layers`
- * rows of n_ctx*kv_dim floats. */
+/* The two caches as rectangles: keys have layers*kv_dim rows of positions, values `layers` rows of
+ * positions*kv_dim floats, where a row holds ctx_stride positions on the device and n_ctx on the host. */
 static int kv_copy(struct tllm_cl *cl, float *key_cache, float *value_cache, int p0, int p1, int up) {
     if (p1 <= p0) return TLLM_OK;
     const struct tllm_config *c = &cl->m->cfg;
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, L = (size_t)c->n_layers, nc = (size_t)cl->n_ctx;
+    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, L = (size_t)c->n_layers;
+    size_t dk = (size_t)cl->ctx_stride * 4, hk = (size_t)cl->n_ctx * 4; /* row pitches: device, host */
     size_t ko[3] = {(size_t)p0 * 4, 0, 0}, kr[3] = {(size_t)(p1 - p0) * 4, L * kv_dim, 1};
     size_t vo[3] = {(size_t)p0 * kv_dim * 4, 0, 0}, vr[3] = {(size_t)(p1 - p0) * kv_dim * 4, L, 1};
     if (up) {
-        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->kt, CL_FALSE, ko, ko, kr, nc * 4, 0, nc * 4, 0, key_cache, 0, NULL, NULL));
-        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->vc, CL_TRUE, vo, vo, vr, nc * kv_dim * 4, 0, nc * kv_dim * 4, 0,
-                                        value_cache, 0, NULL, NULL));
+        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->kt, CL_FALSE, ko, ko, kr, dk, 0, hk, 0, key_cache, 0, NULL, NULL));
+        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->vc, CL_TRUE, vo, vo, vr, dk * kv_dim, 0, hk * kv_dim, 0, value_cache, 0,
+                                        NULL, NULL));
     } else {
-        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->kt, CL_FALSE, ko, ko, kr, nc * 4, 0, nc * 4, 0, key_cache, 0, NULL, NULL));
-        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->vc, CL_TRUE, vo, vo, vr, nc * kv_dim * 4, 0, nc * kv_dim * 4, 0,
-                                       value_cache, 0, NULL, NULL));
+        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->kt, CL_FALSE, ko, ko, kr, dk, 0, hk, 0, key_cache, 0, NULL, NULL));
+        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->vc, CL_TRUE, vo, vo, vr, dk * kv_dim, 0, hk * kv_dim, 0, value_cache, 0,
+                                       NULL, NULL));
     }
     return TLLM_OK;
 }

@@ -98,6 +98,13 @@ inline float shfl_xor(float v, int m) {
     return r;
 }
 
+/* lane src's v, to every lane of the warp */
+inline float shfl_idx(float v, int src) {
+    float r;
+    asm volatile("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(src));
+    return r;
+}
+
 /* wg_reduce of n >= 32 threads: within each warp, then across the n / 32 warps */
 inline float wg_reduce_shfl(float v, __local float *red, int n, int is_max) {
     int lid = get_local_id(0);
@@ -828,6 +835,75 @@ __kernel void qkv(QKV_ARGS, int pos) {
     qkv_body(QKV_PASS, pos, qkv_first(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, cols, tpr), xs, xsum, red, red2);
 }
 
+#if defined(SHFL_PTX)
+/* acc[t] += sum over the warp's 32 positions c0 + j of lane j's e times V[c0 + j][lane + 32 t], t < dpl
+ * (a constant where called, so x's indices are too): 32 values a lane read at once, then weighed,
+ * because the compiler keeps loads after a shuffle's asm, one memory latency each. */
+inline void v_weigh(__global const float *vp, int c0, int p1, int kv_dim, float e, float *acc, int dpl) {
+    for (int j0 = 0; j0 < 32; j0 += 32 / dpl) {
+        float x[32];
+#pragma unroll
+        for (int j = 0; j < 32; j++) x[j] = vp[(size_t)min(c0 + j0 + j / dpl, p1 - 1) * kv_dim + 32 * (j % dpl)];
+#pragma unroll
+        for (int j = 0; j < 32; j += dpl) {
+            float ej = shfl_idx(e, j0 + j / dpl);
+#pragma unroll
+            for (int t = 0; t < dpl; t++) acc[t] += ej * x[j + t];
+        }
+    }
+}
+
+/* attention_body on NVIDIA for hd % 32 == 0, hd <= 128: each warp keeps its own online softmax over
+ * 32 positions of every ATT_LWS block (max and sum by shuffles, no work-group barrier), and the warps
+ * are combined once at the end. A lane scores one position with all its key reads in flight, then
+ * owns hd / 32 dims of V, taking each position's weight from its lane by a shuffle: two memory
+ * latencies a block where the work-group form has a chain of barriers and partly serial reads. */
+inline void attention_warps(__global const float *q, __global const float *k, __global const float *v, int n_ctx,
+                            int hd, int kv_dim, int p0, int p1, float scale, __global float *o, __local float *red,
+                            __local float4 *acc_l) {
+    int lid = get_local_id(0), lane = lid % 32, w = lid / 32, dpl = hd / 32;
+    float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = p0 + 32 * w; c0 < p1; c0 += ATT_LWS) {
+        int p = c0 + lane, pc = min(p, p1 - 1); /* rows past the span are read (clamped) but weigh 0 */
+        __global const float *kp = k + pc;
+        float4 d4 = (float4)(0.0f);
+#pragma unroll 16
+        for (int i = 0; i < hd; i += 4)
+            d4 += vload4(0, q + i) * (float4)(kp[(size_t)i * n_ctx], kp[(size_t)(i + 1) * n_ctx],
+                                              kp[(size_t)(i + 2) * n_ctx], kp[(size_t)(i + 3) * n_ctx]);
+        float d = p < p1 ? ((d4.x + d4.y) + (d4.z + d4.w)) * scale : -INFINITY, mw = d;
+        for (int s = 16; s > 0; s >>= 1) mw = fmax(mw, shfl_xor(mw, s));
+        float m_new = fmax(m, mw), alpha = exp(m - m_new), e = exp(d - m_new), sum = e;
+        for (int s = 16; s > 0; s >>= 1) sum += shfl_xor(sum, s);
+        l = l * alpha + sum;
+        m = m_new;
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[j] *= alpha;
+        __global const float *vp = v + lane;
+        if (dpl == 2) v_weigh(vp, c0, p1, kv_dim, e, acc, 2);
+        else if (dpl == 1) v_weigh(vp, c0, p1, kv_dim, e, acc, 1);
+        else v_weigh(vp, c0, p1, kv_dim, e, acc, 4);
+    }
+    __local float *al = (__local float *)acc_l; /* [warp][hd] */
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+        if (t < dpl) al[w * hd + lane + 32 * t] = acc[t];
+    if (lane == 0) red[2 * w] = m, red[2 * w + 1] = l;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < hd) {
+        float mx = -INFINITY, den = 0.0f, num = 0.0f;
+        for (int i = 0; i < ATT_LWS / 32; i++) mx = fmax(mx, red[2 * i]);
+        for (int i = 0; i < ATT_LWS / 32; i++) {
+            float f = exp(red[2 * i] - mx); /* 0 for a warp that had no position */
+            den += red[2 * i + 1] * f, num += al[i * hd + lid] * f;
+        }
+        o[2 + lid] = num;
+        if (lid == 0) o[0] = mx, o[1] = den;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* red and acc_l are reused by the next (s, h) of a persistent group */
+}
+#endif
+
 /* Work-group (s, h): query head h over positions [s * span, min((s + 1) * span, pos + 1)), scored
  * ATT_LWS at a time with an online softmax. Leaves (max, sum of exp, sum of exp * v[head_dim]) in
  * part[h][s] for attn_out to combine. hd % 4 == 0 and ATT_LWS >= hd / 4 (the host checks). */
@@ -835,6 +911,9 @@ inline void attention_body(__global const float *q, __global const float *kt, __
                            __global float *part, int n_ctx, int hd, int n_heads, int n_kv, int layer, int pos, int span,
                            int s, int h, __local float *sl, __local float *red, __local float4 *acc_l) {
     int lid = get_local_id(0);
+#ifdef HEAD_DIM
+    hd = HEAD_DIM; /* the host compiles the model's in: one form of attention, not three (see cl.c) */
+#endif
     int g = h / (n_heads / n_kv), kv_dim = n_kv * hd;
     int p0 = s * span, p1 = min(p0 + span, pos + 1);
     float scale = rsqrt((float)hd);
@@ -843,6 +922,13 @@ inline void attention_body(__global const float *q, __global const float *kt, __
     q += h * hd; /* read by every thread (the same addresses: broadcast), together with its keys */
     __global const float *k = kt + (size_t)g * hd * n_ctx;
     __global const float *v = vc + (size_t)g * hd;
+#if defined(SHFL_PTX) && ATT_LWS % 32 == 0
+    if (hd % 32 == 0 && hd <= 128 && hd <= ATT_LWS) {
+        attention_warps(q, k, v, n_ctx, hd, kv_dim, p0, p1, scale, part + ((size_t)h * ATT_MAX_SPLIT + s) * (hd + 2),
+                        red, acc_l);
+        return;
+    }
+#endif
     int hd4 = hd / 4, parts = ATT_LWS / hd4, i4 = lid % hd4, pt = lid / hd4; /* V: (part, 4 dims) per thread */
     float m = -INFINITY, l = 0.0f;
     float4 acc = (float4)(0.0f);
@@ -1004,10 +1090,10 @@ inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const 
  * that held the end of one activation and the start of another, cached by a read of the first, could
  * later serve a compute unit stale values of the second, written meanwhile by another (H200: wrong
  * logits with ATT_MAX_SPLIT 1 or 2, whose per-layer partials were not whole lines). So every region
- * of `act` and `part` starts on a line (the buffers themselves are aligned far more). The KV cache
- * needs no padding: a layer's attention reads its cache only after the qkv phase wrote position pos,
- * and the previous layer's reads reach the line it shares with this layer's first positions only
- * when pos is among both the first and the last positions of a row (caches under 64 positions). */
+ * of `act` and `part` starts on a line (the buffers themselves are aligned far more). The KV cache's
+ * rows are whole lines too (the host rounds its positions per row, n_ctx, up to a multiple of 32):
+ * otherwise, in a cache under 64 positions, the previous layer's reads of its last key row could
+ * cache the line that holds this layer's first row and its new position. */
 #define LINE_PAD(n) (((size_t)(n) + 31) & ~(size_t)31)
 
 /* A whole decode step in one launch (GPUs): embedding, every layer's five steps above, the lm_head and
