@@ -11,14 +11,16 @@
 #include "engine/cl.h"
 
 static const char usage[] =
-    "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-t 1,2] [-o md|json|csv] [--quantize BITS]\n"
+    "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-t 1,2] [-o md|json|csv] [--step-sync] [--quantize BITS]\n"
     "  -p LIST   prompt lengths to prefill (pp tests; 0 skips)\n"
     "  -n LIST   tokens to decode (tg tests; 0 skips)\n"
     "  -d LIST   depths: tokens already in the context (prefilled, not timed) before each test\n"
     "  -r N      repetitions of each test after one warm-up (default 5)\n"
     "  -t LIST   thread counts (default: physical cores)\n"
     "  -o FMT    md (default), json (llama-bench's field names) or csv\n"
-    "Tokenization and sampling are not timed: tests feed random token ids.\n";
+    "  --step-sync  tg: wait for each token before the next step (what a sampler on the host needs;\n"
+    "            by default the device runs a step ahead, as greedy generation does)\n"
+    "Tokenization and sampling are not timed: pp tests feed random token ids, tg tests greedy ones.\n";
 
 struct result {
     const char *test_kind; /* "pp" or "tg" */
@@ -39,7 +41,7 @@ static void parse_list(const char *flag, const char *s, int *out, int *n, int lo
     free(v);
 }
 
-static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen, int32_t *ids, float *logits) {
+static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen, int32_t *ids, float *logits, int sync) {
     tllm_ctx_reset(&s->ctx);
     if (depth > 0 && tllm_ctx_forward(&s->ctx, ids, depth, NULL, TLLM_LOGITS_NONE)) cli_die_lib();
     double t0 = tllm_now();
@@ -47,10 +49,19 @@ static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen
         if (tllm_ctx_forward(&s->ctx, ids + depth, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
         return (double)n_prompt / (tllm_now() - t0);
     }
-    /* decode as greedy generation does: logits and their argmax (on the device when one is in use) */
-    int32_t next;
-    for (int i = 0; i < n_gen; i++)
-        if (tllm_ctx_decode_argmax(&s->ctx, ids[depth + i], &next)) cli_die_lib();
+    /* decode as greedy generation does (tllm_generate): each token the argmax of the last one's logits
+     * (on the device when one is in use), the step for the next token queued before the last is read
+     * back; or with sync, one step at a time */
+    int32_t next = ids[depth];
+    if (sync) {
+        for (int i = 0; i < n_gen; i++)
+            if (tllm_ctx_decode_argmax(&s->ctx, next, &next)) cli_die_lib();
+    } else if (n_gen > 0) {
+        if (tllm_ctx_greedy_push(&s->ctx, next)) cli_die_lib();
+        for (int i = 1; i < n_gen; i++)
+            if (tllm_ctx_greedy_push(&s->ctx, -1) || tllm_ctx_greedy_pop(&s->ctx, &next)) cli_die_lib();
+        if (tllm_ctx_greedy_pop(&s->ctx, &next)) cli_die_lib();
+    }
     (void)logits;
     return (double)n_gen / (tllm_now() - t0);
 }
@@ -65,7 +76,7 @@ static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
 
 int cmd_bench(int argc, char **argv) {
     struct cli_model_opts mo = {0};
-    int pp[16] = {512}, n_pp = 1, tg[16] = {128}, n_tg = 1, th[16] = {0}, n_th = 1, dp[16] = {0}, n_dp = 1, reps = 5;
+    int pp[16] = {512}, n_pp = 1, tg[16] = {128}, n_tg = 1, th[16] = {0}, n_th = 1, dp[16] = {0}, n_dp = 1, reps = 5, sync = 0;
     const char *fmt = "md";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -74,6 +85,7 @@ int cmd_bench(int argc, char **argv) {
         else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) parse_list(a, cli_value(argc, argv, &i), dp, &n_dp, 0);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) parse_list(a, cli_value(argc, argv, &i), th, &n_th, 1);
         else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 64);
+        else if (!strcmp(a, "--step-sync")) sync = 1;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             fmt = cli_value(argc, argv, &i);
             if (strcmp(fmt, "md") && strcmp(fmt, "json") && strcmp(fmt, "csv")) cli_die("-o: '%s' is not md, json or csv", fmt);
@@ -126,10 +138,10 @@ int cmd_bench(int argc, char **argv) {
                 struct result *r = &res[n_res++];
                 memset(r, 0, sizeof *r);
                 *r = (struct result){.test_kind = kind ? "tg" : "pp", .n_prompt = np, .n_gen = ng, .depth = d, .threads = th[ti], .reps = reps};
-                run_test(&s, d, np, ng, ids, logits); /* warm-up */
+                run_test(&s, d, np, ng, ids, logits, sync); /* warm-up */
                 double sum = 0, sq = 0;
                 for (int i = 0; i < reps; i++) {
-                    r->samples_ts[i] = run_test(&s, d, np, ng, ids, logits);
+                    r->samples_ts[i] = run_test(&s, d, np, ng, ids, logits, sync);
                     sum += r->samples_ts[i];
                 }
                 r->avg_ts = sum / reps;

@@ -95,6 +95,20 @@ struct tllm_cl {
     cl_ulong *times_host; /* TLLM_CL_PROFILE=phases: the step's `times`, read back (phase_times_len) */
     int int8; /* the matvecs take int8 activations (XQ in decode.cl) */
     double host_enqueue_s, host_wait_s;
+    /* greedy steps enqueued and not yet read back (tllm_cl_step_enqueue), oldest at pend_head */
+    struct cl_pending {
+        cl_int *res; /* read back: the argmax, and whether a grid barrier gave up (in res_host) */
+        cl_event ev; /* when res is there (NULL: it already is) */
+        int32_t id;    /* the step's token (< 0: the previous step's argmax) */
+        int pos;
+    } pend[TLLM_CL_AHEAD];
+    int pend_head, pend_n;
+    /* where the pending steps' results land: pinned memory (a mapped ALLOC_HOST_PTR buffer), so an
+     * asynchronous read is a copy the device does on its own (NVIDIA's OpenCL reads into ordinary
+     * memory only when the host waits for it); res_own when the mapping fails */
+    cl_mem res_buf;
+    cl_int *res_host, res_own[2 * TLLM_CL_AHEAD];
+    int32_t last_next; /* the latest argmax the host has: what an id < 0 stands for when a step is redone */
 };
 
 static const char *cl_err_name(cl_int e) {
@@ -641,6 +655,8 @@ static int bind_all(struct tllm_cl *cl) {
     arg_weights(&a, &cl->embed);
     ARG_INT(&a, c->dim);
     ARG_MEM(&a, cl->x);
+    ARG_MEM(&a, cl->next);
+    ARG_INT(&a, c->vocab_size);
     cl->l_embed.dyn = a.i;
     cl->l_embed.dims = 1, cl->l_embed.kind = K_EMBED, cl->l_embed.local[0] = 64;
     cl->l_embed.global[0] = ((size_t)c->dim + 63) / 64 * 64;
@@ -816,6 +832,20 @@ static int token_buffers(struct tllm_cl *cl) {
     return rc;
 }
 
+/* res_host: pinned where the platform gives it, else res_own (slower, still right) */
+static void pin_results(struct tllm_cl *cl) {
+    cl_int e;
+    size_t n = sizeof cl->res_own;
+    cl->res_host = cl->res_own;
+    cl->res_buf = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n, NULL, &e);
+    if (e != CL_SUCCESS) {
+        cl->res_buf = NULL;
+        return;
+    }
+    void *h = clEnqueueMapBuffer(cl->q, cl->res_buf, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, n, 0, NULL, NULL, &e);
+    if (e == CL_SUCCESS && h) cl->res_host = h;
+}
+
 int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
     *out = NULL;
     if (n_ctx < 1 || n_ctx > (1 << 24)) return tllm_fail(TLLM_ERR_ARG, "opencl: context of %d positions (1 to 16777216)", n_ctx);
@@ -892,6 +922,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
                                 "attention partials");
     if (!rc) rc = device_buffer(cl, &cl->best, n_groups_max * 8, "argmax partials");
     if (!rc) rc = device_buffer(cl, &cl->next, 2 * sizeof(cl_int), "token id");
+    if (!rc) pin_results(cl);
     if (!rc) rc = device_buffer(cl, &cl->kt, (size_t)c->n_layers * kv_dim * (size_t)cl->ctx_stride * 4, "KV cache");
     if (!rc) rc = device_buffer(cl, &cl->vc, (size_t)c->n_layers * kv_dim * (size_t)cl->ctx_stride * 4, "KV cache");
     if (!rc) rc = bind_all(cl);
@@ -956,8 +987,20 @@ static void collect_phases(struct tllm_cl *cl, double wall) {
     cl->prof_steps++;
 }
 
+/* Waits for every pending step and forgets them (after an error, or to drop a guess) */
+static void drop_pending(struct tllm_cl *cl) {
+    if (cl->pend_n) clFinish(cl->q);
+    for (; cl->pend_n; cl->pend_n--, cl->pend_head = (cl->pend_head + 1) % TLLM_CL_AHEAD)
+        if (cl->pend[cl->pend_head].ev) clReleaseEvent(cl->pend[cl->pend_head].ev);
+}
+
 void tllm_cl_free(struct tllm_cl *cl) {
     if (!cl) return;
+    drop_pending(cl);
+    if (cl->res_buf && cl->res_host != cl->res_own) {
+        clEnqueueUnmapMemObject(cl->q, cl->res_buf, cl->res_host, 0, NULL, NULL);
+        clFinish(cl->q);
+    }
     if (cl->profile || cl->phases) print_profile(cl);
     if (cl->host_times && cl->host_steps)
         fprintf(stderr, "opencl host, %s, %d steps: enqueue %.1f us, wait %.1f us per token\n", cl->name, cl->host_steps,
@@ -980,7 +1023,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
                 if (lk[i]->k) clReleaseKernel(lk[i]->k);
         }
     free(cl->layers);
-    cl_mem bufs[] = {cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
+    cl_mem bufs[] = {cl->res_buf, cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) clReleaseMemObject(bufs[i]);
     if (cl->prog) clReleaseProgram(cl->prog);
@@ -1073,6 +1116,7 @@ static void collect_profile(struct tllm_cl *cl, double wall) {
 
 int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next) {
     if (pos < 0 || pos >= cl->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "opencl: position %d outside the cache of %d", pos, cl->n_ctx);
+    if (cl->pend_n) return tllm_fail(TLLM_ERR_ARG, "opencl: a step while %d greedy steps are pending", cl->pend_n);
     double t0 = cl->profile || cl->host_times || cl->phases ? tllm_now() : 0;
     cl_int e = enqueue_step(cl, id, pos, next != NULL);
     double t1 = cl->host_times ? tllm_now() : 0;
@@ -1109,6 +1153,71 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
     }
     return TLLM_OK;
 }
+
+int tllm_cl_step_enqueue(struct tllm_cl *cl, int32_t id, int pos) {
+    if (pos < 0 || pos >= cl->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "opencl: position %d outside the cache of %d", pos, cl->n_ctx);
+    if (cl->pend_n == TLLM_CL_AHEAD) return tllm_fail(TLLM_ERR_LIMIT, "opencl: %d greedy steps pending already", cl->pend_n);
+    int slot = (cl->pend_head + cl->pend_n) % TLLM_CL_AHEAD;
+    struct cl_pending *p = &cl->pend[slot];
+    *p = (struct cl_pending){.res = cl->res_host + 2 * slot, .id = id, .pos = pos};
+    if (cl->profile || cl->host_times || cl->phases) { /* measured one step at a time: it runs now */
+        int n = cl->pend_n, rc;
+        cl->pend_n = 0; /* tllm_cl_step refuses to run past pending steps, and these are done */
+        rc = tllm_cl_step(cl, id < 0 ? cl->last_next : id, pos, NULL, &p->res[0]);
+        p->res[1] = 0;
+        if (!rc) cl->last_next = p->res[0];
+        cl->pend_n = n + !rc;
+        return rc;
+    }
+    cl_int e = enqueue_step(cl, id, pos, 1);
+    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, cl->next, CL_FALSE, 0, 2 * sizeof(cl_int), p->res, 0, NULL, &p->ev);
+    if (e == CL_SUCCESS) e = clFlush(cl->q); /* the device starts on it while the host goes on */
+    if (e != CL_SUCCESS) {
+        if (p->ev) clReleaseEvent(p->ev);
+        p->ev = NULL;
+        return tllm_fail(TLLM_ERR_IO, "opencl: decode step on %s: %s (%d)", cl->name, cl_err_name(e), e);
+    }
+    cl->pend_n++;
+    return TLLM_OK;
+}
+
+int tllm_cl_step_wait(struct tllm_cl *cl, int32_t *next) {
+    if (!cl->pend_n) return tllm_fail(TLLM_ERR_ARG, "opencl: no greedy step pending");
+    struct cl_pending *p = &cl->pend[cl->pend_head];
+    cl_int e = p->ev ? clWaitForEvents(1, &p->ev) : CL_SUCCESS;
+    if (p->ev && e == CL_SUCCESS) clGetEventInfo(p->ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof e, &e, NULL);
+    if (p->ev) clReleaseEvent(p->ev);
+    int32_t arg = p->res[0], id = p->id;
+    int gave_up = p->res[1], pos = p->pos;
+    cl->pend_head = (cl->pend_head + 1) % TLLM_CL_AHEAD, cl->pend_n--;
+    if (e < 0) {
+        drop_pending(cl);
+        return tllm_fail(TLLM_ERR_IO, "opencl: decode step on %s: %s (%d)", cl->name, cl_err_name(e), e);
+    }
+    if (gave_up) {
+        /* a grid barrier gave up: this step and the pending ones after it are garbage. Redo them one
+         * kernel per launch (tllm_cl_step switches), in order: an id < 0 of the first is the last
+         * argmax the host read; the later ones take theirs from the device again */
+        int32_t ids[TLLM_CL_AHEAD];
+        int at[TLLM_CL_AHEAD], n_rest = cl->pend_n;
+        for (int i = 0; i < n_rest; i++) {
+            const struct cl_pending *r = &cl->pend[(cl->pend_head + i) % TLLM_CL_AHEAD];
+            ids[i] = r->id, at[i] = r->pos;
+        }
+        drop_pending(cl);
+        int rc = tllm_cl_step(cl, id < 0 ? cl->last_next : id, pos, NULL, &arg);
+        for (int i = 0; i < n_rest && !rc; i++) rc = tllm_cl_step_enqueue(cl, ids[i], at[i]);
+        if (rc) return rc;
+    }
+    if (arg < 0 || arg >= cl->m->cfg.vocab_size) {
+        drop_pending(cl);
+        return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos);
+    }
+    *next = cl->last_next = arg;
+    return TLLM_OK;
+}
+
+int tllm_cl_pending(const struct tllm_cl *cl) { return cl->pend_n; }
 
 /* The two caches as rectangles: keys have layers*kv_dim rows of positions, values `layers` rows of
  * positions*kv_dim floats, where a row holds ctx_stride positions on the device and n_ctx on the host. */

@@ -28,6 +28,16 @@ const char *tllm_cl_device_name(const struct tllm_cl *cl);
  * logits != NULL: copied back [vocab]; next != NULL: argmax on the device. */
 int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next);
 
+/* Greedy decoding a step ahead: tllm_cl_step_enqueue queues the step for token `id` at pos with the
+ * argmax on the device and returns at once; id < 0 stands for the previous step's argmax, which the
+ * host need not have read yet (so the device goes from one step to the next without waiting for the
+ * host). tllm_cl_step_wait returns the argmax of the oldest queued step. At most TLLM_CL_AHEAD queued;
+ * tllm_cl_step refuses to run while any is. */
+#define TLLM_CL_AHEAD 4
+int tllm_cl_step_enqueue(struct tllm_cl *cl, int32_t id, int pos);
+int tllm_cl_step_wait(struct tllm_cl *cl, int32_t *next);
+int tllm_cl_pending(const struct tllm_cl *cl);
+
 /* Copy cache positions [p0, p1) host -> device or device -> host; the host layout is the CPU
  * context's (keys [layer][kv_head][dim][n_ctx], values [layer][n_ctx][kv_dim]). */
 int tllm_cl_kv_upload(struct tllm_cl *cl, const float *key_cache, const float *value_cache, int p0, int p1);

@@ -85,9 +85,20 @@ void tllm_ctx_free(struct tllm_ctx *ctx) {
     memset(ctx, 0, sizeof *ctx);
 }
 
-void tllm_ctx_reset(struct tllm_ctx *ctx) { ctx->pos = ctx->host_valid = ctx->dev_valid = 0; }
+/* Forget the greedy steps pushed and not popped (a device finishes them first: they write its cache) */
+static void drop_ahead(struct tllm_ctx *ctx) {
+    int32_t id;
+    while (ctx->n_ahead)
+        if (tllm_ctx_greedy_pop(ctx, &id)) ctx->n_ahead = 0; /* a failed step: the device dropped the rest */
+}
+
+void tllm_ctx_reset(struct tllm_ctx *ctx) {
+    drop_ahead(ctx);
+    ctx->pos = ctx->host_valid = ctx->dev_valid = 0;
+}
 
 void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
+    drop_ahead(ctx);
     if (pos < 0 || pos >= ctx->pos) return;
     ctx->pos = pos;
     if (ctx->host_valid > pos) ctx->host_valid = pos;
@@ -95,18 +106,19 @@ void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
 }
 
 void tllm_ctx_use_cl(struct tllm_ctx *ctx, struct tllm_cl *cl) {
+    drop_ahead(ctx);
     ctx->cl = cl;
     ctx->dev_valid = 0;
 }
 
 /* One token on the device: first bring the device cache up to date with what the CPU computed. */
-static int cl_decode(struct tllm_ctx *ctx, int32_t id, float *logits, int32_t *next) {
+static int cl_decode(struct tllm_ctx *ctx, int32_t id, float *logits) {
     int rc;
     if (ctx->dev_valid < ctx->pos) {
         if ((rc = tllm_cl_kv_upload(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->dev_valid, ctx->pos))) return rc;
         ctx->dev_valid = ctx->pos;
     }
-    rc = tllm_cl_step(ctx->cl, id, ctx->pos, logits, next);
+    rc = tllm_cl_step(ctx->cl, id, ctx->pos, logits, NULL);
     if (rc) return rc;
     ctx->dev_valid = ++ctx->pos;
     return TLLM_OK;
@@ -292,8 +304,16 @@ static void forward_step(struct tllm_ctx *ctx, const int32_t *ids, int n, float 
     linear(&m->lm_head, &a, logits);
 }
 
+static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode);
+
 int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
                      enum tllm_logits_mode mode) {
+    if (ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "%d greedy steps are still pushed (pop them first)", ctx->n_ahead);
+    return forward_ids(ctx, ids, n, logits, mode);
+}
+
+/* tllm_ctx_forward, which CPU greedy steps also use while earlier ones wait to be popped */
+static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode) {
     const struct tllm_config *c = &ctx->m->cfg;
     if (n <= 0) return tllm_fail(TLLM_ERR_ARG, "no tokens to process");
     if (n > ctx->n_ctx - ctx->pos)
@@ -304,7 +324,7 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
             return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", ids[i],
                              c->vocab_size);
     if (ctx->cl && n == 1 && mode != TLLM_LOGITS_ALL)
-        return cl_decode(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL, NULL);
+        return cl_decode(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL);
     if (ctx->cl && ctx->host_valid < ctx->pos) { /* positions the device decoded: the CPU needs them now */
         int rc = tllm_cl_kv_download(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->host_valid, ctx->pos);
         if (rc) return rc;
@@ -330,17 +350,48 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
 }
 
 int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next) {
+    if (id < 0) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, ctx->m->cfg.vocab_size);
+    if (ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "%d greedy steps are still pushed (pop them first)", ctx->n_ahead);
+    int rc = tllm_ctx_greedy_push(ctx, id);
+    return rc ? rc : tllm_ctx_greedy_pop(ctx, next);
+}
+
+int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
     const struct tllm_config *c = &ctx->m->cfg;
-    if (id < 0 || id >= c->vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, c->vocab_size);
+    if (id >= c->vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, c->vocab_size);
+    if (id < 0 && !ctx->n_ahead && !ctx->cl) return tllm_fail(TLLM_ERR_ARG, "no greedy step before this one to take the token from");
     if (ctx->pos >= ctx->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens", ctx->pos);
-    if (ctx->cl) return cl_decode(ctx, id, NULL, next);
+    if (ctx->n_ahead == TLLM_GREEDY_AHEAD) return tllm_fail(TLLM_ERR_LIMIT, "%d greedy steps pushed already", ctx->n_ahead);
+    int rc;
+    if (ctx->cl) {
+        if (ctx->dev_valid < ctx->pos &&
+            (rc = tllm_cl_kv_upload(ctx->cl, ctx->key_cache, ctx->value_cache, ctx->dev_valid, ctx->pos)))
+            return rc;
+        if ((rc = tllm_cl_step_enqueue(ctx->cl, id, ctx->pos))) return rc;
+        ctx->dev_valid = ++ctx->pos;
+        ctx->n_ahead++;
+        return TLLM_OK;
+    }
+    if (id < 0) id = ctx->last_argmax;
     if (!ctx->logits_buf && !(ctx->logits_buf = malloc((size_t)c->vocab_size * sizeof(float))))
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    int rc = tllm_ctx_forward(ctx, &id, 1, ctx->logits_buf, TLLM_LOGITS_LAST);
-    if (rc) return rc;
+    if ((rc = forward_ids(ctx, &id, 1, ctx->logits_buf, TLLM_LOGITS_LAST))) return rc;
     int best = 0;
     for (int i = 1; i < c->vocab_size; i++)
         if (ctx->logits_buf[i] > ctx->logits_buf[best]) best = i;
-    *next = best;
+    ctx->ahead[(ctx->ahead_head + ctx->n_ahead++) % TLLM_GREEDY_AHEAD] = ctx->last_argmax = best;
+    return TLLM_OK;
+}
+
+int tllm_ctx_greedy_pop(struct tllm_ctx *ctx, int32_t *next) {
+    if (!ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "no greedy step pushed");
+    ctx->n_ahead--;
+    if (ctx->cl) {
+        int rc = tllm_cl_step_wait(ctx->cl, next);
+        ctx->n_ahead = tllm_cl_pending(ctx->cl); /* after a failure the device forgets the rest */
+        return rc;
+    }
+    *next = ctx->ahead[ctx->ahead_head];
+    ctx->ahead_head = (ctx->ahead_head + 1) % TLLM_GREEDY_AHEAD;
     return TLLM_OK;
 }

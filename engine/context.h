@@ -12,6 +12,8 @@ enum tllm_logits_mode {
     TLLM_LOGITS_ALL,  /* logits of every token fed: [n x vocab] */
 };
 
+#define TLLM_GREEDY_AHEAD 2 /* greedy steps a context keeps pushed at most */
+
 struct tllm_ctx {
     const struct tllm_model *m;
     int n_ctx;          /* KV cache capacity in tokens */
@@ -43,6 +45,10 @@ struct tllm_ctx {
     int host_valid;     /* positions [0, host_valid) of the host cache are current */
     int dev_valid;      /* positions [0, dev_valid) of the device cache are current */
     float *logits_buf;  /* [vocab], for tllm_ctx_decode_argmax on the CPU */
+    /* greedy steps pushed and not yet popped (tllm_ctx_greedy_push); on the CPU their argmaxes */
+    int n_ahead, ahead_head;
+    int32_t ahead[TLLM_GREEDY_AHEAD];
+    int32_t last_argmax; /* of the latest CPU greedy step: what an id < 0 stands for there */
 };
 
 /* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. */
@@ -66,5 +72,13 @@ void tllm_ctx_use_cl(struct tllm_ctx *ctx, struct tllm_cl *cl);
 /* Feed one token and return the argmax of its logits (on the device when one is in use: only the id
  * crosses the bus). */
 int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next);
+
+/* Greedy decoding a step ahead (what tllm_generate does for a greedy sampler): push feeds token id at
+ * the next position, or with id < 0 the argmax of the previous push, which the caller need not have
+ * popped (on a device, push only queues the step, so the device runs the next step while the host
+ * handles the last token); pop returns the argmax of the oldest push. At most TLLM_GREEDY_AHEAD
+ * pushes outstanding; tllm_ctx_forward refuses to run while any is, truncate and reset drop them. */
+int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id);
+int tllm_ctx_greedy_pop(struct tllm_ctx *ctx, int32_t *next);
 
 #endif

@@ -92,6 +92,88 @@ static size_t stop_holdback(const char *text, size_t len, const char *const *sto
     return hold;
 }
 
+/* What the generation loop carries from token to token */
+struct gen {
+    struct tllm_tok *tok;
+    struct tllm_sampler *s;
+    const struct tllm_gen_params *p;
+    tllm_gen_cb cb;
+    void *user;
+    struct tllm_gen_result *r;
+    struct tllm_tok_stream ts;
+    size_t emitted;
+    int stopped;
+};
+
+/* Takes generated token id: its text out through the callback, held back while it may be the start
+ * of a stop string. *done (with r->finish) when generation ends at it. */
+static int take_token(struct gen *g, int32_t id, int *done) {
+    const struct tllm_gen_params *p = g->p;
+    struct tllm_gen_result *r = g->r;
+    int rc, n_stop = g->tok ? p->n_stop : 0;
+    *done = 1;
+    for (int i = 0; i < p->n_eos; i++)
+        if (id == p->eos[i]) {
+            r->finish = TLLM_FINISH_STOP;
+            return TLLM_OK;
+        }
+    if ((rc = tllm_ids_push(&r->ids, id))) return rc;
+    tllm_sampler_accept(g->s, id);
+    if (!g->tok) {
+        if (g->cb && g->cb("", 0, g->user)) r->finish = TLLM_FINISH_INTERRUPTED;
+        else *done = 0;
+        return TLLM_OK;
+    }
+    if ((rc = tllm_tok_stream_push(&g->ts, id, &r->text))) return rc;
+    /* a stop string may have been completed by this token */
+    for (int i = 0; i < n_stop && !g->stopped; i++) {
+        size_t sl = strlen(p->stop[i]), from = g->emitted > sl ? g->emitted - sl : 0;
+        char *hit = sl ? memmem(r->text.data + from, r->text.len - from, p->stop[i], sl) : NULL;
+        if (hit) {
+            r->text.len = (size_t)(hit - r->text.data);
+            r->text.data[r->text.len] = '\0';
+            g->stopped = 1;
+        }
+    }
+    size_t safe = g->stopped ? r->text.len : r->text.len - stop_holdback(r->text.data, r->text.len, p->stop, n_stop);
+    if (safe > g->emitted && g->cb && g->cb(r->text.data + g->emitted, safe - g->emitted, g->user)) {
+        g->emitted = safe;
+        r->finish = TLLM_FINISH_INTERRUPTED;
+        return TLLM_OK;
+    }
+    if (safe > g->emitted) g->emitted = safe;
+    if (g->stopped) r->finish = TLLM_FINISH_STOP;
+    else *done = 0;
+    return TLLM_OK;
+}
+
+/* Greedy on a device, a step ahead: the step that feeds token k + 1 is queued before the host has
+ * read token k + 1 back (its argmax stays on the device), so the device never waits for the host's
+ * round trip, detokenizing or callback. Feeds exactly the tokens the one-step loop would: a step
+ * queued for a token that ends generation (EOS, a stop string, an interruption) is dropped. */
+static int generate_ahead(struct tllm_ctx *ctx, struct gen *g, int32_t id) {
+    const struct tllm_gen_params *p = g->p;
+    int rc = TLLM_OK, done = 0, ahead = 0; /* ahead: the step feeding id is queued already */
+    while (!rc) {
+        if (p->max_new >= 0 && (int)g->r->ids.len >= p->max_new) break;
+        if ((rc = take_token(g, id, &done)) || done) break;
+        if (!ahead) {
+            if (ctx->pos >= ctx->n_ctx) {
+                g->r->finish = TLLM_FINISH_CONTEXT;
+                break;
+            }
+            if ((rc = tllm_ctx_greedy_push(ctx, id))) break;
+        }
+        /* the step feeding the next token, queued before that token is read: needed unless the
+         * token ends generation, which the next take finds out */
+        ahead = (p->max_new < 0 || (int)g->r->ids.len < p->max_new) && ctx->pos < ctx->n_ctx;
+        if (ahead && (rc = tllm_ctx_greedy_push(ctx, -1))) break;
+        rc = tllm_ctx_greedy_pop(ctx, &id);
+    }
+    if (ctx->n_ahead) tllm_ctx_truncate(ctx, ctx->pos - ctx->n_ahead); /* a queued step for a token not taken */
+    return rc;
+}
+
 int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sampler *s, const int32_t *prompt,
                   int n_prompt, const struct tllm_gen_params *p, tllm_gen_cb cb, void *user,
                   struct tllm_gen_result *r) {
@@ -108,61 +190,27 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
     double t0 = tllm_now();
     int rc = tllm_ctx_forward(ctx, prompt, n_prompt, logits, TLLM_LOGITS_LAST);
     r->prompt_secs = tllm_now() - t0;
-    struct tllm_tok_stream ts;
-    if (tok) tllm_tok_stream_init(&ts, tok, p->skip_special);
-    size_t emitted = 0;
+    struct gen g = {.tok = tok, .s = s, .p = p, .cb = cb, .user = user, .r = r};
+    if (tok) tllm_tok_stream_init(&g.ts, tok, p->skip_special);
     t0 = tllm_now();
     r->finish = TLLM_FINISH_LENGTH;
-    int n_stop = tok ? p->n_stop : 0, stopped = 0;
-    while (!rc) {
-        if (p->max_new >= 0 && (int)r->ids.len >= p->max_new) break;
-        int32_t id = tllm_sampler_sample(s, logits);
-        int is_eos = 0;
-        for (int i = 0; i < p->n_eos; i++) is_eos |= id == p->eos[i];
-        if (is_eos) {
-            r->finish = TLLM_FINISH_STOP;
-            break;
-        }
-        if ((rc = tllm_ids_push(&r->ids, id))) break;
-        tllm_sampler_accept(s, id);
-        size_t safe = r->text.len;
-        if (tok) {
-            if ((rc = tllm_tok_stream_push(&ts, id, &r->text))) break;
-            /* a stop string may have been completed by this token */
-            for (int i = 0; i < n_stop && !stopped; i++) {
-                size_t sl = strlen(p->stop[i]), from = emitted > sl ? emitted - sl : 0;
-                char *hit = sl ? memmem(r->text.data + from, r->text.len - from, p->stop[i], sl) : NULL;
-                if (hit) {
-                    r->text.len = (size_t)(hit - r->text.data);
-                    r->text.data[r->text.len] = '\0';
-                    stopped = 1;
-                }
-            }
-            safe = stopped ? r->text.len : r->text.len - stop_holdback(r->text.data, r->text.len, p->stop, n_stop);
-            if (safe > emitted && cb && cb(r->text.data + emitted, safe - emitted, user)) {
-                emitted = safe;
-                r->finish = TLLM_FINISH_INTERRUPTED;
+    if (!rc && ctx->cl && tllm_sampler_is_greedy(s)) rc = generate_ahead(ctx, &g, tllm_sampler_sample(s, logits));
+    else
+        while (!rc) {
+            if (p->max_new >= 0 && (int)r->ids.len >= p->max_new) break;
+            int32_t id = tllm_sampler_sample(s, logits);
+            int done;
+            if ((rc = take_token(&g, id, &done)) || done) break;
+            if (ctx->pos >= ctx->n_ctx) {
+                r->finish = TLLM_FINISH_CONTEXT;
                 break;
             }
-            if (safe > emitted) emitted = safe;
-            if (stopped) {
-                r->finish = TLLM_FINISH_STOP;
-                break;
-            }
-        } else if (cb && cb("", 0, user)) {
-            r->finish = TLLM_FINISH_INTERRUPTED;
-            break;
+            rc = tllm_ctx_forward(ctx, &id, 1, logits, TLLM_LOGITS_LAST);
         }
-        if (ctx->pos >= ctx->n_ctx) {
-            r->finish = TLLM_FINISH_CONTEXT;
-            break;
-        }
-        rc = tllm_ctx_forward(ctx, &id, 1, logits, TLLM_LOGITS_LAST);
-    }
     r->gen_secs = tllm_now() - t0;
-    if (!rc && tok && !stopped) { /* what was held back is final now */
-        rc = tllm_tok_stream_flush(&ts, &r->text);
-        if (!rc && r->text.len > emitted && cb) cb(r->text.data + emitted, r->text.len - emitted, user);
+    if (!rc && tok && !g.stopped) { /* what was held back is final now */
+        rc = tllm_tok_stream_flush(&g.ts, &r->text);
+        if (!rc && r->text.len > g.emitted && cb) cb(r->text.data + g.emitted, r->text.len - g.emitted, user);
     }
     if (!rc && !r->text.data) rc = tllm_buf_append(&r->text, "", 0);
     free(logits);

@@ -41,6 +41,8 @@ void tllm_sampler_free(struct tllm_sampler *s);
 void tllm_sampler_reset(struct tllm_sampler *s);
 /* Record a token (prompt or generated) for the penalties. */
 void tllm_sampler_accept(struct tllm_sampler *s, int32_t id);
+/* 1 when sample() is the argmax of the logits as they come (greedy, no penalties): a device may pick it */
+int tllm_sampler_is_greedy(const struct tllm_sampler *s);
 /* Pick the next token. Penalties modify `logits` in place. */
 int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits);
 

@@ -564,7 +564,13 @@ inline float embed_one(WARGS(0), int cols, int id, int j) {
     return ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
 }
 
-__kernel void embed(WARGS(0), int cols, __global float *x, int id) {
+/* The step's token: id, or with id < 0 the previous step's argmax, still on the device (the host
+ * enqueues the next greedy step before it has read it back); clamped, so a bad one reads no wild row
+ * (the host reports it when it reads that step's result). */
+inline int step_token(int id, __global const int *prev, int vocab) { return clamp(id >= 0 ? id : prev[0], 0, vocab - 1); }
+
+__kernel void embed(WARGS(0), int cols, __global float *x, __global const int *prev, int vocab, int id) {
+    id = step_token(id, prev, vocab);
     int j = get_global_id(0);
     if (j < cols) x[j] = embed_one(WPASS(0), cols, id, j);
 }
@@ -1121,6 +1127,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
     PHASE_MARK(0);
     {
         MAT(0, 0);
+        id = step_token(id, next, vocab); /* group 0 writes next only after the last grid barrier */
         for (int j = get_global_id(0); j < dim; j += get_global_size(0)) act[j] = embed_one(WPASS(0), dim, id, j);
     }
     NEXT_PHASE(f = table_qkv_first(arena, desc, 2, n_heads, n_kv, hd, dim));

@@ -8,10 +8,55 @@
 #include "engine/cl.h"
 #include "engine/context.h"
 #include "engine/error.h"
+#include "engine/generate.h"
 #include "reference.h"
 
 #define TOL_CL_REL_RMS 1e-3 /* relative RMS of a logits row (issue 7) */
 #define MARGIN_MIN_CL 1e-2  /* compare argmax where top1 - top2 exceeds this */
+
+static int stop_after_3(const char *text, size_t len, void *user) {
+    (void)text, (void)len;
+    return ++*(int *)user >= 3;
+}
+
+/* tllm_generate with a greedy sampler runs the device a step ahead (the next step is queued before
+ * the host reads the token back): it must feed and return exactly what the one-step loop on the CPU
+ * does when generation ends by length, at an EOS token, by the callback and at a full context. */
+static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tllm_cl *cl, const struct ref_fixture *r) {
+    struct tllm_sampler s;
+    struct tllm_sampler_params sp = tllm_sampler_defaults();
+    CHECK(tllm_sampler_init(&s, &sp, r->vocab) == TLLM_OK, "sampler");
+    int32_t eos = r->greedy_ids[r->n_greedy / 2];
+    const char *why[4] = {"length", "eos", "callback", "context"};
+    for (int k = 0; k < 4; k++) {
+        struct tllm_gen_params p = {.max_new = k == 3 ? -1 : r->n_greedy, .eos = &eos, .n_eos = k == 1};
+        struct tllm_gen_result res[2];
+        int pos[2], rc[2];
+        for (int dev = 0; dev < 2; dev++) { /* the CPU, then the device */
+            int calls = 0;
+            tllm_ctx_use_cl(ctx, dev ? cl : NULL);
+            tllm_ctx_reset(ctx);
+            tllm_sampler_reset(&s);
+            rc[dev] = tllm_generate(ctx, NULL, &s, r->prompt_ids, r->n_prompt, &p, k == 2 ? stop_after_3 : NULL, &calls,
+                                    &res[dev]);
+            pos[dev] = ctx->pos;
+        }
+        CHECK(rc[0] == TLLM_OK && rc[1] == TLLM_OK, "%s: generate (%s): %s", dir, why[k], tllm_errmsg());
+        int same = res[0].ids.len == res[1].ids.len && !memcmp(res[0].ids.data, res[1].ids.data, res[0].ids.len * sizeof(int32_t));
+        CHECK(same && res[0].finish == res[1].finish && pos[0] == pos[1],
+              "%s: greedy a step ahead on the device, ending by %s: %zu ids (finish %s, cache %d) against the CPU's %zu "
+              "(finish %s, cache %d)", dir, why[k], res[1].ids.len, tllm_finish_name(res[1].finish), pos[1], res[0].ids.len,
+              tllm_finish_name(res[0].finish), pos[0]);
+        if (k == 0)
+            CHECK(res[1].ids.len == (size_t)r->n_greedy && !memcmp(res[1].ids.data, r->greedy_ids, res[1].ids.len * sizeof(int32_t)),
+                  "%s: generate on the device: not the reference's greedy ids", dir);
+        tllm_gen_result_free(&res[0]);
+        tllm_gen_result_free(&res[1]);
+    }
+    printf("  generate a step ahead on the device: as on the CPU when ending by length, eos, callback, context\n");
+    tllm_sampler_free(&s);
+    tllm_ctx_use_cl(ctx, cl);
+}
 
 /* packed: the model as the CLI loads it without --exact, so 4-bit models get the int8-activation
  * matvecs on the device (the CPU's prefill then takes int8 activations too: the CPU/device greedy
@@ -89,6 +134,7 @@ static void test_fixture(const char *dir, int device, int packed) {
     }
     CHECK(same == r.n_greedy, "%s: %d of %d greedy ids match with CPU/device alternating", dir, same, r.n_greedy);
     printf("  greedy, CPU prefill + device decode + CPU step: %d/%d ids\n", same, r.n_greedy);
+    test_generate_ahead(dir, &ctx, cl, &r);
 done:
     tllm_ctx_use_cl(&ctx, NULL);
     tllm_cl_free(cl);
