@@ -39,6 +39,9 @@
 #ifndef MV_PIPE
 #define MV_PIPE 1 /* 1: a row loop issues the next sweep's weight reads before this sweep's arithmetic */
 #endif
+#ifndef MV_DEEP
+#define MV_DEEP 1 /* the lm_head keeps the reads of its next two sweeps in flight, not one (rows_best) */
+#endif
 #ifndef MV_GROUPS_PER_CU
 #define MV_GROUPS_PER_CU 16 /* cap on matvec work-groups per compute unit (the rest loop) */
 #endif
@@ -616,6 +619,31 @@ inline struct qrow first_row(WARGS(0), int rows, int cols, int tpr) {
     return load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr, tpr);
 }
 
+#if MV_DEEP
+/* rows_times_x for the lm_head (staged input, no residual, the best row tracked) with the reads of
+ * the next two sweeps in flight instead of one: its 151936 rows take tens of sweeps, each waiting a
+ * memory latency for the reads issued one sweep before (H200: about 1.6 TB/s of the card's 4.8). */
+inline void rows_best(WARGS(0), int rows, int cols, int tpr, __local const float *xs, __local const float *xsum,
+                      __global float *y, struct qrow first, struct qrow second, __local float2 *red,
+                      __global float2 *best) {
+    int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int r = get_group_id(0) * rpg + lid / tpr; r - lid / tpr < rows; r += stride) {
+        struct qrow third = load_row(WPASS(0), r + 2 * stride, rows, cols, lane, tpr);
+        float part = r < rows ? row_dot(WPASS(0), r, cols, lane, tpr, first, xs, xsum) : 0.0f;
+        first = second, second = third;
+        float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
+        if (lane == 0 && r < rows) {
+            y[r] = s;
+            if (s > bv) bv = s, bi = r;
+        }
+    }
+    float2 b = wg_best((float2)(bv, as_float(bi)), red);
+    if (lid == 0) best[get_group_id(0)] = b;
+}
+#endif
+
 /* y = W . norm(x) (norm_off >= 0) or W . x, plus res when add (the residual); track: leave each
  * group's largest y in best[] (the lm_head, for argmax). first: first_row's reads (of nothing when
  * cols > MV_LOCAL_X). */
@@ -624,6 +652,16 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
                         __global float2 *best, int track, struct qrow first, __local float *xs, __local float *xsum,
                         __local float *red, __local float2 *red2) {
     int staged = cols <= MV_LOCAL_X;
+#if MV_DEEP
+    if (track && staged && !add) {
+        int lid = get_local_id(0), rpg = MV_LWS / tpr; /* the second sweep's reads, before the staging */
+        struct qrow second =
+            load_row(WPASS(0), (get_group_id(0) + get_num_groups(0)) * rpg + lid / tpr, rows, cols, lid % tpr, tpr);
+        stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
+        rows_best(WPASS(0), rows, cols, tpr, xs, xsum, y, first, second, red2, best);
+        return;
+    }
+#endif
     if (staged) stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
     rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, res, add, first, red2, track ? best : 0);
 }
