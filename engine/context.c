@@ -88,6 +88,7 @@ void tllm_ctx_free(struct tllm_ctx *ctx) {
 /* Forget the greedy steps pushed and not popped (a device finishes them first: they write its cache) */
 static void drop_ahead(struct tllm_ctx *ctx) {
     int32_t id;
+    ctx->chained = 0;
     while (ctx->n_ahead)
         if (tllm_ctx_greedy_pop(ctx, &id)) ctx->n_ahead = 0; /* a failed step: the device dropped the rest */
 }
@@ -315,6 +316,7 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
 /* tllm_ctx_forward, which CPU greedy steps also use while earlier ones wait to be popped */
 static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode) {
     const struct tllm_config *c = &ctx->m->cfg;
+    ctx->chained = 0;
     if (n <= 0) return tllm_fail(TLLM_ERR_ARG, "no tokens to process");
     if (n > ctx->n_ctx - ctx->pos)
         return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens in the cache + %d new > %d",
@@ -359,7 +361,7 @@ int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next) {
 int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
     const struct tllm_config *c = &ctx->m->cfg;
     if (id >= c->vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, c->vocab_size);
-    if (id < 0 && !ctx->n_ahead && !ctx->cl) return tllm_fail(TLLM_ERR_ARG, "no greedy step before this one to take the token from");
+    if (id < 0 && !ctx->chained) return tllm_fail(TLLM_ERR_ARG, "no greedy step just before this one to take the token from");
     if (ctx->pos >= ctx->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens", ctx->pos);
     if (ctx->n_ahead == TLLM_GREEDY_AHEAD) return tllm_fail(TLLM_ERR_LIMIT, "%d greedy steps pushed already", ctx->n_ahead);
     int rc;
@@ -370,6 +372,7 @@ int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
         if ((rc = tllm_cl_step_enqueue(ctx->cl, id, ctx->pos))) return rc;
         ctx->dev_valid = ++ctx->pos;
         ctx->n_ahead++;
+        ctx->chained = 1;
         return TLLM_OK;
     }
     if (id < 0) id = ctx->last_argmax;
@@ -380,6 +383,7 @@ int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
     for (int i = 1; i < c->vocab_size; i++)
         if (ctx->logits_buf[i] > ctx->logits_buf[best]) best = i;
     ctx->ahead[(ctx->ahead_head + ctx->n_ahead++) % TLLM_GREEDY_AHEAD] = ctx->last_argmax = best;
+    ctx->chained = 1;
     return TLLM_OK;
 }
 

@@ -49,6 +49,7 @@ struct tllm_ctx {
     int n_ahead, ahead_head;
     int32_t ahead[TLLM_GREEDY_AHEAD];
     int32_t last_argmax; /* of the latest CPU greedy step: what an id < 0 stands for there */
+    int chained;         /* the last step was a greedy push, so an id < 0 may follow */
 };
 
 /* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. */
@@ -74,8 +75,8 @@ void tllm_ctx_use_cl(struct tllm_ctx *ctx, struct tllm_cl *cl);
 int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next);
 
 /* Greedy decoding a step ahead (what tllm_generate does for a greedy sampler): push feeds token id at
- * the next position, or with id < 0 the argmax of the previous push, which the caller need not have
- * popped (on a device, push only queues the step, so the device runs the next step while the host
+ * the next position, or with id < 0 the argmax of the previous push (only right after one), which the
+ * caller need not have popped (on a device, push only queues the step, so the device runs the next step while the host
  * handles the last token); pop returns the argmax of the oldest push. At most TLLM_GREEDY_AHEAD
  * pushes outstanding; tllm_ctx_forward refuses to run while any is, truncate and reset drop them. */
 int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id);

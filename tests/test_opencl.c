@@ -55,6 +55,21 @@ static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tl
     }
     printf("  generate a step ahead on the device: as on the CPU when ending by length, eos, callback, context\n");
     tllm_sampler_free(&s);
+    /* the same pushes on either side: an id < 0 only right after a push */
+    for (int dev = 0; dev < 2; dev++) {
+        int32_t a = -1, b = -1;
+        tllm_ctx_use_cl(ctx, dev ? cl : NULL);
+        tllm_ctx_reset(ctx);
+        CHECK(tllm_ctx_forward(ctx, r->prompt_ids, r->n_prompt - 1, NULL, TLLM_LOGITS_NONE) == TLLM_OK, "prefill");
+        CHECK(tllm_ctx_greedy_push(ctx, -1) != TLLM_OK, "%s: a push of id -1 after a prefill must fail", dir);
+        CHECK(tllm_ctx_greedy_push(ctx, r->prompt_ids[r->n_prompt - 1]) == TLLM_OK && tllm_ctx_greedy_push(ctx, -1) == TLLM_OK &&
+                  tllm_ctx_forward(ctx, r->prompt_ids, 1, NULL, TLLM_LOGITS_NONE) != TLLM_OK && tllm_ctx_greedy_pop(ctx, &a) == TLLM_OK &&
+                  tllm_ctx_greedy_pop(ctx, &b) == TLLM_OK && tllm_ctx_greedy_pop(ctx, &b) != TLLM_OK,
+              "%s: greedy push/pop (%s): %s", dir, dev ? "device" : "CPU", tllm_errmsg());
+        CHECK(a == r->greedy_ids[0] && b == r->greedy_ids[1] && ctx->pos == r->n_prompt + 1,
+              "%s: greedy push/pop (%s): ids %d %d, reference %d %d", dir, dev ? "device" : "CPU", a, b, r->greedy_ids[0],
+              r->greedy_ids[1]);
+    }
     tllm_ctx_use_cl(ctx, cl);
 }
 
