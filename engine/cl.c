@@ -99,7 +99,7 @@ struct tllm_cl {
     struct cl_pending {
         cl_int *res; /* read back: the argmax, and whether a grid barrier gave up (in res_host) */
         cl_event ev; /* when res is there (NULL: it already is) */
-        int32_t id;    /* the step's token (< 0: the previous step's argmax) */
+        int32_t id;  /* the step's token (< 0: the previous step's argmax) */
         int pos;
     } pend[TLLM_CL_AHEAD];
     int pend_head, pend_n;

@@ -621,8 +621,9 @@ inline struct qrow first_row(WARGS(0), int rows, int cols, int tpr) {
 
 #if MV_DEEP
 /* rows_times_x for the lm_head (staged input, no residual, the best row tracked) with the reads of
- * the next two sweeps in flight instead of one: its 151936 rows take tens of sweeps, each waiting a
- * memory latency for the reads issued one sweep before (H200: about 1.6 TB/s of the card's 4.8). */
+ * the next two sweeps in flight instead of one: its 151936 rows take tens of sweeps, and it reads at
+ * about 1.6 TB/s of the H200's 4.8. Measured there: tg128 +1.2%, yet the lm_head's own phase time
+ * did not visibly change, so what limits it is still open (docs/performance.md, session 9). */
 inline void rows_best(WARGS(0), int rows, int cols, int tpr, __local const float *xs, __local const float *xsum,
                       __global float *y, struct qrow first, struct qrow second, __local float2 *red,
                       __global float2 *best) {
