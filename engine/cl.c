@@ -871,7 +871,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     cl->m = m;
     cl->dev = devs[pick];
     cl->n_ctx = n_ctx;
-    cl->ctx_stride = (n_ctx + 31) & ~31;
+    cl->ctx_stride = (int)line_pad((size_t)n_ctx);
     char dname[128] = "", pname[128] = "";
     clGetDeviceInfo(cl->dev, CL_DEVICE_NAME, sizeof dname, dname, NULL);
     clGetPlatformInfo(plats[pick], CL_PLATFORM_NAME, sizeof pname, pname, NULL);

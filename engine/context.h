@@ -76,8 +76,8 @@ int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next);
 
 /* Greedy decoding a step ahead (what tllm_generate does for a greedy sampler): push feeds token id at
  * the next position, or with id < 0 the argmax of the previous push (only right after one), which the
- * caller need not have popped (on a device, push only queues the step, so the device runs the next step while the host
- * handles the last token); pop returns the argmax of the oldest push. At most TLLM_GREEDY_AHEAD
+ * caller need not have popped (on a device, push only queues the step, so the device runs the next
+ * step while the host handles the last token); pop returns the argmax of the oldest push. At most TLLM_GREEDY_AHEAD
  * pushes outstanding; tllm_ctx_forward refuses to run while any is, truncate and reset drop them. */
 int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id);
 int tllm_ctx_greedy_pop(struct tllm_ctx *ctx, int32_t *next);

@@ -613,11 +613,15 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
     if (lid == 0) best[get_group_id(0)] = b;
 }
 
-/* The first reads of a matvec-like phase: this thread's share of its first row (nothing past `rows`) */
-inline struct qrow first_row(WARGS(0), int rows, int cols, int tpr) {
+/* This thread's share of its row in sweep k of a matvec-like phase (nothing past `rows`) */
+inline struct qrow sweep_row(WARGS(0), int rows, int cols, int tpr, int k) {
     int lid = get_local_id(0);
-    return load_row(WPASS(0), get_group_id(0) * (MV_LWS / tpr) + lid / tpr, rows, cols, lid % tpr, tpr);
+    return load_row(WPASS(0), (get_group_id(0) + k * get_num_groups(0)) * (MV_LWS / tpr) + lid / tpr, rows, cols,
+                    lid % tpr, tpr);
 }
+
+/* The first reads of a matvec-like phase: sweep 0 */
+inline struct qrow first_row(WARGS(0), int rows, int cols, int tpr) { return sweep_row(WPASS(0), rows, cols, tpr, 0); }
 
 #if MV_DEEP
 /* rows_times_x for the lm_head (staged input, no residual, the best row tracked) with the reads of
@@ -655,9 +659,7 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
     int staged = cols <= MV_LOCAL_X;
 #if MV_DEEP
     if (track && staged && !add) {
-        int lid = get_local_id(0), rpg = MV_LWS / tpr; /* the second sweep's reads, before the staging */
-        struct qrow second =
-            load_row(WPASS(0), (get_group_id(0) + get_num_groups(0)) * rpg + lid / tpr, rows, cols, lid % tpr, tpr);
+        struct qrow second = sweep_row(WPASS(0), rows, cols, tpr, 1); /* before the staging */
         stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
         rows_best(WPASS(0), rows, cols, tpr, xs, xsum, y, first, second, red2, best);
         return;
@@ -986,9 +988,9 @@ inline void attention_body(__global const float *q, __global const float *kt, __
             __global const float *kp = k + p;
 #pragma unroll 8
             for (int i = 0; i < hd; i += 4)
-                d4 += vload4(0, q + i) * scale *
+                d4 += vload4(0, q + i) *
                       (float4)(kp[(size_t)i * n_ctx], kp[(size_t)(i + 1) * n_ctx], kp[(size_t)(i + 2) * n_ctx], kp[(size_t)(i + 3) * n_ctx]);
-            d = d4.x + d4.y + d4.z + d4.w;
+            d = (d4.x + d4.y + d4.z + d4.w) * scale; /* scaled once, not per key element */
         }
         float m_new = fmax(m, wg_max(d, red, ATT_LWS)), alpha = exp(m - m_new);
         float e = p < p1 ? exp(d - m_new) : 0.0f;
