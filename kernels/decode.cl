@@ -65,12 +65,6 @@
 /* the uint4 reads of a row a thread keeps (struct qrow) */
 #define QROW_N (MV_MAX_ITERS > MV_ITERS ? MV_MAX_ITERS : MV_ITERS)
 
-__kernel void tunables(__global int *out) {
-    out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
-    out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
-    out[8] = QROW_N, out[9] = MV_TAIL;
-}
-
 /* -DQ_BITS -DQ_GS -DQ_DT (the host adds them when every matrix of the model has one format): the
  * format is then a constant in every read, which removes the runtime divisions and the branches for
  * the other formats (and most of the code). */
@@ -168,6 +162,21 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
                        * shuffles that takes two work-group barriers a word: 0 may suit such devices) */
 #endif
 #define XQ_FUSED (XQ && STAGE_FUSED)
+
+#ifndef FUSE_FFN
+#define FUSE_FFN 0 /* 1 (the host sets it on NVIDIA): `token` runs gate_up and down_proj as one phase (see down_block) */
+#endif
+#if FUSE_FFN && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0
+#define FFN_FUSED 1
+#else
+#define FFN_FUSED 0
+#endif
+
+__kernel void tunables(__global int *out) {
+    out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
+    out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
+    out[8] = QROW_N, out[9] = MV_TAIL, out[10] = FFN_FUSED;
+}
 /* Floats of the staged input: none when the int8 form is all the dot products read (XQ_FUSED) */
 #define XS_FLOATS (XQ_FUSED ? 0 : XS_LEN)
 /* xs's floats are followed by the quantized input (XQ): 4 x XQ_NB uint4, see quant_word (read as
@@ -728,13 +737,70 @@ __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const flo
                   xsum, red, red2);
 }
 
-/* h = silu(Wg . norm(x)) * (Wu . norm(x)); fg, fu: first_row's reads of both (with the same tpr) */
+#if FFN_FUSED
+/* Bytes of one layer's down_proj in the layout down_block reads (the host writes it, cl.c): for each
+ * block of 32 inputs, every row's uint4 of codes ([ffn / 32][dim]), then the scales ([ffn / Q_GS][dim])
+ * and the biases, so a block's column of the matrix is contiguous; rounded up to whole lines. */
+#define DOWN_T_BYTES(dim, ffn) \
+    (((size_t)(dim) * (ffn) / 2 + 2 * (size_t)(dim) * ((ffn) / Q_GS) * (Q_DT ? 2 : 4) + 127) & ~(size_t)127)
+
+inline void red_add(__global float *p, float v) { asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory"); }
+
+/* Bytes [lo, hi) of p into L2 (PTX prefetch: no register waits for it), spread over the group */
+inline void l2_range(__global const uchar *p, size_t lo, size_t hi) {
+    for (size_t o = (lo & ~(size_t)127) + get_local_id(0) * 128; o < hi; o += MV_LWS * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
+}
+
+/* Block b of down_proj's layout (DOWN_T_BYTES) into L2: what down_block will read */
+inline void down_block_l2(__global const uchar *dt, int b, int dim, int ffn) {
+    size_t es = Q_DT ? 2 : 4, cb = (size_t)dim * ffn / 2, gb = (size_t)dim * (ffn / Q_GS) * es;
+    size_t g = (size_t)(b * 32 / Q_GS) * dim * es;
+    l2_range(dt, (size_t)b * dim * 16, (size_t)(b + 1) * dim * 16);
+    l2_range(dt + cb, g, g + dim * es);
+    l2_range(dt + cb + gb, g, g + dim * es);
+}
+
+/* FFN_FUSED: with block b of h (inputs 32b .. 32b + 31 of down_proj) computed by this group (hv in
+ * lane 0 of row slot `slot`), its share of down_proj: x_out[r] += W_down[r][32b ..] . h[32b ..] for
+ * every row r, by atomic adds, plus res[r] when res (the residual, added by one group). This removes
+ * the grid barrier between gate_up and down_proj: no group needs all of h. The block is quantized as
+ * the staged inputs are (two int8 levels, quant_word) into the last block of xs, which the gate_up
+ * input (dim < MV_LOCAL_X - 32, the host checks) never reaches. The sums land in an order that
+ * varies from run to run: float rounding may differ in the last bits. */
+inline void down_block(__global const uchar *dt, int b, int dim, int ffn, float hv, int slot, int lane,
+                       __local float *hl, __local float *xs, __local float *xsum, __local float *red,
+                       __global float *x_out, __global const float *res) {
+    int lid = get_local_id(0);
+    size_t es = Q_DT ? 2 : 4, cb = (size_t)dim * ffn / 2, gb = (size_t)dim * (ffn / Q_GS) * es;
+    __global const uint4 *tw = (__global const uint4 *)dt + (size_t)b * dim;
+    __global const uchar *ts = dt + cb + (size_t)(b * 32 / Q_GS) * dim * es, *tb = ts + gb;
+    if (lane == 0) hl[slot] = hv;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < 32) /* one warp: lanes 0-3 quantize the block (their shuffles need the whole warp) */
+        quant_word(lid < 4 ? vload8(lid, hl) : (float8)(0.0f), 4 * (XQ_NB - 1) + lid, lid < 4, xs, xsum, red);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int r = lid; r < dim; r += MV_LWS) {
+        struct qvec q;
+        q.w = tw[r], q.s = ld(ts, Q_DT, r), q.b = ld(tb, Q_DT, r);
+        float p = vec_dot(q, XQ_NB - 1, ts, tb, Q_BITS, Q_GS, Q_DT, 0, xs, xsum);
+        red_add(x_out + r, res ? p + res[r] : p);
+    }
+}
+#endif
+
+/* h = silu(Wg . norm(x)) * (Wu . norm(x)); fg, fu: first_row's reads of both (with the same tpr).
+ * With dt (FFN_FUSED, tpr = MV_LWS / 32), h is not stored: each block goes through down_block. */
 inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
                          __global const float *vecs, int norm_off, float eps, __global float *h, struct qrow fg,
                          struct qrow fu, __local float *xs, __local float *xsum, __local float *red,
-                         __local float2 *red2) {
+                         __local float2 *red2, __global const uchar *dt, __global float *x_out) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int r = get_group_id(0) * rpg + lid / tpr;
+#if FFN_FUSED
+    if (dt)
+        for (int b = get_group_id(0); b < rows / 32; b += get_num_groups(0)) down_block_l2(dt, b, cols, rows);
+#endif
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; r - lid / tpr < rows; r += stride) {
         float2 gu = (float2)(0.0f);
@@ -753,7 +819,16 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
         fu = load_row(WPASS(1), r + stride, rows, cols, lane, tpr);
 #endif
         gu = row_reduce2(gu, red2, tpr);
-        if (lane == 0 && r < rows) h[r] = gu.x / (1.0f + exp(-gu.x)) * gu.y;
+        float hv = gu.x / (1.0f + exp(-gu.x)) * gu.y;
+#if FFN_FUSED
+        if (dt) {
+            int r0 = r - lid / tpr; /* x, the residual, is added by the group of block 0 */
+            down_block(dt, r0 / 32, cols, rows, hv, lid / tpr, lane, (__local float *)red2, xs, xsum, red, x_out,
+                       r0 == 0 ? x : 0);
+            continue;
+        }
+#endif
+        if (lane == 0 && r < rows) h[r] = hv;
     }
 }
 
@@ -762,7 +837,7 @@ __kernel void gate_up(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global 
     STAGE_LOCALS, red[MV_LWS];
     __local float2 red2[MV_LWS];
     gate_up_body(WPASS(0), WPASS(1), rows, cols, tpr, x, vecs, norm_off, eps, h, first_row(WPASS(0), rows, cols, tpr),
-                 first_row(WPASS(1), rows, cols, tpr), xs, xsum, red, red2);
+                 first_row(WPASS(1), rows, cols, tpr), xs, xsum, red, red2, 0, 0);
 }
 
 /* What rope_store needs besides the dot products of the pair (rows r, r + head_dim/2 of matrix
@@ -1106,16 +1181,22 @@ inline void grid_wait(volatile __global int *bar, int target) {
     grid_arrive(bar);                      \
     ARRIVE_MARK(nb + 1);                   \
     { pre; }                               \
-    grid_wait(bar, bar_base + ++nb * G);   \
+    grid_wait(bar, bar_base + ++nw * G), ++nb; \
     PHASE_MARK(nb)
 #else
 #define NEXT_PHASE(pre)                    \
     grid_arrive(bar);                      \
     ARRIVE_MARK(nb + 1);                   \
-    grid_wait(bar, bar_base + ++nb * G);   \
+    grid_wait(bar, bar_base + ++nw * G), ++nb; \
     PHASE_MARK(nb);                        \
     { pre; }
 #endif
+/* A phase boundary with no grid barrier (FFN_FUSED: down_proj's phase is done within gate_up's): the
+ * profile's marks only, so phases keep their numbers */
+#define SKIP_PHASE()   \
+    ARRIVE_MARK(nb + 1); \
+    ++nb;              \
+    PHASE_MARK(nb)
 
 /* first_row of matrix idx of the table, with tpr threads a row */
 inline struct qrow table_first_row(__global const uchar *arena, __global const int *desc, int idx, int rows, int cols,
@@ -1154,13 +1235,13 @@ inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const 
 __kernel void token(__global const uchar *arena, __global const int *desc, __global const float *vecs,
                     __global const float *inv_freq, __global float *act, __global float *part, __global float *kt,
                     __global float *vc, __global float *logits, __global float2 *best, __global int *next,
-                    __global int *bar, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
+                    __global int *bar, __global const uchar *down_t, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
                     int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
     STAGE_LOCALS, red[MV_LWS], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
-    int G = get_num_groups(0), nb = 0, q_dim = n_heads * hd;
+    int G = get_num_groups(0), nb = 0, nw = 0, q_dim = n_heads * hd; /* nb phases, nw grid barriers passed */
     /* per layer: x, x2 (after attention), q, h, each starting on a line (LINE_PAD) */
     size_t per_layer = 2 * LINE_PAD(dim) + LINE_PAD(q_dim) + LINE_PAD(ffn);
     size_t part_layer = LINE_PAD((size_t)n_heads * ATT_MAX_SPLIT * (hd + 2));
@@ -1199,23 +1280,38 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
         {
             MAT(4, m + 4);
             MAT(5, m + 5);
-            gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, f.a, f.b, xs, xsum, red, red2);
+#if FFN_FUSED /* x_next (zeroed by the previous step) gets x2 + down_proj(h) by atomic adds */
+            gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, f.a, f.b, xs, xsum, red, red2,
+                         down_t + l * DOWN_T_BYTES(dim, ffn), x_next);
+        }
+        SKIP_PHASE();
+#else
+            gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, f.a, f.b, xs, xsum, red, red2,
+                         0, 0);
         }
         NEXT_PHASE(f.a = table_first_row(arena, desc, m + 6, ffn <= MV_LOCAL_X ? dim : 0, ffn, desc[8 * (m + 6) + 6]));
         {
             MAT(6, m + 6);
             matvec_body(WPASS(6), dim, ffn, tpr6, hb, vecs, -1, eps, x_next, x2, 1, 0, 0, f.a, xs, xsum, red, red2);
         }
+#endif
         NEXT_PHASE(if (l + 1 < n_layers) f = table_qkv_first(arena, desc, m + 7, n_heads, n_kv, hd, dim);
                    else f.a = table_first_row(arena, desc, 1, dim <= MV_LOCAL_X ? vocab : 0, dim, desc[8 + 6]));
     }
     {
         MAT(1, 1);
+#if FFN_FUSED /* the next step's sums start from zero: every layer's output but the last, read here */
+        for (size_t j = get_global_id(0); j < (size_t)(n_layers - 1) * dim; j += get_global_size(0))
+            act[(j / dim + 1) * per_layer + j % dim] = 0.0f;
+#endif
         matvec_body(WPASS(1), vocab, dim, tpr1, act + n_layers * per_layer, vecs, final_norm, eps, logits, logits, 0,
                     best, 1, f.a, xs, xsum, red, red2);
     }
     PHASE_END();
     if (get_group_id(0) == 0) {
+#if FFN_FUSED
+        for (int j = get_local_id(0); j < dim; j += MV_LWS) act[n_layers * per_layer + j] = 0.0f;
+#endif
         argmax_body(best, G, next, bar, red2);
         PHASE_MARK(nb + 1);
     }
