@@ -42,12 +42,13 @@ struct cl_layer {
 
 /* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel
  * (N_TUNABLES ints, in this order). */
-enum { N_TUNABLES = 11 };
+enum { N_TUNABLES = 12 };
 struct cl_tunables {
     int mv_lws, mv_iters, mv_groups_per_cu, mv_local_x, att_lws, att_max_split, max_head_dim, persist_groups_per_cu;
     int qrow_n;  /* uint4s of a row one thread keeps in flight (QROW_N) */
     int mv_tail; /* and how many more it may read one after another (MV_TAIL) */
     int ffn_fused; /* `token` runs gate_up and down_proj as one phase (FFN_FUSED) */
+    int att_fused; /* ... and attention and o_proj (ATT_FUSED) */
 };
 
 struct tllm_cl {
@@ -73,7 +74,8 @@ struct tllm_cl {
      * act holds each layer's activations apart ([layers + 1] x (2 dim + q_dim + ffn)). */
     int persistent, persist_groups;
     cl_mem bar, act;
-    cl_mem down_t; /* FFN_FUSED: every layer's down_proj again, laid out by blocks of inputs (upload_down_t) */
+    cl_mem by_blocks; /* FFN_FUSED, ATT_FUSED: every layer's o_proj and down_proj again, by blocks of inputs */
+    cl_mem done;      /* ATT_FUSED: [layer][head] counts of attention partials left (zero between steps) */
     long bar_count;
     struct cl_launch l_token;
     cl_mem kt, vc;     /* [layers x kv_dim x ctx_stride], [layers x ctx_stride x kv_dim] */
@@ -291,11 +293,13 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
     int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */
-    /* and `token` fuses gate_up with down_proj (PTX's float atomic add; FFN_FUSED in decode.cl) */
-    int fuse = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 32 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
-             nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse ? "-DFUSE_FFN=1" : "", cl->phases ? "-DPHASE_TIMES" : "",
-             extra ? extra : "");
+    /* and `token` fuses gate_up with down_proj, attention with o_proj (PTX's float atomic add;
+     * FFN_FUSED, ATT_FUSED in decode.cl) */
+    int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
+    int fuse_att = nvidia && xq && c->head_dim % 32 == 0 && c->head_dim <= 128 && !(extra && strstr(extra, "FUSE_ATT"));
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
+             nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
+             cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         print_build_log(cl);
@@ -373,14 +377,14 @@ static int read_tunables(struct tllm_cl *cl) {
     if (buf) clReleaseMemObject(buf);
     clReleaseKernel(k);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", cl_err_name(e));
-    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10]};
+    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
     int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
     if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1 || v[8] < 1 || v[9] < 0)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS and ATT_LWS must be powers of two >= 16, MV_TAIL >= 0, the rest positive");
     const struct tllm_config *c = &cl->m->cfg;
-    if (cl->t.ffn_fused && (c->ffn_dim % 32 || c->dim + 32 > cl->t.mv_local_x))
+    if (cl->t.ffn_fused && (c->ffn_dim % 32 || c->dim + 256 > cl->t.mv_local_x))
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FUSE_FFN needs an intermediate size that is a multiple of 32 and a "
-                                       "hidden size at least 32 below MV_LOCAL_X");
+                                       "hidden size at least 256 below MV_LOCAL_X");
     return TLLM_OK;
 }
 
@@ -639,8 +643,8 @@ static int bind_token(struct tllm_cl *cl) {
     struct args a;
     int rc = begin(cl, &cl->l_token, "token", &a);
     if (rc) return rc;
-    cl_mem bufs[] = {cl->arena, cl->desc,   cl->vecs, cl->inv_freq, cl->act, cl->part, cl->kt,
-                     cl->vc,    cl->logits, cl->best, cl->next,     cl->bar, cl->down_t ? cl->down_t : cl->bar};
+    cl_mem bufs[] = {cl->arena, cl->desc, cl->vecs, cl->inv_freq, cl->act, cl->part, cl->kt, cl->vc, cl->logits, cl->best, cl->next, cl->bar,
+                     cl->by_blocks ? cl->by_blocks : cl->bar, cl->done ? cl->done : cl->bar}; /* (unused without fusion) */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ARG_MEM(&a, bufs[i]);
     int ints[] = {c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, cl->ctx_stride,
                   (int)(m->final_norm - m->vectors)};
@@ -809,35 +813,40 @@ static size_t phase_times_len(const struct tllm_cl *cl) {
     return (4 + 5 * (size_t)cl->m->cfg.n_layers) * (1 + (size_t)cl->persist_groups);
 }
 
-/* FFN_FUSED: every layer's down_proj again, as down_block in decode.cl reads it (DOWN_T_BYTES there):
- * for each block of 32 inputs, every row's 16 bytes of codes, then the scales [group][row] and the
- * biases, so that the one block a work-group multiplies is contiguous. (The arena keeps the row-major
- * copy for the one-kernel-per-step path.) */
-static size_t down_t_bytes(const struct tllm_config *c, size_t es, int gs) {
-    return ((size_t)c->dim * c->ffn_dim / 2 + 2 * (size_t)c->dim * (size_t)(c->ffn_dim / gs) * es + 127) & ~(size_t)127;
+/* FFN_FUSED, ATT_FUSED: every layer's o_proj and down_proj again, as blocks_times in decode.cl reads
+ * them (BT_BYTES there): for each block of 32 inputs, every row's 16 bytes of codes, then the scales
+ * [group][row] and the biases, so the blocks a work-group multiplies are contiguous. (The arena keeps
+ * the row-major copies for the one-kernel-per-step path.) */
+static size_t bt_bytes(const struct tllm_qweights *w) {
+    size_t es = tllm_dtype_size(w->dtype);
+    return ((size_t)w->rows * w->cols / 2 + 2 * (size_t)w->rows * (size_t)(w->cols / w->group_size) * es + 127) & ~(size_t)127;
 }
 
-static int upload_down_t(struct tllm_cl *cl) {
-    const struct tllm_config *c = &cl->m->cfg;
-    const struct tllm_qweights *w0 = &cl->m->layers[0].w_down;
-    size_t es = tllm_dtype_size(w0->dtype), per = down_t_bytes(c, es, w0->group_size);
-    size_t rows = (size_t)c->dim, nb = (size_t)c->ffn_dim / 32, ng = (size_t)(c->ffn_dim / w0->group_size);
-    size_t cb = rows * nb * 16, gb = rows * ng * es;
-    int rc = device_buffer(cl, &cl->down_t, per * (size_t)c->n_layers, "down_proj by blocks");
+/* w (4-bit, the format of every matrix: the host checked) in that layout, into t */
+static void by_blocks(const struct tllm_qweights *w, unsigned char *t) {
+    size_t es = tllm_dtype_size(w->dtype), rows = (size_t)w->rows, nb = (size_t)w->cols / 32;
+    size_t ng = (size_t)(w->cols / w->group_size), cb = rows * nb * 16, gb = rows * ng * es;
+    const unsigned char *q = w->w, *s = w->scales, *b = w->biases;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t k = 0; k < nb; k++) memcpy(t + (k * rows + r) * 16, q + (r * nb + k) * 16, 16);
+        for (size_t g = 0; g < ng; g++) {
+            memcpy(t + cb + (g * rows + r) * es, s + (r * ng + g) * es, es);
+            memcpy(t + cb + gb + (g * rows + r) * es, b + (r * ng + g) * es, es);
+        }
+    }
+}
+
+static int upload_by_blocks(struct tllm_cl *cl) {
+    const struct tllm_model *m = cl->m;
+    size_t o_bytes = bt_bytes(&m->layers[0].wo), per = o_bytes + bt_bytes(&m->layers[0].w_down);
+    int rc = device_buffer(cl, &cl->by_blocks, per * (size_t)m->cfg.n_layers, "o_proj and down_proj by blocks");
     unsigned char *t = rc ? NULL : calloc(1, per);
     if (!rc && !t) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    for (int l = 0; l < c->n_layers && !rc; l++) {
-        const struct tllm_qweights *w = &cl->m->layers[l].w_down; /* 4-bit, the format of every matrix (the host checked) */
-        const unsigned char *q = w->w, *s = w->scales, *b = w->biases;
-        for (size_t r = 0; r < rows; r++) {
-            for (size_t k = 0; k < nb; k++) memcpy(t + (k * rows + r) * 16, q + r * nb * 16 + k * 16, 16);
-            for (size_t g = 0; g < ng; g++) {
-                memcpy(t + cb + (g * rows + r) * es, s + (r * ng + g) * es, es);
-                memcpy(t + cb + gb + (g * rows + r) * es, b + (r * ng + g) * es, es);
-            }
-        }
-        cl_int e = clEnqueueWriteBuffer(cl->q, cl->down_t, CL_TRUE, per * (size_t)l, per, t, 0, NULL, NULL);
-        if (e != CL_SUCCESS) rc = tllm_fail(TLLM_ERR_IO, "opencl: uploading down_proj by blocks to %s: %s", cl->name, cl_err_name(e));
+    for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
+        by_blocks(&m->layers[l].wo, t);
+        by_blocks(&m->layers[l].w_down, t + o_bytes);
+        cl_int e = clEnqueueWriteBuffer(cl->q, cl->by_blocks, CL_TRUE, per * (size_t)l, per, t, 0, NULL, NULL);
+        if (e != CL_SUCCESS) rc = tllm_fail(TLLM_ERR_IO, "opencl: uploading o_proj and down_proj by blocks to %s: %s", cl->name, cl_err_name(e));
     }
     free(t);
     return rc;
@@ -872,11 +881,16 @@ static int token_buffers(struct tllm_cl *cl) {
     free(d);
     size_t per_layer = 2 * line_pad((size_t)c->dim) + line_pad((size_t)c->n_heads * c->head_dim) + line_pad((size_t)c->ffn_dim);
     if (!rc) rc = device_buffer(cl, &cl->act, ((size_t)c->n_layers + 1) * per_layer * 4, "activations");
-    if (!rc && cl->t.ffn_fused) { /* the layers' outputs are sums that start from zero (the token kernel zeroes them after use) */
-        cl_float zero = 0.0f;
+    if (!rc && (cl->t.ffn_fused || cl->t.att_fused)) {
+        /* the fused phases' outputs are sums that start from zero (the token kernel zeroes them after use) */
+        cl_int zero = 0;
         cl_int e = clEnqueueFillBuffer(cl->q, cl->act, &zero, sizeof zero, 0, ((size_t)c->n_layers + 1) * per_layer * 4, 0, NULL, NULL);
         if (e != CL_SUCCESS) rc = tllm_fail(TLLM_ERR_IO, "opencl: clearing the activations: %s", cl_err_name(e));
-        if (!rc) rc = upload_down_t(cl);
+        size_t n_done = (size_t)c->n_layers * (size_t)c->n_heads * sizeof zero;
+        if (!rc) rc = device_buffer(cl, &cl->done, n_done, "attention counts");
+        if (!rc && (e = clEnqueueFillBuffer(cl->q, cl->done, &zero, sizeof zero, 0, n_done, 0, NULL, NULL)) != CL_SUCCESS)
+            rc = tllm_fail(TLLM_ERR_IO, "opencl: clearing the attention counts: %s", cl_err_name(e));
+        if (!rc) rc = upload_by_blocks(cl);
     }
     if (!rc) rc = device_buffer(cl, &cl->times, phase_times_len(cl) * sizeof(cl_ulong), "phase times");
     if (!rc && cl->phases && !(cl->times_host = malloc(phase_times_len(cl) * sizeof *cl->times_host)))
@@ -1075,7 +1089,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
                 if (lk[i]->k) clReleaseKernel(lk[i]->k);
         }
     free(cl->layers);
-    cl_mem bufs[] = {cl->res_buf, cl->down_t, cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
+    cl_mem bufs[] = {cl->res_buf, cl->by_blocks, cl->done, cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) clReleaseMemObject(bufs[i]);
     if (cl->prog) clReleaseProgram(cl->prog);
@@ -1116,8 +1130,8 @@ static cl_int enqueue_step(struct tllm_cl *cl, int32_t id, int pos, int argmax) 
     n_split = (n_pos + span - 1) / span;
     if (cl->persistent) {
         struct cl_launch *T = &cl->l_token;
-        /* arrivals at the step's grid barriers (FFN_FUSED: 4 a layer) */
-        long n_bar = (2L + (cl->t.ffn_fused ? 4L : 5L) * c->n_layers) * cl->persist_groups;
+        /* arrivals at the step's grid barriers (5 a layer, less one for each fusion) */
+        long n_bar = (2L + (5L - cl->t.ffn_fused - cl->t.att_fused) * c->n_layers) * cl->persist_groups;
         cl_int e = CL_SUCCESS;
         if (cl->bar_count + n_bar > (1L << 30)) e = clear_bar(cl); /* the count restarts */
         int dyn[5] = {(int)cl->bar_count, id, pos, span, n_split};

@@ -166,16 +166,28 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #ifndef FUSE_FFN
 #define FUSE_FFN 0 /* 1 (the host sets it on NVIDIA): `token` runs gate_up and down_proj as one phase (see down_block) */
 #endif
+#ifndef FUSE_ATT
+#define FUSE_ATT 0 /* 1 (the host sets it on NVIDIA): `token` runs attention and o_proj as one phase (att_fold) */
+#endif
 #if FUSE_FFN && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0
 #define FFN_FUSED 1
 #else
 #define FFN_FUSED 0
 #endif
+#if FUSE_ATT && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && ATT_LWS % 32 == 0 && defined(HEAD_DIM)
+#if HEAD_DIM % 32 == 0 && HEAD_DIM <= 128 && HEAD_DIM <= ATT_LWS /* attention_warps runs (its output in local memory) */
+#define ATT_FUSED 1
+#endif
+#endif
+#ifndef ATT_FUSED
+#define ATT_FUSED 0
+#endif
+#define ANY_FUSED (FFN_FUSED || ATT_FUSED)
 
 __kernel void tunables(__global int *out) {
     out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
     out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
-    out[8] = QROW_N, out[9] = MV_TAIL, out[10] = FFN_FUSED;
+    out[8] = QROW_N, out[9] = MV_TAIL, out[10] = FFN_FUSED, out[11] = ATT_FUSED;
 }
 /* Floats of the staged input: none when the int8 form is all the dot products read (XQ_FUSED) */
 #define XS_FLOATS (XQ_FUSED ? 0 : XS_LEN)
@@ -688,9 +700,10 @@ __kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float
 }
 
 /* Element j of the attention output, combined from the split-K partials that `attention` left: per
- * head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). */
-inline float attn_combine(__global const float *part, int hd, int n_split, int j) {
-    __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
+ * head, ATT_MAX_SPLIT slots of (max, sum, acc[head_dim]). Read past L1 (volatile): att_fold reads the
+ * partials of other groups within the same phase. */
+inline float attn_combine(volatile __global const float *part, int hd, int n_split, int j) {
+    volatile __global const float *p = part + (size_t)(j / hd) * ATT_MAX_SPLIT * (hd + 2);
     float m = p[0], den = p[1], num = p[2 + j % hd]; /* one pass: the three loads of a span together */
     for (int s = 1; s < n_split; s++) {
         float ms = p[s * (hd + 2)], ls = p[s * (hd + 2) + 1], as = p[s * (hd + 2) + 2 + j % hd];
@@ -737,12 +750,13 @@ __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const flo
                   xsum, red, red2);
 }
 
-#if FFN_FUSED
-/* Bytes of one layer's down_proj in the layout down_block reads (the host writes it, cl.c): for each
- * block of 32 inputs, every row's uint4 of codes ([ffn / 32][dim]), then the scales ([ffn / Q_GS][dim])
- * and the biases, so a block's column of the matrix is contiguous; rounded up to whole lines. */
-#define DOWN_T_BYTES(dim, ffn) \
-    (((size_t)(dim) * (ffn) / 2 + 2 * (size_t)(dim) * ((ffn) / Q_GS) * (Q_DT ? 2 : 4) + 127) & ~(size_t)127)
+#if ANY_FUSED
+/* Bytes of a [rows x cols] matrix in the layout blocks_times reads (the host writes it, cl.c): for each
+ * block of 32 inputs, every row's uint4 of codes ([cols / 32][rows]), then the scales ([cols / Q_GS][rows])
+ * and the biases, so a block's column of the matrix is contiguous; rounded up to whole lines. Per
+ * layer: o_proj, then down_proj. */
+#define BT_BYTES(rows, cols) \
+    (((size_t)(rows) * (cols) / 2 + 2 * (size_t)(rows) * ((cols) / Q_GS) * (Q_DT ? 2 : 4) + 127) & ~(size_t)127)
 
 inline void red_add(__global float *p, float v) { asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory"); }
 
@@ -752,40 +766,54 @@ inline void l2_range(__global const uchar *p, size_t lo, size_t hi) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + o));
 }
 
-/* Block b of down_proj's layout (DOWN_T_BYTES) into L2: what down_block will read */
-inline void down_block_l2(__global const uchar *dt, int b, int dim, int ffn) {
-    size_t es = Q_DT ? 2 : 4, cb = (size_t)dim * ffn / 2, gb = (size_t)dim * (ffn / Q_GS) * es;
-    size_t g = (size_t)(b * 32 / Q_GS) * dim * es;
-    l2_range(dt, (size_t)b * dim * 16, (size_t)(b + 1) * dim * 16);
-    l2_range(dt + cb, g, g + dim * es);
-    l2_range(dt + cb + gb, g, g + dim * es);
+/* Blocks b0 .. b0 + nbk - 1 of a matrix in the BT_BYTES layout into L2: what blocks_times will read */
+inline void blocks_l2(__global const uchar *bt, int b0, int nbk, int rows, int cols) {
+    size_t es = Q_DT ? 2 : 4, cb = (size_t)rows * cols / 2, gb = (size_t)rows * (cols / Q_GS) * es;
+    size_t g0 = (size_t)(b0 * 32 / Q_GS) * rows * es, g1 = (size_t)((b0 + nbk - 1) * 32 / Q_GS + 1) * rows * es;
+    l2_range(bt, (size_t)b0 * rows * 16, (size_t)(b0 + nbk) * rows * 16);
+    l2_range(bt + cb, g0, g1);
+    l2_range(bt + cb + gb, g0, g1);
 }
 
-/* FFN_FUSED: with block b of h (inputs 32b .. 32b + 31 of down_proj) computed by this group (hv in
- * lane 0 of row slot `slot`), its share of down_proj: x_out[r] += W_down[r][32b ..] . h[32b ..] for
- * every row r, by atomic adds, plus res[r] when res (the residual, added by one group). This removes
- * the grid barrier between gate_up and down_proj: no group needs all of h. The block is quantized as
- * the staged inputs are (two int8 levels, quant_word) into the last block of xs, which the gate_up
- * input (dim < MV_LOCAL_X - 32, the host checks) never reaches. The sums land in an order that
- * varies from run to run: float rounding may differ in the last bits. */
-inline void down_block(__global const uchar *dt, int b, int dim, int ffn, float hv, int slot, int lane,
-                       __local float *hl, __local float *xs, __local float *xsum, __local float *red,
-                       __global float *x_out, __global const float *res) {
-    int lid = get_local_id(0);
-    size_t es = Q_DT ? 2 : 4, cb = (size_t)dim * ffn / 2, gb = (size_t)dim * (ffn / Q_GS) * es;
-    __global const uint4 *tw = (__global const uint4 *)dt + (size_t)b * dim;
-    __global const uchar *ts = dt + cb + (size_t)(b * 32 / Q_GS) * dim * es, *tb = ts + gb;
-    if (lane == 0) hl[slot] = hv;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid < 32) /* one warp: lanes 0-3 quantize the block (their shuffles need the whole warp) */
-        quant_word(lid < 4 ? vload8(lid, hl) : (float8)(0.0f), 4 * (XQ_NB - 1) + lid, lid < 4, xs, xsum, red);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = lid; r < dim; r += MV_LWS) {
-        struct qvec q;
-        q.w = tw[r], q.s = ld(ts, Q_DT, r), q.b = ld(tb, Q_DT, r);
-        float p = vec_dot(q, XQ_NB - 1, ts, tb, Q_BITS, Q_GS, Q_DT, 0, xs, xsum);
-        red_add(x_out + r, res ? p + res[r] : p);
+/* x_out[r] += the sum over k < nbk of block b0 + k bs of row r of W (inputs 32 b .. 32 b + 31) . block
+ * s0 + k of xs (inputs staged and quantized), for every row r, by atomic adds, plus res[r] when res. With it, a phase that produces some
+ * blocks of a matrix's inputs also does their share of the product, and the grid barrier before the
+ * matrix is gone: no group needs all the inputs. The sums land in an order that varies from run to
+ * run, so float rounding may differ in the last bits between runs. */
+inline void blocks_times(__global const uchar *bt, int b0, int nbk, int bs, int s0, int rows, int cols,
+                         __local float *xs, __local float *xsum, __global float *x_out, __global const float *res) {
+    size_t es = Q_DT ? 2 : 4, cb = (size_t)rows * cols / 2, gb = (size_t)rows * (cols / Q_GS) * es;
+    for (int r = get_local_id(0); r < rows; r += MV_LWS) {
+        float p = res ? res[r] : 0.0f;
+#pragma unroll 8
+        for (int k = 0; k < nbk; k++) {
+            int b = b0 + k * bs;
+            size_t g = (size_t)(b * 32 / Q_GS) * rows + r;
+            struct qvec q;
+            q.w = ((__global const uint4 *)bt)[(size_t)b * rows + r];
+            q.s = ld(bt + cb, Q_DT, g), q.b = ld(bt + cb + gb, Q_DT, g);
+            p += vec_dot(q, s0 + k, bt, bt, Q_BITS, Q_GS, Q_DT, 0, xs, xsum);
+        }
+        red_add(x_out + r, p);
     }
+}
+#endif
+
+#if FFN_FUSED
+/* FFN_FUSED: blocks b0, b0 + bs, ... (nbk <= 8 of them) of h, the inputs of down_proj, computed by
+ * this group and left in hl[32 k ..], times their columns of down_proj into x_out (blocks_times). They
+ * are quantized as staged inputs are (two int8 levels, quant_word), into the last 8 blocks of xs, which
+ * the gate_up input (dim <= MV_LOCAL_X - 256, the host checks) never reaches. */
+inline void down_blocks(__global const uchar *dt, int b0, int nbk, int bs, int dim, int ffn, __local float *hl,
+                        __local float *xs, __local float *xsum, __local float *red, __global float *x_out,
+                        __global const float *res) {
+    int lid = get_local_id(0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < 32) /* one warp: 4 lanes a block (their shuffles need the whole warp) */
+        quant_word(lid < 4 * nbk ? vload8(lid, hl) : (float8)(0.0f), 4 * (XQ_NB - 8) + lid, lid < 4 * nbk, xs,
+                   xsum, red);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    blocks_times(dt, b0, nbk, bs, XQ_NB - 8, dim, ffn, xs, xsum, x_out, res);
 }
 #endif
 
@@ -798,8 +826,9 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr, stride = rpg * get_num_groups(0);
     int r = get_group_id(0) * rpg + lid / tpr;
 #if FFN_FUSED
+    int nk = 0; /* blocks of h waiting for down_blocks */
     if (dt)
-        for (int b = get_group_id(0); b < rows / 32; b += get_num_groups(0)) down_block_l2(dt, b, cols, rows);
+        for (int b = get_group_id(0); b < rows / 32; b += get_num_groups(0)) blocks_l2(dt, b, 1, cols, rows);
 #endif
     stage(x, cols, vecs + norm_off, eps, xs, xsum, red);
     for (; r - lid / tpr < rows; r += stride) {
@@ -821,10 +850,14 @@ inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __glob
         gu = row_reduce2(gu, red2, tpr);
         float hv = gu.x / (1.0f + exp(-gu.x)) * gu.y;
 #if FFN_FUSED
-        if (dt) {
-            int r0 = r - lid / tpr; /* x, the residual, is added by the group of block 0 */
-            down_block(dt, r0 / 32, cols, rows, hv, lid / tpr, lane, (__local float *)red2, xs, xsum, red, x_out,
-                       r0 == 0 ? x : 0);
+        if (dt) { /* this sweep's rows are block r0 / 32 of h; down_proj's share once all are done (or 8) */
+            int r0 = r - lid / tpr, b0 = r0 / 32 - nk * get_num_groups(0);
+            __local float *hl = (__local float *)red2;
+            if (lane == 0) hl[32 * nk + lid / tpr] = hv;
+            if (++nk == 8 || r0 + stride >= rows) { /* x, the residual, is added with block 0 */
+                down_blocks(dt, b0, nk, get_num_groups(0), cols, rows, hl, xs, xsum, red, x_out, b0 == 0 ? x : 0);
+                nk = 0;
+            }
             continue;
         }
 #endif
@@ -982,7 +1015,7 @@ inline void v_weigh(__global const float *vp, int c0, int p1, int kv_dim, float 
  * latencies a block where the work-group form has a chain of barriers and partly serial reads. */
 inline void attention_warps(__global const float *q, __global const float *k, __global const float *v, int n_ctx,
                             int hd, int kv_dim, int p0, int p1, float scale, __global float *o, __local float *red,
-                            __local float4 *acc_l) {
+                            __local float4 *acc_l, __local float *ol) {
     int lid = get_local_id(0), lane = lid % 32, w = lid / 32, dpl = hd / 32;
     float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int c0 = p0 + 32 * w; c0 < p1; c0 += ATT_LWS) {
@@ -1021,6 +1054,7 @@ inline void attention_warps(__global const float *q, __global const float *k, __
         }
         o[2 + lid] = num;
         if (lid == 0) o[0] = mx, o[1] = den;
+        ol[lid] = num / den; /* the head's output when this is its only span (att_fold) */
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* red and acc_l are reused by the next (s, h) of a persistent group */
 }
@@ -1047,7 +1081,7 @@ inline void attention_body(__global const float *q, __global const float *kt, __
 #if defined(SHFL_PTX) && ATT_LWS % 32 == 0
     if (hd % 32 == 0 && hd <= 128 && hd <= ATT_LWS) {
         attention_warps(q, k, v, n_ctx, hd, kv_dim, p0, p1, scale, part + ((size_t)h * ATT_MAX_SPLIT + s) * (hd + 2),
-                        red, acc_l);
+                        red, acc_l, sl);
         return;
     }
 #endif
@@ -1102,6 +1136,41 @@ __kernel void attention(__global const float *q, __global const float *kt, __glo
     attention_body(q, kt, vc, part, n_ctx, hd, n_heads, n_kv, layer, pos, span, get_group_id(0), get_group_id(1),
                    sl, red, acc_l);
 }
+
+#if ATT_FUSED
+/* ATT_FUSED, after this group left its partial of head h (and, in ol, the head's output if it is the
+ * only span): the group that leaves a head's last partial (a count per head, done[h]) combines them
+ * and multiplies the head's output, HEAD_DIM / 32 blocks of o_proj's inputs, by their columns of
+ * o_proj into x_out, plus res (the residual) for head 0 (blocks_times). So attention and o_proj are
+ * one phase, with no grid barrier between them. */
+inline void att_fold(volatile __global const float *part, int h, int n_split, __global int *done,
+                     __global const uchar *ot, int dim, int q_dim, __global float *x_out, __global const float *res,
+                     __local float *xs, __local float *xsum, __local float *red, __local int *last,
+                     __local const float *ol) {
+    int lid = get_local_id(0), nbk = HEAD_DIM / 32;
+    if (n_split > 1) {
+        mem_fence(CLK_GLOBAL_MEM_FENCE); /* this group's partial, before the count says it is there */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid == 0) {
+            last[0] = atomic_inc(done + h) == n_split - 1;
+            if (last[0]) done[h] = 0; /* for the next step */
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (!last[0]) return;
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+    }
+    if (lid < 32) { /* one warp: lanes 0 .. 4 nbk - 1 combine and quantize 8 outputs each */
+        float y[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (lid < 4 * nbk)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                y[e] = n_split == 1 ? ol[8 * lid + e] : attn_combine(part, HEAD_DIM, n_split, h * HEAD_DIM + 8 * lid + e);
+        quant_word(vload8(0, y), lid, lid < 4 * nbk, xs, xsum, red);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    blocks_times(ot, h * nbk, nbk, 1, 0, dim, q_dim, xs, xsum, x_out, h == 0 ? res : 0);
+}
+#endif
 
 #ifndef SPIN_LIMIT
 #define SPIN_LIMIT (1 << 20) /* polls of a grid barrier before it gives up (about a second) */
@@ -1235,12 +1304,13 @@ inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const 
 __kernel void token(__global const uchar *arena, __global const int *desc, __global const float *vecs,
                     __global const float *inv_freq, __global float *act, __global float *part, __global float *kt,
                     __global float *vc, __global float *logits, __global float2 *best, __global int *next,
-                    __global int *bar, __global const uchar *down_t, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
+                    __global int *bar, __global const uchar *by_blocks, __global int *done, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
                     int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
     STAGE_LOCALS, red[MV_LWS], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
     __local float4 acc_l[ATT_LWS];
+    __local int last[1];
     int G = get_num_groups(0), nb = 0, nw = 0, q_dim = n_heads * hd; /* nb phases, nw grid barriers passed */
     /* per layer: x, x2 (after attention), q, h, each starting on a line (LINE_PAD) */
     size_t per_layer = 2 * LINE_PAD(dim) + LINE_PAD(q_dim) + LINE_PAD(ffn);
@@ -1258,6 +1328,9 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
         __global float *x_next = act + (l + 1) * per_layer, *pl = part + l * part_layer;
         __global const int *lv = desc + 8 * (2 + 7 * n_layers + l);
         int m = 2 + 7 * l;
+#if ANY_FUSED
+        __global const uchar *o_t = by_blocks + l * (BT_BYTES(dim, q_dim) + BT_BYTES(dim, ffn)), *down_t = o_t + BT_BYTES(dim, q_dim);
+#endif
         {
             MAT(0, m);
             MAT(1, m + 1);
@@ -1265,6 +1338,15 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
             qkv_body(WPASS(0), WPASS(1), WPASS(2), n_heads, n_kv, hd, dim, tpr0, x, vecs, lv[0], lv[1], lv[2], lv[3],
                      eps, inv_freq, n_ctx, q, kt, vc, l, pos, f, xs, xsum, red, red2);
         }
+#if ATT_FUSED /* x2 (zeroed by the previous step) gets x + o_proj(attention) by atomic adds */
+        NEXT_PHASE(if (get_group_id(0) < n_heads) blocks_l2(o_t, get_group_id(0) * (HEAD_DIM / 32), HEAD_DIM / 32, dim, q_dim));
+        for (int w = get_group_id(0); w < n_split * n_heads; w += G) {
+            attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, sl,
+                           red, acc_l);
+            att_fold(pl, w / n_split, n_split, done + l * n_heads, o_t, dim, q_dim, x2, x, xs, xsum, red, last, sl);
+        }
+        SKIP_PHASE();
+#else
         PHASE_END();
         for (int w = get_group_id(0); w < n_split * n_heads; w += G)
             attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, sl,
@@ -1274,6 +1356,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
             MAT(3, m + 3);
             attn_out_body(WPASS(3), dim, q_dim, tpr3, pl, hd, x, x2, n_split, f.a, xs, xsum, red, red2);
         }
+#endif
         NEXT_PHASE(int t = desc[8 * (m + 4) + 6]; /* up is read with gate's tpr */
                    f.a = table_first_row(arena, desc, m + 4, ffn, dim, t);
                    f.b = table_first_row(arena, desc, m + 5, ffn, dim, t));
@@ -1282,7 +1365,7 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
             MAT(5, m + 5);
 #if FFN_FUSED /* x_next (zeroed by the previous step) gets x2 + down_proj(h) by atomic adds */
             gate_up_body(WPASS(4), WPASS(5), ffn, dim, tpr4, x2, vecs, lv[4], eps, hb, f.a, f.b, xs, xsum, red, red2,
-                         down_t + l * DOWN_T_BYTES(dim, ffn), x_next);
+                         down_t, x_next);
         }
         SKIP_PHASE();
 #else
@@ -1300,9 +1383,12 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
     }
     {
         MAT(1, 1);
-#if FFN_FUSED /* the next step's sums start from zero: every layer's output but the last, read here */
-        for (size_t j = get_global_id(0); j < (size_t)(n_layers - 1) * dim; j += get_global_size(0))
-            act[(j / dim + 1) * per_layer + j % dim] = 0.0f;
+#if ANY_FUSED /* the next step's sums start from zero: x2 of every layer, x but the last (read here) */
+        for (size_t j = get_global_id(0); j < (size_t)(2 * n_layers) * dim; j += get_global_size(0)) {
+            size_t l = j / (2 * dim), i = j % (2 * dim); /* [0, dim): x2 of layer l, [dim, 2 dim): x of l + 1 */
+            if (ATT_FUSED && i < dim) act[l * per_layer + LINE_PAD(dim) + i] = 0.0f;
+            if (FFN_FUSED && i >= dim && l + 1 < n_layers) act[(l + 1) * per_layer + i - dim] = 0.0f;
+        }
 #endif
         matvec_body(WPASS(1), vocab, dim, tpr1, act + n_layers * per_layer, vecs, final_norm, eps, logits, logits, 0,
                     best, 1, f.a, xs, xsum, red, red2);
