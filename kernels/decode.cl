@@ -1138,17 +1138,17 @@ __kernel void attention(__global const float *q, __global const float *kt, __glo
 }
 
 #if ATT_FUSED
-/* ATT_FUSED, after this group left its partial of head h (and, in ol, the head's output if it is the
- * only span): the group that leaves a head's last partial (a count per head, done[h]) combines them
+/* ATT_FUSED, after this group left its partials (own: head h's output is in ol, the head's only span
+ * and this group's only one): the group that leaves a head's last partial (a count per head, done[h]) combines them
  * and multiplies the head's output, HEAD_DIM / 32 blocks of o_proj's inputs, by their columns of
  * o_proj into x_out, plus res (the residual) for head 0 (blocks_times). So attention and o_proj are
  * one phase, with no grid barrier between them. */
 inline void att_fold(volatile __global const float *part, int h, int n_split, __global int *done,
                      __global const uchar *ot, int dim, int q_dim, __global float *x_out, __global const float *res,
                      __local float *xs, __local float *xsum, __local float *red, __local int *last,
-                     __local const float *ol) {
+                     __local const float *ol, int own) {
     int lid = get_local_id(0), nbk = HEAD_DIM / 32;
-    if (n_split > 1) {
+    if (!own) {
         mem_fence(CLK_GLOBAL_MEM_FENCE); /* this group's partial, before the count says it is there */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (lid == 0) {
@@ -1164,7 +1164,7 @@ inline void att_fold(volatile __global const float *part, int h, int n_split, __
         if (lid < 4 * nbk)
 #pragma unroll
             for (int e = 0; e < 8; e++)
-                y[e] = n_split == 1 ? ol[8 * lid + e] : attn_combine(part, HEAD_DIM, n_split, h * HEAD_DIM + 8 * lid + e);
+                y[e] = own ? ol[8 * lid + e] : attn_combine(part, HEAD_DIM, n_split, h * HEAD_DIM + 8 * lid + e);
         quant_word(vload8(0, y), lid, lid < 4 * nbk, xs, xsum, red);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -1340,11 +1340,12 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
         }
 #if ATT_FUSED /* x2 (zeroed by the previous step) gets x + o_proj(attention) by atomic adds */
         NEXT_PHASE(if (get_group_id(0) < n_heads) blocks_l2(o_t, get_group_id(0) * (HEAD_DIM / 32), HEAD_DIM / 32, dim, q_dim));
-        for (int w = get_group_id(0); w < n_split * n_heads; w += G) {
+        for (int w = get_group_id(0); w < n_split * n_heads; w += G)
             attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, sl,
                            red, acc_l);
-            att_fold(pl, w / n_split, n_split, done + l * n_heads, o_t, dim, q_dim, x2, x, xs, xsum, red, last, sl);
-        }
+        for (int w = get_group_id(0); w < n_split * n_heads; w += G) /* after all of the group's partials */
+            att_fold(pl, w / n_split, n_split, done + l * n_heads, o_t, dim, q_dim, x2, x, xs, xsum, red, last, sl,
+                     n_split == 1 && n_heads <= G);
         SKIP_PHASE();
 #else
         PHASE_END();
