@@ -643,8 +643,9 @@ static int bind_token(struct tllm_cl *cl) {
     struct args a;
     int rc = begin(cl, &cl->l_token, "token", &a);
     if (rc) return rc;
-    cl_mem bufs[] = {cl->arena, cl->desc, cl->vecs, cl->inv_freq, cl->act, cl->part, cl->kt, cl->vc, cl->logits, cl->best, cl->next, cl->bar,
-                     cl->by_blocks ? cl->by_blocks : cl->bar, cl->done ? cl->done : cl->bar}; /* (unused without fusion) */
+    cl_mem unused = cl->bar; /* in place of the fused phases' buffers when there are none */
+    cl_mem bufs[] = {cl->arena,  cl->desc, cl->vecs, cl->inv_freq, cl->act, cl->part, cl->kt, cl->vc, cl->logits, cl->best,
+                     cl->next,   cl->bar,  cl->by_blocks ? cl->by_blocks : unused, cl->done ? cl->done : unused};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ARG_MEM(&a, bufs[i]);
     int ints[] = {c->n_layers, c->dim, c->ffn_dim, c->n_heads, c->n_kv_heads, c->head_dim, c->vocab_size, cl->ctx_stride,
                   (int)(m->final_norm - m->vectors)};

@@ -164,7 +164,7 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #define XQ_FUSED (XQ && STAGE_FUSED)
 
 #ifndef FUSE_FFN
-#define FUSE_FFN 0 /* 1 (the host sets it on NVIDIA): `token` runs gate_up and down_proj as one phase (see down_block) */
+#define FUSE_FFN 0 /* 1 (the host sets it on NVIDIA): `token` runs gate_up and down_proj as one phase (down_blocks) */
 #endif
 #ifndef FUSE_ATT
 #define FUSE_ATT 0 /* 1 (the host sets it on NVIDIA): `token` runs attention and o_proj as one phase (att_fold) */
@@ -189,6 +189,7 @@ __kernel void tunables(__global int *out) {
     out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;
     out[8] = QROW_N, out[9] = MV_TAIL, out[10] = FFN_FUSED, out[11] = ATT_FUSED;
 }
+
 /* Floats of the staged input: none when the int8 form is all the dot products read (XQ_FUSED) */
 #define XS_FLOATS (XQ_FUSED ? 0 : XS_LEN)
 /* xs's floats are followed by the quantized input (XQ): 4 x XQ_NB uint4, see quant_word (read as
@@ -776,9 +777,9 @@ inline void blocks_l2(__global const uchar *bt, int b0, int nbk, int rows, int c
 }
 
 /* x_out[r] += the sum over k < nbk of block b0 + k bs of row r of W (inputs 32 b .. 32 b + 31) . block
- * s0 + k of xs (inputs staged and quantized), for every row r, by atomic adds, plus res[r] when res. With it, a phase that produces some
- * blocks of a matrix's inputs also does their share of the product, and the grid barrier before the
- * matrix is gone: no group needs all the inputs. The sums land in an order that varies from run to
+ * s0 + k of xs (inputs staged and quantized), for every row r, by atomic adds, plus res[r] when res.
+ * With it, a phase that produces some blocks of a matrix's inputs also does their share of the
+ * product, and the grid barrier before the matrix is gone: no group needs all the inputs. The sums land in an order that varies from run to
  * run, so float rounding may differ in the last bits between runs. */
 inline void blocks_times(__global const uchar *bt, int b0, int nbk, int bs, int s0, int rows, int cols,
                          __local float *xs, __local float *xsum, __global float *x_out, __global const float *res) {
@@ -818,7 +819,8 @@ inline void down_blocks(__global const uchar *dt, int b0, int nbk, int bs, int d
 #endif
 
 /* h = silu(Wg . norm(x)) * (Wu . norm(x)); fg, fu: first_row's reads of both (with the same tpr).
- * With dt (FFN_FUSED, tpr = MV_LWS / 32), h is not stored: each block goes through down_block. */
+ * With dt (FFN_FUSED, tpr = MV_LWS / 32: a sweep's rows are one block of h), h is not stored: the
+ * group's blocks go through down_blocks, adding x + down_proj(h) into x_out. */
 inline void gate_up_body(WARGS(0), WARGS(1), int rows, int cols, int tpr, __global const float *x,
                          __global const float *vecs, int norm_off, float eps, __global float *h, struct qrow fg,
                          struct qrow fu, __local float *xs, __local float *xsum, __local float *red,
@@ -1138,11 +1140,11 @@ __kernel void attention(__global const float *q, __global const float *kt, __glo
 }
 
 #if ATT_FUSED
-/* ATT_FUSED, after this group left its partials (own: head h's output is in ol, the head's only span
- * and this group's only one): the group that leaves a head's last partial (a count per head, done[h]) combines them
- * and multiplies the head's output, HEAD_DIM / 32 blocks of o_proj's inputs, by their columns of
- * o_proj into x_out, plus res (the residual) for head 0 (blocks_times). So attention and o_proj are
- * one phase, with no grid barrier between them. */
+/* ATT_FUSED, after this group left all its partials (own: head h's output is in ol, the head's only
+ * span and this group's only one): the group that leaves a head's last partial (a count per head,
+ * done[h]) combines them and multiplies the head's output, HEAD_DIM / 32 blocks of o_proj's inputs,
+ * by their columns of o_proj into x_out, plus res (the residual) for head 0 (blocks_times). So
+ * attention and o_proj are one phase, with no grid barrier between them. */
 inline void att_fold(volatile __global const float *part, int h, int n_split, __global int *done,
                      __global const uchar *ot, int dim, int q_dim, __global float *x_out, __global const float *res,
                      __local float *xs, __local float *xsum, __local float *red, __local int *last,
@@ -1260,8 +1262,8 @@ inline void grid_wait(volatile __global int *bar, int target) {
     PHASE_MARK(nb);                        \
     { pre; }
 #endif
-/* A phase boundary with no grid barrier (FFN_FUSED: down_proj's phase is done within gate_up's): the
- * profile's marks only, so phases keep their numbers */
+/* A phase boundary with no grid barrier (FFN_FUSED: down_proj is done within gate_up's phase,
+ * ATT_FUSED: o_proj within attention's): the profile's marks only, so phases keep their numbers */
 #define SKIP_PHASE()   \
     ARRIVE_MARK(nb + 1); \
     ++nb;              \
@@ -1300,12 +1302,14 @@ inline struct qrow2 table_qkv_first(__global const uchar *arena, __global const 
  * q, k, v, o, gate, up, down), then 8 ints per layer (attn_norm, bq, bk, bv, ffn_norm offsets in vecs).
  * Every activation a phase writes has its own place per layer in `act` (and `part`), so nothing is
  * read in one phase and rewritten in a later one of the same launch: no core can hold a stale copy
- * in a cache that is not coherent between compute units. */
+ * in a cache that is not coherent between compute units. (With FFN_FUSED or ATT_FUSED, x2 and the next
+ * layer's x are sums of atomic adds made at L2, starting from zero; the lm_head phase zeroes them for
+ * the next step after their last read, and nothing reads them again in this launch.) */
 __kernel void token(__global const uchar *arena, __global const int *desc, __global const float *vecs,
                     __global const float *inv_freq, __global float *act, __global float *part, __global float *kt,
                     __global float *vc, __global float *logits, __global float2 *best, __global int *next,
-                    __global int *bar, __global const uchar *by_blocks, __global int *done, int n_layers, int dim, int ffn, int n_heads, int n_kv, int hd, int vocab,
-                    int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
+                    __global int *bar, __global const uchar *by_blocks, __global int *done, int n_layers, int dim,
+                    int ffn, int n_heads, int n_kv, int hd, int vocab, int n_ctx, int final_norm, float eps, __global ulong *times, int bar_base, int id, int pos,
                     int span, int n_split) {
     STAGE_LOCALS, red[MV_LWS], sl[ATT_LWS];
     __local float2 red2[MV_LWS];
@@ -1329,7 +1333,9 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
         __global const int *lv = desc + 8 * (2 + 7 * n_layers + l);
         int m = 2 + 7 * l;
 #if ANY_FUSED
-        __global const uchar *o_t = by_blocks + l * (BT_BYTES(dim, q_dim) + BT_BYTES(dim, ffn)), *down_t = o_t + BT_BYTES(dim, q_dim);
+        /* this layer's o_proj and down_proj by blocks (FFN_FUSED, ATT_FUSED) */
+        __global const uchar *o_t = by_blocks + l * (BT_BYTES(dim, q_dim) + BT_BYTES(dim, ffn));
+        __global const uchar *down_t = o_t + BT_BYTES(dim, q_dim);
 #endif
         {
             MAT(0, m);
@@ -1339,7 +1345,8 @@ __kernel void token(__global const uchar *arena, __global const int *desc, __glo
                      eps, inv_freq, n_ctx, q, kt, vc, l, pos, f, xs, xsum, red, red2);
         }
 #if ATT_FUSED /* x2 (zeroed by the previous step) gets x + o_proj(attention) by atomic adds */
-        NEXT_PHASE(if (get_group_id(0) < n_heads) blocks_l2(o_t, get_group_id(0) * (HEAD_DIM / 32), HEAD_DIM / 32, dim, q_dim));
+        NEXT_PHASE(if (get_group_id(0) < n_heads) /* its columns of o_proj, for the fold */
+                       blocks_l2(o_t, get_group_id(0) * (HEAD_DIM / 32), HEAD_DIM / 32, dim, q_dim));
         for (int w = get_group_id(0); w < n_split * n_heads; w += G)
             attention_body(q, kt, vc, pl, n_ctx, hd, n_heads, n_kv, l, pos, span, w % n_split, w / n_split, sl,
                            red, acc_l);
