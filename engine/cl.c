@@ -296,7 +296,7 @@ static int build_program(struct tllm_cl *cl, int int8_ok) {
     /* and `token` fuses gate_up with down_proj, attention with o_proj (PTX's float atomic add;
      * FFN_FUSED, ATT_FUSED in decode.cl) */
     int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
-    int fuse_att = nvidia && xq && c->head_dim % 32 == 0 && c->head_dim <= 128 && !(extra && strstr(extra, "FUSE_ATT"));
+    int fuse_att = nvidia && xq && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
              nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
              cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");

@@ -756,8 +756,10 @@ __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const flo
  * block of 32 inputs, every row's uint4 of codes ([cols / 32][rows]), then the scales ([cols / Q_GS][rows])
  * and the biases, so a block's column of the matrix is contiguous; rounded up to whole lines. Per
  * layer: o_proj, then down_proj. */
-#define BT_BYTES(rows, cols) \
-    (((size_t)(rows) * (cols) / 2 + 2 * (size_t)(rows) * ((cols) / Q_GS) * (Q_DT ? 2 : 4) + 127) & ~(size_t)127)
+#define BT_ES (Q_DT ? 2 : 4)                                           /* bytes of a scale or bias */
+#define BT_CODES(rows, cols) ((size_t)(rows) * (cols) / 2)             /* where the scales start */
+#define BT_GROUPS(rows, cols) ((size_t)(rows) * ((cols) / Q_GS) * BT_ES) /* bytes of the scales (and of the biases) */
+#define BT_BYTES(rows, cols) ((BT_CODES(rows, cols) + 2 * BT_GROUPS(rows, cols) + 127) & ~(size_t)127)
 
 inline void red_add(__global float *p, float v) { asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory"); }
 
@@ -769,8 +771,8 @@ inline void l2_range(__global const uchar *p, size_t lo, size_t hi) {
 
 /* Blocks b0 .. b0 + nbk - 1 of a matrix in the BT_BYTES layout into L2: what blocks_times will read */
 inline void blocks_l2(__global const uchar *bt, int b0, int nbk, int rows, int cols) {
-    size_t es = Q_DT ? 2 : 4, cb = (size_t)rows * cols / 2, gb = (size_t)rows * (cols / Q_GS) * es;
-    size_t g0 = (size_t)(b0 * 32 / Q_GS) * rows * es, g1 = (size_t)((b0 + nbk - 1) * 32 / Q_GS + 1) * rows * es;
+    size_t cb = BT_CODES(rows, cols), gb = BT_GROUPS(rows, cols);
+    size_t g0 = (size_t)(b0 * 32 / Q_GS) * rows * BT_ES, g1 = (size_t)((b0 + nbk - 1) * 32 / Q_GS + 1) * rows * BT_ES;
     l2_range(bt, (size_t)b0 * rows * 16, (size_t)(b0 + nbk) * rows * 16);
     l2_range(bt + cb, g0, g1);
     l2_range(bt + cb + gb, g0, g1);
@@ -783,7 +785,7 @@ inline void blocks_l2(__global const uchar *bt, int b0, int nbk, int rows, int c
  * run, so float rounding may differ in the last bits between runs. */
 inline void blocks_times(__global const uchar *bt, int b0, int nbk, int bs, int s0, int rows, int cols,
                          __local float *xs, __local float *xsum, __global float *x_out, __global const float *res) {
-    size_t es = Q_DT ? 2 : 4, cb = (size_t)rows * cols / 2, gb = (size_t)rows * (cols / Q_GS) * es;
+    size_t cb = BT_CODES(rows, cols), gb = BT_GROUPS(rows, cols);
     for (int r = get_local_id(0); r < rows; r += MV_LWS) {
         float p = res ? res[r] : 0.0f;
 #pragma unroll 8
@@ -1056,7 +1058,9 @@ inline void attention_warps(__global const float *q, __global const float *k, __
         }
         o[2 + lid] = num;
         if (lid == 0) o[0] = mx, o[1] = den;
+#if ATT_FUSED
         ol[lid] = num / den; /* the head's output when this is its only span (att_fold) */
+#endif
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* red and acc_l are reused by the next (s, h) of a persistent group */
 }
