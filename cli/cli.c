@@ -1,4 +1,4 @@
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../engine/error.h"
+#include "engine/base/error.h"
 
 void cli_die(const char *fmt, ...) {
     va_list ap;

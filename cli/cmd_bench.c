@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "engine/error.h"
-#include "engine/threadpool.h"
-#include "session.h"
-#include "engine/cl.h"
+#include "cli/cli.h"
+#include "engine/base/error.h"
+#include "engine/base/threadpool.h"
+#include "cli/session.h"
+#include "engine/backend/backend.h"
 
 static const char usage[] =
     "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-t 1,2] [-o md|json|csv] [--step-sync] [--quantize BITS]\n"
@@ -106,12 +106,14 @@ int cmd_bench(int argc, char **argv) {
     struct cli_session s;
     mo.threads = th[0];
     cli_session_open(&s, &mo, 0);
-    if (s.cl) {
-        int n = tllm_cl_launches_per_token(s.cl), g = tllm_cl_token_groups(s.cl);
+    if (s.dev) {
+        struct tllm_backend_info info;
+        tllm_backend_describe(s.dev, &info);
+        int n = info.launches_per_token, g = info.groups;
         char grid[48] = "";
         if (g) snprintf(grid, sizeof grid, " (%d work-groups)", g);
         fprintf(stderr, "decode on %s, %d kernel launch%s per token%s, %s activations; prefill on %d CPU threads\n",
-                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, tllm_cl_int8(s.cl) ? "int8" : "float32", th[0]);
+                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, info.int8 ? "int8" : "float32", th[0]);
     }
     if (max_len > s.ctx.n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx.n_ctx);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);
@@ -162,7 +164,7 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "model_type", json_object_new_string(quant));
             json_object_object_add(o, "model_size", json_object_new_int64((int64_t)size));
             json_object_object_add(o, "model_n_params", json_object_new_int64((int64_t)params));
-            json_object_object_add(o, "backend", json_object_new_string(s.cl ? "OpenCL" : "CPU"));
+            json_object_object_add(o, "backend", json_object_new_string(s.dev ? "OpenCL" : "CPU"));
             json_object_object_add(o, "backends", json_object_new_string(cli_session_backend(&s)));
             json_object_object_add(o, "n_threads", json_object_new_int(r->threads));
             json_object_object_add(o, "n_batch", json_object_new_int(s.ctx.n_batch));
@@ -198,7 +200,7 @@ int cmd_bench(int argc, char **argv) {
     } else if (!strcmp(fmt, "csv")) {
         puts("model,model_type,model_size,model_n_params,backend,n_threads,n_prompt,n_gen,n_depth,avg_ts,stddev_ts,effective_bandwidth_gbs");
         for (int i = 0; i < n_res; i++)
-            printf("%s,%s,%zu,%zu,%s,%d,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, s.cl ? "OpenCL" : "CPU", res[i].threads,
+            printf("%s,%s,%zu,%zu,%s,%d,%d,%d,%d,%.3f,%.3f,%.3f\n", name, quant, size, params, s.dev ? "OpenCL" : "CPU", res[i].threads,
                    res[i].n_prompt, res[i].n_gen, res[i].depth, res[i].avg_ts, res[i].stddev_ts,
                    res[i].n_gen ? (double)bpt * res[i].avg_ts / 1e9 : 0);
     } else {
@@ -210,7 +212,7 @@ int cmd_bench(int argc, char **argv) {
             char depth[32] = "";
             if (res[i].depth) snprintf(depth, sizeof depth, " @ d%d", res[i].depth);
             printf("| %s | %s | %.1f MiB | %.1f M | %s | %d | %s%d%s | %.2f ± %.2f | %s |\n", name, quant,
-                   (double)size / (1 << 20), (double)params / 1e6, s.cl ? "OpenCL" : "CPU", res[i].threads, res[i].test_kind,
+                   (double)size / (1 << 20), (double)params / 1e6, s.dev ? "OpenCL" : "CPU", res[i].threads, res[i].test_kind,
                    res[i].n_prompt + res[i].n_gen, depth, res[i].avg_ts, res[i].stddev_ts, bw);
         }
     }

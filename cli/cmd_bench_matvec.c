@@ -5,13 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "engine/error.h"
-#include "engine/generate.h"
-#include "engine/threadpool.h"
-#include "kernels/qmatmul.h"
-#include "kernels/qpack.h"
-#include "engine/config.h"
+#include "cli/cli.h"
+#include "engine/base/error.h"
+#include "engine/run/generate.h"
+#include "engine/base/threadpool.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/qpack.h"
+#include "engine/load/config.h"
 
 static const char usage[] =
     "usage: tllm bench-matvec [-t LIST] [--bits 4] [--group-size 64] [--shapes 896x896,...] [--mb 256]\n"

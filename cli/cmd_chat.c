@@ -9,10 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "engine/error.h"
-#include "engine/json_util.h"
-#include "session.h"
+#include "cli/cli.h"
+#include "engine/base/error.h"
+#include "engine/base/json_util.h"
+#include "cli/session.h"
 
 static const char usage[] =
     "usage: tllm chat [-m MODEL] [--system S] [-n MAX_REPLY_TOKENS] [options]\n"

@@ -3,9 +3,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "engine/convert.h"
-#include "engine/error.h"
+#include "cli/cli.h"
+#include "engine/convert/convert.h"
+#include "engine/base/error.h"
 
 static const char quantize_usage[] =
     "usage: tllm quantize IN_DIR OUT_DIR [--bits 4] [--group-size 64] [--scale-dtype bf16|f16|f32]\n"

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "engine/cl.h"
+#include "cli/cli.h"
+#include "engine/backend/backend.h"
 
 int cmd_devices(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
@@ -12,6 +12,6 @@ int cmd_devices(int argc, char **argv) {
     }
     if (argc > 1) cli_die("devices: unknown option '%s'", argv[1]);
     printf("cpu  the CPU threads (always available)\n");
-    if (tllm_cl_list(stdout) == 0) printf("(no OpenCL platform found: install an ICD, e.g. pocl-opencl-icd or the GPU driver's)\n");
+    if (tllm_backend_list_devices(stdout) == 0) printf("(no OpenCL platform found: install an ICD, e.g. pocl-opencl-icd or the GPU driver's)\n");
     return 0;
 }

@@ -6,10 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "engine/error.h"
-#include "engine/json_util.h"
-#include "session.h"
+#include "cli/cli.h"
+#include "engine/base/error.h"
+#include "engine/base/json_util.h"
+#include "cli/session.h"
 
 static const char usage[] =
     "usage: tllm generate [-m MODEL] -p TEXT [-n 256] [--chat] [--system S] [--json] [options]\n"

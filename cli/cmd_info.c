@@ -1,9 +1,9 @@
 /* tllm info: what a checkpoint is and what it costs to run. */
 #include <string.h>
 
-#include "cli.h"
-#include "engine/error.h"
-#include "engine/model.h"
+#include "cli/cli.h"
+#include "engine/base/error.h"
+#include "engine/load/model.h"
 
 static void describe(const struct tllm_qweights *w, char *buf, size_t n) {
     if (w->format == TLLM_WF_DENSE) snprintf(buf, n, "%s", tllm_dtype_name(w->dtype));

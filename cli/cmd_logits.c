@@ -2,10 +2,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../engine/context.h"
-#include "../engine/convert.h"
-#include "../engine/error.h"
-#include "cli.h"
+#include "engine/run/context.h"
+#include "engine/convert/convert.h"
+#include "engine/base/error.h"
+#include "cli/cli.h"
 
 static const char usage[] =
     "usage: tllm logits -m DIR --ids 1,2,3 -o OUT.f32 [--last] [--quantize BITS [--group-size G]]\n"

@@ -6,10 +6,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "engine/checkpoint.h"
-#include "engine/error.h"
-#include "engine/json_util.h"
+#include "cli/cli.h"
+#include "engine/load/checkpoint.h"
+#include "engine/base/error.h"
+#include "engine/base/json_util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

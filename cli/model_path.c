@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "engine/error.h"
-#include "engine/hf_cache.h"
+#include "cli/cli.h"
+#include "engine/base/error.h"
+#include "engine/load/hf_cache.h"
 
 #ifndef TLLM_DEMO_MODEL_DIR
 #define TLLM_DEMO_MODEL_DIR "models/tllm-man-demo"

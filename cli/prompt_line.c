@@ -1,10 +1,10 @@
-#include "prompt_line.h"
+#include "cli/prompt_line.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/json_util.h"
+#include "engine/base/json_util.h"
 #include "tokenizer/tokenizer.h"
 
 int cli_check_utf8(const char *what, const char *s, size_t n, char *err, size_t cap) {

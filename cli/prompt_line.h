@@ -6,7 +6,7 @@
 #include <json-c/json.h>
 #include <stddef.h>
 
-#include "engine/sampler.h"
+#include "engine/run/sampler.h"
 #include "tokenizer/chat.h"
 
 #define CLI_MAX_STOP 16

@@ -1,17 +1,17 @@
-#include "session.h"
+#include "cli/session.h"
 
-#include "engine/cl.h"
+#include "engine/backend/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "engine/checkpoint.h"
-#include "engine/convert.h"
-#include "engine/error.h"
-#include "engine/threadpool.h"
-#include "kernels/qmatmul.h"
+#include "cli/cli.h"
+#include "engine/load/checkpoint.h"
+#include "engine/convert/convert.h"
+#include "engine/base/error.h"
+#include "engine/base/threadpool.h"
+#include "kernels/cpu/qmatmul.h"
 
 const char cli_model_opts_help[] =
     "model options:\n"
@@ -99,14 +99,12 @@ static void open_device(struct cli_session *s, const char *dev) {
     else if (!strcmp(dev, "opencl")) index = -1;
     else if (!strncmp(dev, "opencl:", 7)) index = (int)cli_int("--device opencl:N", dev + 7, 0, 1000);
     else cli_die("--device: '%s' is not cpu, opencl, opencl:N or auto", dev);
-    int rc = tllm_cl_init(&s->cl, s->m, s->ctx.n_ctx, index);
+    int rc = tllm_backend_device_init(&s->dev, s->m, s->ctx.n_ctx, index);
     if (rc) {
         if (!(index == -2 && rc == TLLM_ERR_UNSUPPORTED)) fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
-        tllm_cl_free(s->cl);
-        s->cl = NULL;
         return;
     }
-    tllm_ctx_use_cl(&s->ctx, s->cl);
+    tllm_ctx_use_device(&s->ctx, s->dev);
 }
 
 void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_tok) {
@@ -140,19 +138,19 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
 }
 
 void cli_session_attach_device(struct cli_session *s) {
-    if (s->cl) tllm_ctx_use_cl(&s->ctx, s->cl);
+    if (s->dev) tllm_ctx_use_device(&s->ctx, s->dev);
 }
 
 const char *cli_session_backend(const struct cli_session *s) {
-    static char buf[300];
-    if (!s->cl) return "CPU";
-    snprintf(buf, sizeof buf, "OpenCL %s", tllm_cl_device_name(s->cl));
-    return buf;
+    static struct tllm_backend_info info;
+    if (!s->dev) return "CPU";
+    tllm_backend_describe(s->dev, &info);
+    return info.name;
 }
 
 void cli_session_close(struct cli_session *s) {
-    tllm_cl_free(s->cl);
     tllm_ctx_free(&s->ctx);
+    tllm_backend_free(s->dev);
     tllm_chat_template_free(&s->tpl);
     tllm_tok_free(s->tok);
     tllm_model_free(s->m);

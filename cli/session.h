@@ -3,9 +3,9 @@
 #ifndef TLLM_CLI_SESSION_H
 #define TLLM_CLI_SESSION_H
 
-#include "engine/context.h"
-#include "engine/generate.h"
-#include "prompt_line.h"
+#include "engine/run/context.h"
+#include "engine/run/generate.h"
+#include "cli/prompt_line.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -40,7 +40,7 @@ struct cli_session {
     struct tllm_chat_template tpl;
     struct tllm_gen_defaults gd;
     struct tllm_ctx ctx;
-    struct tllm_cl *cl;              /* the OpenCL device decoding, or NULL (CPU) */
+    struct tllm_backend *dev;        /* the device decoding, or NULL (CPU) */
     double load_secs;
 };
 

@@ -1,4 +1,4 @@
-#include "check.h"
+#include "tests/check.h"
 
 #include <stdlib.h>
 

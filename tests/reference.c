@@ -1,4 +1,4 @@
-#include "reference.h"
+#include "tests/reference.h"
 
 #include <json-c/json.h>
 #include <math.h>

@@ -6,10 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "engine/config.h"
-#include "engine/error.h"
-#include "engine/model.h"
+#include "tests/check.h"
+#include "engine/load/config.h"
+#include "engine/base/error.h"
+#include "engine/load/model.h"
 
 static char tmpdir[256];
 static const char *good; /* a good q4-g64 model directory */

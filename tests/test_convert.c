@@ -6,10 +6,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "check.h"
-#include "engine/context.h"
-#include "engine/convert.h"
-#include "engine/error.h"
+#include "tests/check.h"
+#include "engine/run/context.h"
+#include "engine/convert/convert.h"
+#include "engine/base/error.h"
 
 static char tmp[256];
 

@@ -4,11 +4,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "check.h"
-#include "engine/context.h"
-#include "engine/error.h"
-#include "engine/threadpool.h"
-#include "reference.h"
+#include "tests/check.h"
+#include "engine/run/context.h"
+#include "engine/base/error.h"
+#include "engine/base/threadpool.h"
+#include "tests/reference.h"
 
 #define TOL_REL_RMS 1e-4 /* relative RMS error of a logits row */
 #define TOL_REL_MAX 1e-3 /* max abs error / max |ref| of a logits row */

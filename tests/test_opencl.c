@@ -4,12 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "engine/cl.h"
-#include "engine/context.h"
-#include "engine/error.h"
-#include "engine/generate.h"
-#include "reference.h"
+#include "tests/check.h"
+#include "engine/backend/backend.h"
+#include "engine/run/context.h"
+#include "engine/base/error.h"
+#include "engine/run/generate.h"
+#include "tests/reference.h"
 
 #define TOL_CL_REL_RMS 1e-3 /* relative RMS of a logits row (issue 7) */
 #define MARGIN_MIN_CL 1e-2  /* compare argmax where top1 - top2 exceeds this */
@@ -22,7 +22,7 @@ static int stop_after_3(const char *text, size_t len, void *user) {
 /* tllm_generate with a greedy sampler runs the device a step ahead (the next step is queued before
  * the host reads the token back): it must feed and return exactly what the one-step loop on the CPU
  * does when generation ends by length, at an EOS token, by the callback and at a full context. */
-static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tllm_cl *cl, const struct ref_fixture *r) {
+static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tllm_backend *cl, const struct ref_fixture *r) {
     struct tllm_sampler s;
     struct tllm_sampler_params sp = tllm_sampler_defaults();
     CHECK(tllm_sampler_init(&s, &sp, r->vocab) == TLLM_OK, "sampler");
@@ -34,7 +34,7 @@ static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tl
         int pos[2], rc[2];
         for (int dev = 0; dev < 2; dev++) { /* the CPU, then the device */
             int calls = 0;
-            tllm_ctx_use_cl(ctx, dev ? cl : NULL);
+            tllm_ctx_use_device(ctx, dev ? cl : NULL);
             tllm_ctx_reset(ctx);
             tllm_sampler_reset(&s);
             rc[dev] = tllm_generate(ctx, NULL, &s, r->prompt_ids, r->n_prompt, &p, k == 2 ? stop_after_3 : NULL, &calls,
@@ -58,7 +58,7 @@ static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tl
     /* the same pushes on either side: an id < 0 only right after a push */
     for (int dev = 0; dev < 2; dev++) {
         int32_t a = -1, b = -1;
-        tllm_ctx_use_cl(ctx, dev ? cl : NULL);
+        tllm_ctx_use_device(ctx, dev ? cl : NULL);
         tllm_ctx_reset(ctx);
         CHECK(tllm_ctx_forward(ctx, r->prompt_ids, r->n_prompt - 1, NULL, TLLM_LOGITS_NONE) == TLLM_OK, "prefill");
         CHECK(tllm_ctx_greedy_push(ctx, -1) != TLLM_OK, "%s: a push of id -1 after a prefill must fail", dir);
@@ -70,7 +70,7 @@ static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tl
               "%s: greedy push/pop (%s): ids %d %d, reference %d %d", dir, dev ? "device" : "CPU", a, b, r->greedy_ids[0],
               r->greedy_ids[1]);
     }
-    tllm_ctx_use_cl(ctx, cl);
+    tllm_ctx_use_device(ctx, cl);
 }
 
 /* packed: the model as the CLI loads it without --exact, so 4-bit models get the int8-activation
@@ -87,15 +87,17 @@ static void test_fixture(const char *dir, int device, int packed) {
     size_t vocab = (size_t)r.vocab;
     float *logits = malloc((size_t)r.n_seq * vocab * sizeof(float));
     struct tllm_ctx ctx;
-    struct tllm_cl *cl;
+    struct tllm_backend *cl;
+    struct tllm_backend_info info;
     CHECK(tllm_ctx_init(&ctx, m, r.n_seq + 4, 16) == TLLM_OK, "ctx");
-    if (tllm_cl_init(&cl, m, ctx.n_ctx, device) != TLLM_OK) {
+    if (tllm_backend_device_init(&cl, m, ctx.n_ctx, device) != TLLM_OK) {
         CHECK(0, "%s: opencl init: %s", dir, tllm_errmsg());
-        tllm_cl_free(cl);
+        tllm_backend_free(cl);
         goto out;
     }
-    tllm_ctx_use_cl(&ctx, cl);
-    if (packed && !tllm_cl_int8(cl)) { /* no int8 form for this format: the float run covered it */
+    tllm_backend_describe(cl, &info);
+    tllm_ctx_use_device(&ctx, cl);
+    if (packed && !info.int8) { /* no int8 form for this format: the float run covered it */
         printf("  (float32 activations: as above)\n");
         goto done;
     }
@@ -118,7 +120,7 @@ static void test_fixture(const char *dir, int device, int packed) {
         agree += a == r.top1[p];
         CHECK(a == r.top1[p], "%s opencl: argmax at %d is %d, reference %d", dir, p, a, r.top1[p]);
     }
-    printf("  opencl decode (%s activations): worst rel RMS %.2e, argmax %d/%d\n", tllm_cl_int8(cl) ? "int8" : "float32",
+    printf("  opencl decode (%s activations): worst rel RMS %.2e, argmax %d/%d\n", info.int8 ? "int8" : "float32",
            worst, agree, compared);
     if (packed) goto done;
 
@@ -151,8 +153,8 @@ static void test_fixture(const char *dir, int device, int packed) {
     printf("  greedy, CPU prefill + device decode + CPU step: %d/%d ids\n", same, r.n_greedy);
     test_generate_ahead(dir, &ctx, cl, &r);
 done:
-    tllm_ctx_use_cl(&ctx, NULL);
-    tllm_cl_free(cl);
+    tllm_ctx_use_device(&ctx, NULL);
+    tllm_backend_free(cl);
 out:
     tllm_ctx_free(&ctx);
     free(logits);
@@ -165,7 +167,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_opencl MODEL_DIR...\n");
         return 2;
     }
-    int n = tllm_cl_list(stdout);
+    int n = tllm_backend_list_devices(stdout);
     if (n == 0) {
         /* setup.sh installs PoCL; without any platform there is nothing to run on */
         printf("no OpenCL device: skipped\n");
@@ -174,10 +176,10 @@ int main(int argc, char **argv) {
     /* a device that is not there: a message, no crash */
     struct tllm_model *m;
     if (tllm_model_load(argv[1], &m) == TLLM_OK) {
-        struct tllm_cl *cl;
-        CHECK(tllm_cl_init(&cl, m, 16, 999) != TLLM_OK && strstr(tllm_errmsg(), "opencl:999"), "bad index: %s",
+        struct tllm_backend *cl;
+        CHECK(tllm_backend_device_init(&cl, m, 16, 999) != TLLM_OK && strstr(tllm_errmsg(), "opencl:999"), "bad index: %s",
               tllm_errmsg());
-        tllm_cl_free(cl);
+        tllm_backend_free(cl);
         tllm_model_free(m);
     }
     const char *dev = getenv("TLLM_TEST_CL_DEVICE"); /* default: the first GPU, else the first device */

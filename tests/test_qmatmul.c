@@ -4,12 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "engine/error.h"
-#include "engine/safetensors.h"
-#include "kernels/qmatmul.h"
-#include "kernels/qpack.h"
-#include "kernels/quantize.h"
+#include "tests/check.h"
+#include "engine/base/error.h"
+#include "engine/load/safetensors.h"
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qpack.h"
+#include "kernels/cpu/qpack_avx512.h"
+#include "kernels/cpu/quantize.h"
 
 #define TOL_KERNEL_REL 1e-5 /* fast kernel vs scalar reference, relative to sum |w*x| */
 #define TOL_INT8_REL 1e-2   /* int8-activation kernel vs reference, relative to sum |w*x| */

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
-#include "engine/sampler.h"
+#include "tests/check.h"
+#include "engine/run/sampler.h"
 
 #define V 1000
 #define DRAWS 200000

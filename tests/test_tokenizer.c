@@ -7,8 +7,8 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
-#include "check.h"
-#include "engine/error.h"
+#include "tests/check.h"
+#include "engine/base/error.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

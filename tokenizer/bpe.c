@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
-#include "tok_internal.h"
+#include "engine/base/error.h"
+#include "tokenizer/tok_internal.h"
 
 #define BPE_CACHE_MAX_PIECE 256 /* longer pieces are rare and not cached */
 #define BPE_STACK_SYMBOLS 128   /* pieces up to this many bytes need no allocation */

@@ -1,6 +1,6 @@
 /* GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves, the other bytes
  * map in order to U+0100.. so that every byte has a visible, non-space character. */
-#include "tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 static int printable(int b) { return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff); }
 

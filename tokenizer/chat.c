@@ -1,11 +1,11 @@
-#include "chat.h"
+#include "tokenizer/chat.h"
 
 #include <json-c/json.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
-#include "engine/json_util.h"
+#include "engine/base/error.h"
+#include "engine/base/json_util.h"
 
 #define CHAT_CONFIG_MAX_BYTES (16u << 20)
 

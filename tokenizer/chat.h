@@ -3,7 +3,7 @@
 #ifndef TLLM_CHAT_H
 #define TLLM_CHAT_H
 
-#include "engine/buf.h"
+#include "engine/base/buf.h"
 
 enum tllm_chat_kind {
     TLLM_CHAT_PLAIN,  /* no template: the contents joined by newlines */

@@ -3,8 +3,8 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "engine/error.h"
-#include "tok_internal.h"
+#include "engine/base/error.h"
+#include "tokenizer/tok_internal.h"
 
 /* One run of valid UTF-8: normalize, split with the pre-tokenizer regex, BPE each piece. */
 static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, struct tllm_ids *out) {

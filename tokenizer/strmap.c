@@ -1,9 +1,9 @@
-#include "strmap.h"
+#include "tokenizer/strmap.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/error.h"
+#include "engine/base/error.h"
 
 uint64_t tllm_hash_bytes(const void *data, size_t len) { /* FNV-1a */
     const unsigned char *p = data;

@@ -5,8 +5,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "strmap.h"
-#include "tokenizer.h"
+#include "tokenizer/strmap.h"
+#include "tokenizer/tokenizer.h"
 
 struct tllm_added_token {
     char *content;

@@ -1,6 +1,6 @@
 /* config.json: any bytes as the file. */
-#include "engine/config.h"
-#include "fuzz.h"
+#include "engine/load/config.h"
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct tllm_config c;

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 #include "tokenizer/tokenizer.h"
 
 static struct tllm_tok *tok;

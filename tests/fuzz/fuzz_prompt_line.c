@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli/prompt_line.h"
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;

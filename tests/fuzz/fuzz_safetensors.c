@@ -1,7 +1,7 @@
 /* The safetensors header and offsets validator: any bytes as a whole file. Every tensor it accepts
  * must lie inside the input, and is read through to prove it. */
-#include "engine/safetensors.h"
-#include "fuzz.h"
+#include "engine/load/safetensors.h"
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct tllm_st_file *f;

@@ -1,7 +1,7 @@
 /* tokenizer.json: any bytes as the file; a tokenizer that loads must then encode and decode. */
 #include <string.h>
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 #include "tokenizer/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

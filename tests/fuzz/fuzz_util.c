@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 const char *fuzz_scratch(const char *name, const uint8_t *data, size_t size) {
     static char path[512];

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "fuzz.h"
+#include "tests/fuzz/fuzz.h"
 
 static int run_file(const char *path) {
     FILE *fp = fopen(path, "rb");

@@ -1,0 +1,84 @@
+/* What the forward pass needs from a device: the table every backend fills (as ggml-backend's).
+ * The CPU backend (engine/backend/cpu/) runs the Qwen2 forward pass on the thread pool and keeps the
+ * host's KV cache; a device backend (engine/backend/opencl/) runs steps on its own copy of the
+ * weights and of the cache, which the context keeps in step with the host's by ranges of positions.
+ * The context (engine/run/context.c) and the generation loop talk to backends only through this. */
+#ifndef TLLM_BACKEND_H
+#define TLLM_BACKEND_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+struct tllm_model;
+
+/* The tokens of one step. Each carries its sequence and its position in it, so that one step can mix
+ * prefill chunks of some sequences with decode tokens of others; today one sequence runs at a time
+ * and the backends refuse a batch that is not one sequence at consecutive positions. */
+struct tllm_batch {
+    int n;              /* tokens in the step */
+    const int32_t *id;  /* [n] token ids; id < 0 (greedy steps on a device only): the previous step's argmax */
+    const int32_t *pos; /* [n] each token's position in its sequence */
+    const int32_t *seq; /* [n] each token's sequence */
+    const int8_t *out;  /* [n] 1 where the token's logits (or argmax) are wanted, NULL for none */
+};
+
+/* The host's KV cache as the CPU backend keeps it: what a device copies ranges of positions from and to. */
+struct tllm_kv_host {
+    float *key;   /* [n_layers x n_kv_heads x head_dim x n_ctx]: transposed, so q.K^T vectorizes over positions */
+    float *value; /* [n_layers x n_ctx x kv_dim] */
+    int n_ctx;
+};
+
+/* For reports (tllm bench, tllm info) */
+struct tllm_backend_info {
+    char name[300];         /* "CPU" or "OpenCL NVIDIA H200 (NVIDIA CUDA)" */
+    int launches_per_token; /* kernel launches of one decode step (0 on the CPU) */
+    int groups;             /* work-groups of a one-launch step (0: not one launch) */
+    int int8;               /* matmuls take int8 activations */
+};
+
+struct tllm_backend;
+
+struct tllm_backend_ops {
+    /* One step: the batch's tokens go through every layer and their K/V into the cache. For each
+     * token that batch->out marks, in order: logits != NULL receives [vocab] floats, argmax != NULL
+     * one id. Fails with a message and the cache unchanged past what the step was to write. */
+    int (*step)(struct tllm_backend *b, const struct tllm_batch *batch, float *logits, int32_t *argmax);
+    /* Optional (NULL where a step is synchronous): queue a greedy step of one token, whose argmax is
+     * kept on the device (so an id < 0 in the next one takes it), and return at once; step_wait gives
+     * the argmax of the oldest queued step; pending counts them (at most `ahead`). */
+    int (*step_enqueue)(struct tllm_backend *b, const struct tllm_batch *batch);
+    int (*step_wait)(struct tllm_backend *b, int32_t *argmax);
+    int (*pending)(const struct tllm_backend *b);
+    /* Device backends: copy cache positions [p0, p1) from the host's cache, or back to it. */
+    int (*kv_upload)(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1);
+    int (*kv_download)(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1);
+    void (*describe)(const struct tllm_backend *b, struct tllm_backend_info *info);
+    void (*free)(struct tllm_backend *b);
+};
+
+struct tllm_backend {
+    const struct tllm_backend_ops *ops;
+    int max_tokens; /* most tokens one step takes */
+    int ahead;      /* most greedy steps step_enqueue keeps queued (0 without step_enqueue) */
+    int n_ctx;      /* positions its KV cache holds */
+};
+
+/* The CPU: uploads nothing (the weights are mapped), makes a KV cache of n_ctx positions and
+ * activations for steps of up to n_batch tokens; *kv receives the cache's layout for device backends. */
+int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m, int n_ctx, int n_batch,
+                          struct tllm_kv_host *kv);
+
+/* A device: index >= 0 for opencl:N, -1 for the first GPU (else the first device), -2 for a GPU only
+ * (auto). Uploads the model's weights and makes a device KV cache of n_ctx positions. Fails with a
+ * message: TLLM_ERR_UNSUPPORTED when there is nothing to run on (no platform, or no GPU for -2). */
+int tllm_backend_device_init(struct tllm_backend **out, const struct tllm_model *m, int n_ctx, int index);
+
+/* Every device, numbered as --device opencl:N counts them; returns the count (0: none, or no loader). */
+int tllm_backend_list_devices(FILE *out);
+
+/* NULL is fine */
+void tllm_backend_free(struct tllm_backend *b);
+void tllm_backend_describe(const struct tllm_backend *b, struct tllm_backend_info *info);
+
+#endif

@@ -1,0 +1,90 @@
+/* The OpenCL device as a struct tllm_backend: the table over cl.h's calls. A step is one token of one
+ * sequence (the decode kernels'); prefill stays on the CPU backend. */
+#include "engine/backend/opencl/opencl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/opencl/cl.h"
+#include "engine/base/error.h"
+
+struct cl_backend {
+    struct tllm_backend base;
+    struct tllm_cl *cl;
+};
+
+static struct tllm_cl *cl_of(const struct tllm_backend *b) { return ((const struct cl_backend *)b)->cl; }
+
+static int one_token(const struct tllm_batch *bt) {
+    if (bt->n != 1) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: a decode step takes one token, not %d", bt->n);
+    return TLLM_OK;
+}
+
+static int ocl_step(struct tllm_backend *b, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
+    int rc = one_token(bt);
+    if (rc) return rc;
+    int want = bt->out && bt->out[0];
+    return tllm_cl_step(cl_of(b), bt->id[0], bt->pos[0], want ? logits : NULL, want ? argmax : NULL);
+}
+
+static int ocl_step_enqueue(struct tllm_backend *b, const struct tllm_batch *bt) {
+    int rc = one_token(bt);
+    return rc ? rc : tllm_cl_step_enqueue(cl_of(b), bt->id[0], bt->pos[0]);
+}
+
+static int ocl_step_wait(struct tllm_backend *b, int32_t *argmax) { return tllm_cl_step_wait(cl_of(b), argmax); }
+
+static int ocl_pending(const struct tllm_backend *b) { return tllm_cl_pending(cl_of(b)); }
+
+static int ocl_kv_upload(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1) {
+    return tllm_cl_kv_upload(cl_of(b), kv->key, kv->value, p0, p1);
+}
+
+static int ocl_kv_download(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1) {
+    return tllm_cl_kv_download(cl_of(b), kv->key, kv->value, p0, p1);
+}
+
+static void ocl_describe(const struct tllm_backend *b, struct tllm_backend_info *info) {
+    const struct tllm_cl *cl = cl_of(b);
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "OpenCL %s", tllm_cl_device_name(cl));
+    info->launches_per_token = tllm_cl_launches_per_token(cl);
+    info->groups = tllm_cl_token_groups(cl);
+    info->int8 = tllm_cl_int8(cl);
+}
+
+static void ocl_free(struct tllm_backend *b) {
+    tllm_cl_free(cl_of(b));
+    free(b);
+}
+
+static const struct tllm_backend_ops cl_ops = {
+    .step = ocl_step,
+    .step_enqueue = ocl_step_enqueue,
+    .step_wait = ocl_step_wait,
+    .pending = ocl_pending,
+    .kv_upload = ocl_kv_upload,
+    .kv_download = ocl_kv_download,
+    .describe = ocl_describe,
+    .free = ocl_free,
+};
+
+int tllm_backend_opencl_init(struct tllm_backend **out, const struct tllm_model *m, int n_ctx, int index) {
+    *out = NULL;
+    struct cl_backend *b = calloc(1, sizeof *b);
+    if (!b) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    int rc = tllm_cl_init(&b->cl, m, n_ctx, index);
+    if (rc) {
+        tllm_cl_free(b->cl);
+        free(b);
+        return rc;
+    }
+    b->base.ops = &cl_ops;
+    b->base.max_tokens = 1;
+    b->base.ahead = TLLM_CL_AHEAD;
+    b->base.n_ctx = n_ctx;
+    *out = &b->base;
+    return TLLM_OK;
+}
+
+int tllm_backend_opencl_list(FILE *out) { return tllm_cl_list(out); }

@@ -1,0 +1,54 @@
+/* OpenCL decode backend: the whole per-token forward pass on an OpenCL 1.2 device (kernels/decode.cl).
+ * Weights are uploaded once; the KV cache lives on the device and is synced with the CPU context's
+ * cache by position ranges, so prefill (CPU threads) and decode (device) can alternate. */
+#ifndef TLLM_CL_H
+#define TLLM_CL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/load/model.h"
+
+struct tllm_cl;
+
+/* List every OpenCL platform and device, numbered as --device opencl:N counts them. Returns the count
+ * (0 when no platform or no ICD loader is found). */
+int tllm_cl_list(FILE *out);
+
+/* Pick a device: index >= 0 for opencl:N, -1 for the first GPU (else the first device), -2 for a GPU
+ * only (auto). Uploads the model's weights and makes a device KV cache of n_ctx positions.
+ * Fails with a message naming what went wrong: TLLM_ERR_UNSUPPORTED when there is nothing to run on
+ * (no platform, or no GPU for -2), other codes for a build failure or too little device memory. */
+int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index);
+void tllm_cl_free(struct tllm_cl *cl);
+/* "NVIDIA H200 (NVIDIA CUDA)" */
+const char *tllm_cl_device_name(const struct tllm_cl *cl);
+
+/* One decode step for token `id` at position pos (the device cache holds positions [0, pos)).
+ * logits != NULL: copied back [vocab]; next != NULL: argmax on the device. */
+int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next);
+
+/* Greedy decoding a step ahead: tllm_cl_step_enqueue queues the step for token `id` at pos with the
+ * argmax on the device and returns at once; id < 0 stands for the previous step's argmax, which the
+ * host need not have read yet (so the device goes from one step to the next without waiting for the
+ * host). tllm_cl_step_wait returns the argmax of the oldest queued step. At most TLLM_CL_AHEAD queued;
+ * tllm_cl_step refuses to run while any is. */
+#define TLLM_CL_AHEAD 4
+int tllm_cl_step_enqueue(struct tllm_cl *cl, int32_t id, int pos);
+int tllm_cl_step_wait(struct tllm_cl *cl, int32_t *next);
+int tllm_cl_pending(const struct tllm_cl *cl);
+
+/* Copy cache positions [p0, p1) host -> device or device -> host; the host layout is the CPU
+ * context's (keys [layer][kv_head][dim][n_ctx], values [layer][n_ctx][kv_dim]). */
+int tllm_cl_kv_upload(struct tllm_cl *cl, const float *key_cache, const float *value_cache, int p0, int p1);
+int tllm_cl_kv_download(struct tllm_cl *cl, float *key_cache, float *value_cache, int p0, int p1);
+
+/* 1 if the device's matvecs take int8 activations (a packed 4-bit model; not --exact). */
+int tllm_cl_int8(const struct tllm_cl *cl);
+/* Work-groups of the one-launch `token` kernel (0 when a step is one launch per kernel) */
+int tllm_cl_token_groups(const struct tllm_cl *cl);
+
+/* Kernel launches of one decode step (for reports). */
+int tllm_cl_launches_per_token(const struct tllm_cl *cl);
+
+#endif

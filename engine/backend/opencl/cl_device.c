@@ -1,0 +1,267 @@
+/* The OpenCL device and program: listing platforms and devices, building the kernels (embedded or
+ * from TLLM_CL_DIR) with the model's shapes and the device's options, and reading back their tunables. */
+#include "engine/backend/opencl/cl_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/clock.h"
+#include "engine/base/error.h"
+
+extern const char tllm_cl_source_decode[]; /* kernels/opencl/, embedded at build time */
+
+const char *tllm_cl_err_name(cl_int e) {
+    switch (e) {
+    case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+    case CL_DEVICE_NOT_AVAILABLE: return "CL_DEVICE_NOT_AVAILABLE";
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_BUILD_PROGRAM_FAILURE: return "CL_BUILD_PROGRAM_FAILURE";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+    case CL_INVALID_KERNEL_ARGS: return "CL_INVALID_KERNEL_ARGS";
+    case CL_INVALID_ARG_INDEX: return "CL_INVALID_ARG_INDEX";
+    case CL_INVALID_ARG_VALUE: return "CL_INVALID_ARG_VALUE";
+    case CL_INVALID_ARG_SIZE: return "CL_INVALID_ARG_SIZE";
+    case CL_INVALID_WORK_GROUP_SIZE: return "CL_INVALID_WORK_GROUP_SIZE";
+    case CL_INVALID_WORK_ITEM_SIZE: return "CL_INVALID_WORK_ITEM_SIZE";
+    case CL_INVALID_GLOBAL_WORK_SIZE: return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+    case -1001: return "no OpenCL platform (CL_PLATFORM_NOT_FOUND_KHR)";
+    default: return "OpenCL error";
+    }
+}
+
+/* All devices of all platforms, in listing order. */
+int tllm_cl_all_devices(cl_device_id *devs, cl_platform_id *plats_of, int max) {
+    cl_platform_id plats[MAX_PLATFORMS];
+    cl_uint np = 0;
+    if (clGetPlatformIDs(MAX_PLATFORMS, plats, &np) != CL_SUCCESS) return 0;
+    int n = 0;
+    for (cl_uint p = 0; p < np && p < MAX_PLATFORMS; p++) {
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, (cl_uint)(max - n), devs + n, &nd) != CL_SUCCESS) continue;
+        for (cl_uint d = 0; d < nd; d++) plats_of[n + (int)d] = plats[p];
+        n += (int)nd;
+        if (n >= max) break;
+    }
+    return n;
+}
+
+int tllm_cl_list(FILE *out) {
+    cl_device_id devs[MAX_DEVICES];
+    cl_platform_id plats[MAX_DEVICES];
+    int n = tllm_cl_all_devices(devs, plats, MAX_DEVICES);
+    for (int i = 0; i < n; i++) {
+        char pname[128] = "", dname[128] = "", ver[64] = "";
+        cl_device_type type = 0;
+        cl_ulong mem = 0;
+        cl_uint cus = 0;
+        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof pname, pname, NULL);
+        clGetDeviceInfo(devs[i], CL_DEVICE_NAME, sizeof dname, dname, NULL);
+        clGetDeviceInfo(devs[i], CL_DEVICE_VERSION, sizeof ver, ver, NULL);
+        clGetDeviceInfo(devs[i], CL_DEVICE_TYPE, sizeof type, &type, NULL);
+        clGetDeviceInfo(devs[i], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
+        clGetDeviceInfo(devs[i], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+        fprintf(out, "opencl:%d  %s  [%s, %s, %u compute units, %.1f GiB]  %s\n", i, dname,
+                type & CL_DEVICE_TYPE_GPU ? "GPU" : type & CL_DEVICE_TYPE_CPU ? "CPU" : "other", pname, cus,
+                (double)mem / (1 << 30), ver);
+    }
+    return n;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    if (s) s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* The most local memory one work-group of any kernel of the program takes (0 if none says). */
+static cl_ulong program_local_mem(struct tllm_cl *cl) {
+    static const char *const names[] = {"matvec", "attn_out", "gate_up", "qkv", "attention", "token"};
+    cl_ulong worst = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        cl_int e;
+        cl_kernel k = clCreateKernel(cl->prog, names[i], &e);
+        if (e != CL_SUCCESS) continue; /* `token` is absent where ATT_LWS != MV_LWS */
+        cl_ulong n = 0;
+        clGetKernelWorkGroupInfo(k, cl->dev, CL_KERNEL_LOCAL_MEM_SIZE, sizeof n, &n, NULL);
+        worst = n > worst ? n : worst;
+        clReleaseKernel(k);
+    }
+    return worst;
+}
+
+/* The compiler's messages, if any, to stderr */
+static void print_build_log(const struct tllm_cl *cl) {
+    size_t n = 0;
+    clGetProgramBuildInfo(cl->prog, cl->dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &n);
+    char *log = n > 1 ? malloc(n + 1) : NULL;
+    if (log && clGetProgramBuildInfo(cl->prog, cl->dev, CL_PROGRAM_BUILD_LOG, n, log, NULL) == CL_SUCCESS) {
+        log[n] = 0;
+        fprintf(stderr, "opencl build log for %s:\n%s\n", cl->name, log);
+    }
+    free(log);
+}
+
+/* int8_ok: int8 activations may be compiled in (retried without them when they do not fit) */
+int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
+    /* TLLM_CL_DIR: load kernels/decode.cl from disk (while developing); TLLM_CL_OPTS: extra -D options */
+    const char *dir = getenv("TLLM_CL_DIR"), *extra = getenv("TLLM_CL_OPTS");
+    char *disk = NULL;
+    if (dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/decode.cl", dir);
+        if (!(disk = read_file(path))) return tllm_fail(TLLM_ERR_IO, "%s: cannot read (TLLM_CL_DIR)", path);
+    }
+    const char *src = disk ? disk : tllm_cl_source_decode;
+    cl_int e;
+    cl->prog = clCreateProgramWithSource(cl->cx, 1, &src, NULL, &e);
+    free(disk);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateProgramWithSource: %s", tllm_cl_err_name(e));
+    /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
+     * needs room beside the floats), and less on devices with little local memory (32 KiB), unless the
+     * options say otherwise */
+    cl_ulong local_mem = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
+    char opts[768], fit[64] = "", lws[32] = "";
+    const struct tllm_config *c = &cl->m->cfg;
+    int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = CL_MV_LOCAL_X;
+    longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
+    if (longest < local_x) local_x = (longest + 255) / 256 * 256;
+    int room = local_mem && local_mem < 48 * 1024 ? (int)((local_mem - 8 * 1024) / 4 / 256 * 256) : local_x;
+    if (room < local_x) local_x = room;
+    if (local_x != CL_MV_LOCAL_X && !(extra && strstr(extra, "MV_LOCAL_X")))
+        snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
+    /* CPU devices get 64-thread matvec groups: PoCL 3.1 (Debian 12, what CI runs) miscompiles the matvec kernels
+     * at 128 and 256 (a vectorized store with a wild trip count; correct with -cl-opt-disable) */
+    cl_device_type type = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
+    /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in decode.cl) */
+    int fmt[3] = {-1, -1, -1}, uniform = 1;
+    for (int i = 0; i < tllm_cl_n_mats(cl->m) && uniform; i++) {
+        const struct tllm_qweights *w = tllm_cl_model_mat(cl->m, i);
+        int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, tllm_cl_dt_code(w->dtype)};
+        if (i == 0) memcpy(fmt, f, sizeof f);
+        uniform = !memcmp(fmt, f, sizeof f);
+    }
+    /* and the head size, so attention's loops and branches fold (H200: the `token` kernel's attention
+     * then has one form, not three, and the other phases run faster for the smaller program) */
+    char fixed[96] = "";
+    int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
+    if (uniform) snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
+    /* int8 activations (XQ in decode.cl) where the CPU path takes them too (a packed model, i.e. not
+     * --exact), for 4-bit models whose inputs split into blocks of 32. NVIDIA gets dp4a and warp
+     * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
+    int xq = int8_ok && uniform && fmt[0] == 4 && tllm_cl_model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
+             (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
+    cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
+    int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */
+    /* and `token` fuses gate_up with down_proj, attention with o_proj (PTX's float atomic add;
+     * FFN_FUSED, ATT_FUSED in decode.cl) */
+    int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
+    int fuse_att = nvidia && xq && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
+             nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
+             cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
+    e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
+    if (e != CL_SUCCESS) {
+        print_build_log(cl);
+        return tllm_fail(TLLM_ERR_IO, "opencl: kernels/decode.cl does not build on %s: %s (log above)", cl->name,
+                         tllm_cl_err_name(e));
+    }
+    if (xq && local_mem && program_local_mem(cl) > local_mem) { /* the int8 form does not fit: float inputs */
+        clReleaseProgram(cl->prog);
+        cl->prog = NULL;
+        return tllm_cl_build_program(cl, 0);
+    }
+    if (cl->profile || cl->phases) print_build_log(cl); /* e.g. registers, with -cl-nv-verbose */
+    const char *dump = getenv("TLLM_CL_DUMP"); /* the compiled program (PTX on NVIDIA), for inspection */
+    if (dump) {
+        size_t n = 0;
+        clGetProgramInfo(cl->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL);
+        unsigned char *bin = n ? malloc(n) : NULL;
+        FILE *f = bin ? fopen(dump, "wb") : NULL;
+        if (f && clGetProgramInfo(cl->prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) == CL_SUCCESS) fwrite(bin, 1, n, f);
+        if (f) fclose(f);
+        free(bin);
+    }
+    return TLLM_OK;
+}
+
+int tllm_cl_make_kernel(struct tllm_cl *cl, cl_kernel *k, const char *name) {
+    cl_int e;
+    *k = clCreateKernel(cl->prog, name, &e);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: kernel %s: %s", name, tllm_cl_err_name(e));
+    return TLLM_OK;
+}
+
+/* For the profile: what a kernel that does nothing costs on this device, and the gap between two. */
+void tllm_cl_measure_floor(struct tllm_cl *cl) {
+    enum { N = 64 };
+    cl_kernel k;
+    if (tllm_cl_make_kernel(cl, &k, "tunables")) return;
+    cl_int e;
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * N_TUNABLES, NULL, &e);
+    cl_event ev[N];
+    size_t one = 1;
+    int n = 0;
+    if (e == CL_SUCCESS && clSetKernelArg(k, 0, sizeof buf, &buf) == CL_SUCCESS)
+        for (; n < N; n++)
+            if (clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, &ev[n]) != CL_SUCCESS) break;
+    clFinish(cl->q);
+    cl_ulong prev_end = 0;
+    for (int i = 0; i < n; i++) {
+        cl_ulong t0 = 0, t1 = 0;
+        clGetEventProfilingInfo(ev[i], CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+        clGetEventProfilingInfo(ev[i], CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+        clReleaseEvent(ev[i]);
+        if (i >= 8) { /* after a warm-up */
+            cl->floor_ns += (double)(t1 - t0) / (n - 8);
+            cl->floor_gap_ns += (double)(t0 - prev_end) / (n - 8);
+        }
+        prev_end = t1;
+    }
+    if (buf) clReleaseMemObject(buf);
+    clReleaseKernel(k);
+}
+
+/* The kernels' compile-time tunables (after any -D), so the host's launch shapes always match them. */
+int tllm_cl_read_tunables(struct tllm_cl *cl) {
+    cl_kernel k;
+    int rc = tllm_cl_make_kernel(cl, &k, "tunables");
+    if (rc) return rc;
+    cl_int e;
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * N_TUNABLES, NULL, &e);
+    cl_int v[N_TUNABLES] = {0};
+    size_t one = 1;
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
+    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, NULL);
+    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, buf, CL_TRUE, 0, sizeof v, v, 0, NULL, NULL);
+    if (buf) clReleaseMemObject(buf);
+    clReleaseKernel(k);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", tllm_cl_err_name(e));
+    cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+    int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
+    if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1 || v[8] < 1 || v[9] < 0)
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: MV_LWS and ATT_LWS must be powers of two >= 16, MV_TAIL >= 0, the rest positive");
+    const struct tllm_config *c = &cl->m->cfg;
+    if (cl->t.ffn_fused && (c->ffn_dim % 32 || c->dim + 256 > cl->t.mv_local_x))
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FUSE_FFN needs an intermediate size that is a multiple of 32 and a "
+                                       "hidden size at least 256 below MV_LOCAL_X");
+    return TLLM_OK;
+}

@@ -1,0 +1,270 @@
+#include "engine/load/model.h"
+
+#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/qpack.h"
+#include "engine/base/error.h"
+#include "engine/base/threadpool.h"
+
+static void fmt_shape(char *buf, size_t n, const struct tllm_tensor *t) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+/* Find `name`, requiring a float dtype (when float_only) and the 1-D or 2-D shape [d0(, d1)]. */
+static int need_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim,
+                       int64_t d0, int64_t d1, const struct tllm_tensor **out) {
+    const struct tllm_tensor *t = tllm_ckpt_find(m->ckpt, name);
+    *out = t;
+    if (!t) return tllm_fail(TLLM_ERR_FORMAT, "%s: missing tensor '%s'", m->dir, name);
+    if (float_only && t->dtype == TLLM_DT_U32)
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype U32, expected BF16, F16 or F32",
+                         t->file, name);
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        char got[128];
+        fmt_shape(got, sizeof got, t);
+        if (ndim == 2)
+            return tllm_fail(TLLM_ERR_FORMAT,
+                             "%s: tensor '%s' has shape %s but config.json implies [%lld, %lld]",
+                             t->file, name, got, (long long)d0, (long long)d1);
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has shape %s but config.json implies [%lld]",
+                         t->file, name, got, (long long)d0);
+    }
+    return TLLM_OK;
+}
+
+static int check_finite(const struct tllm_tensor *t, int rows, int cols) {
+    for (size_t i = 0, n = (size_t)rows * (size_t)cols; i < n; i++) {
+        float v = tllm_load_f32(t->data, t->dtype, i);
+        if (!isfinite(v))
+            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has a non-finite value (%g) at [%zu, %zu]", t->file,
+                             t->name, v, i / (size_t)cols, i % (size_t)cols);
+    }
+    return TLLM_OK;
+}
+
+static int bind_vector(struct tllm_model *m, const char *name, int len, float *dst) {
+    const struct tllm_tensor *t;
+    int rc = need_tensor(m, name, 1, 1, len, 0, &t);
+    if (rc) return rc;
+    tllm_convert_to_f32(t->data, t->dtype, dst, (size_t)len);
+    return check_finite(t, 1, len);
+}
+
+static int bind_linear(struct tllm_model *m, const char *module, int rows, int cols,
+                       struct tllm_qweights *w) {
+    char name[256];
+    const struct tllm_tensor *tw, *ts, *tb;
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    snprintf(name, sizeof name, "%s.scales", module);
+    if (!tllm_ckpt_find(m->ckpt, name)) { /* dense */
+        snprintf(name, sizeof name, "%s.weight", module);
+        int rc = need_tensor(m, name, 1, 2, rows, cols, &tw);
+        if (rc) return rc;
+        w->format = TLLM_WF_DENSE;
+        w->dtype = tw->dtype;
+        w->w = tw->data;
+        w->name = tw->name;
+        return TLLM_OK;
+    }
+    struct tllm_quant_spec q = tllm_config_quant_for(&m->cfg, module);
+    if (q.bits == 0)
+        return tllm_fail(TLLM_ERR_FORMAT,
+                         "%s: tensor '%s' is quantized but config.json gives no quantization for it",
+                         m->dir, name);
+    if (cols % q.group_size != 0)
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: %s: group size %d does not divide the row length %d",
+                         m->dir, module, q.group_size, cols);
+    int rc = need_tensor(m, name, 1, 2, rows, cols / q.group_size, &ts);
+    if (rc) return rc;
+    snprintf(name, sizeof name, "%s.biases", module);
+    if ((rc = need_tensor(m, name, 1, 2, rows, cols / q.group_size, &tb))) return rc;
+    if (tb->dtype != ts->dtype)
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s but its scales are %s",
+                         tb->file, name, tllm_dtype_name(tb->dtype), tllm_dtype_name(ts->dtype));
+    snprintf(name, sizeof name, "%s.weight", module);
+    if ((rc = need_tensor(m, name, 0, 2, rows, (int64_t)cols * q.bits / 32, &tw))) return rc;
+    if (tw->dtype != TLLM_DT_U32)
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected U32 (packed codes)",
+                         tw->file, name, tllm_dtype_name(tw->dtype));
+    /* A NaN or infinite scale/bias would silently turn whole rows of logits into NaN: refuse the file.
+     * (Scales and biases are 1/16 of a 4-bit checkpoint; dense weights are not scanned.) */
+    if ((rc = check_finite(ts, rows, cols / q.group_size)) || (rc = check_finite(tb, rows, cols / q.group_size)))
+        return rc;
+    w->format = TLLM_WF_AFFINE;
+    w->dtype = ts->dtype;
+    w->bits = q.bits;
+    w->group_size = q.group_size;
+    w->w = tw->data;
+    w->scales = ts->data;
+    w->biases = tb->data;
+    w->name = tw->name;
+    return TLLM_OK;
+}
+
+static int bind_layer(struct tllm_model *m, int l, float **vec) {
+    const struct tllm_config *c = &m->cfg;
+    struct tllm_layer *L = &m->layers[l];
+    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+    char p[128], n[192];
+    int rc;
+#define TAKE(dst, len) (dst = *vec, *vec += (len))
+    TAKE(L->attn_norm, c->dim);
+    TAKE(L->ffn_norm, c->dim);
+    TAKE(L->bq, q_dim);
+    TAKE(L->bk, kv_dim);
+    TAKE(L->bv, kv_dim);
+#undef TAKE
+    snprintf(p, sizeof p, "model.layers.%d.", l);
+    static const char *const vnames[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+                                         "self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                                         "self_attn.v_proj.bias"};
+    float *vdst[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
+    int vlen[] = {c->dim, c->dim, q_dim, kv_dim, kv_dim};
+    for (int i = 0; i < 5; i++) {
+        snprintf(n, sizeof n, "%s%s", p, vnames[i]);
+        if ((rc = bind_vector(m, n, vlen[i], vdst[i]))) return rc;
+    }
+    static const char *const lnames[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                         "mlp.down_proj"};
+    struct tllm_qweights *ldst[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    int rows[] = {q_dim, kv_dim, kv_dim, c->dim, c->ffn_dim, c->ffn_dim, c->dim};
+    int cols[] = {c->dim, c->dim, c->dim, q_dim, c->dim, c->dim, c->ffn_dim};
+    for (int i = 0; i < 7; i++) {
+        snprintf(n, sizeof n, "%s%s", p, lnames[i]);
+        if ((rc = bind_linear(m, n, rows[i], cols[i], ldst[i]))) return rc;
+    }
+    return TLLM_OK;
+}
+
+int tllm_model_load(const char *dir, struct tllm_model **out) {
+    *out = NULL;
+    struct tllm_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir))) {
+        free(m);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    int rc = tllm_model_dir_check(dir);
+    if (rc) {
+        free(m->dir);
+        free(m);
+        return rc;
+    }
+    char *cfg_path = tllm_path_join(dir, "config.json");
+    rc = cfg_path ? tllm_config_load(cfg_path, &m->cfg) : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    free(cfg_path);
+    if (!rc) rc = tllm_ckpt_open(dir, &m->ckpt);
+    const struct tllm_config *c = &m->cfg;
+    if (!rc) {
+        size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+        size_t per_layer = 2 * (size_t)c->dim + q_dim + 2 * kv_dim;
+        m->vectors = malloc(((size_t)c->n_layers * per_layer + (size_t)c->dim) * sizeof(float));
+        m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+        if (!m->vectors || !m->layers) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    if (!rc) rc = bind_linear(m, "model.embed_tokens", c->vocab_size, c->dim, &m->embed);
+    float *vec = m->vectors;
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, l, &vec);
+    if (!rc) {
+        m->final_norm = vec;
+        rc = bind_vector(m, "model.norm.weight", c->dim, m->final_norm);
+    }
+    if (!rc) {
+        if (c->tie_embeddings)
+            m->lm_head = m->embed;
+        else
+            rc = bind_linear(m, "lm_head", c->vocab_size, c->dim, &m->lm_head);
+    }
+    if (rc) {
+        tllm_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return TLLM_OK;
+}
+
+void tllm_model_free(struct tllm_model *m) {
+    if (!m) return;
+    tllm_ckpt_close(m->ckpt);
+    tllm_config_free(&m->cfg);
+    free(m->layers);
+    free(m->vectors);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    for (int i = 0; i < m->n_packs; i++) tllm_qpack_free(&m->packs[i]);
+    free(m->packs);
+    free(m->dir);
+    free(m);
+}
+
+struct pack_args {
+    struct tllm_qweights **ws;
+    struct tllm_qpack *packs;
+    int n, failed; /* index + 1 of a matrix that did not fit in memory */
+};
+
+static void pack_task(void *arg, int ith, int nth) {
+    struct pack_args *a = arg;
+    for (int i = ith; i < a->n; i += nth)
+        if (tllm_qpack_init(&a->packs[i], a->ws[i])) a->failed = i + 1; /* the message is this thread's */
+}
+
+int tllm_model_pack(struct tllm_model *m) {
+    if (m->n_packs) return TLLM_OK;
+    const struct tllm_config *c = &m->cfg;
+    int cap = 7 * c->n_layers + 1, n = 0;
+    struct tllm_qweights **ws = malloc((size_t)cap * sizeof *ws);
+    struct tllm_qpack *packs = calloc((size_t)cap, sizeof *packs);
+    if (!ws || !packs) {
+        free(ws);
+        free(packs);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        struct tllm_layer *L = &m->layers[l];
+        struct tllm_qweights *lw[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (tllm_qpack_supported(lw[i])) ws[n++] = lw[i];
+    }
+    if (tllm_qpack_supported(&m->lm_head)) ws[n++] = &m->lm_head;
+    struct pack_args a = {ws, packs, n, 0};
+    tllm_parallel(pack_task, &a);
+    m->packs = packs;
+    m->n_packs = n; /* freed with the model even when one failed */
+    int rc = TLLM_OK;
+    if (a.failed)
+        rc = tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory packing weights for int8 activations", ws[a.failed - 1]->name);
+    else
+        for (int i = 0; i < n; i++) ws[i]->pack = &packs[i];
+    free(ws);
+    return rc;
+}
+
+size_t tllm_model_bytes_per_token(const struct tllm_model *m) {
+    size_t b = tllm_qw_nbytes(&m->lm_head) + tllm_qw_nbytes(&m->embed) / (size_t)m->cfg.vocab_size;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        b += tllm_qw_nbytes(&L->wq) + tllm_qw_nbytes(&L->wk) + tllm_qw_nbytes(&L->wv) +
+             tllm_qw_nbytes(&L->wo) + tllm_qw_nbytes(&L->w_gate) + tllm_qw_nbytes(&L->w_up) +
+             tllm_qw_nbytes(&L->w_down);
+    }
+    return b;
+}
+
+size_t tllm_model_n_params(const struct tllm_model *m) {
+    const struct tllm_config *c = &m->cfg;
+    size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t per_layer = 2 * (size_t)c->dim + (q_dim + 2 * kv_dim) * ((size_t)c->dim + 1) +
+                       q_dim * (size_t)c->dim + 3 * (size_t)c->dim * (size_t)c->ffn_dim;
+    size_t n = (size_t)c->n_layers * per_layer + (size_t)c->dim + (size_t)c->vocab_size * c->dim;
+    if (!c->tie_embeddings) n += (size_t)c->vocab_size * c->dim;
+    return n;
+}

@@ -1,0 +1,212 @@
+/* A sequence's context: where it stands in its KV cache, which backend runs each step (the CPU's
+ * for prompts and multi-token steps, a device's for single tokens when one decodes), the two caches
+ * kept in step by position ranges, and greedy steps queued ahead. The forward pass itself is the
+ * backends' (engine/backend/). */
+#include "engine/run/context.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+
+int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
+    memset(ctx, 0, sizeof *ctx);
+    const struct tllm_config *c = &m->cfg;
+    if (n_ctx <= 0) n_ctx = c->max_pos;
+    if (n_batch <= 0) n_batch = 512;
+    if (n_batch > n_ctx) n_batch = n_ctx;
+    ctx->m = m;
+    ctx->n_ctx = n_ctx;
+    ctx->n_batch = n_batch;
+    int rc = tllm_backend_cpu_init(&ctx->cpu, m, n_ctx, n_batch, &ctx->kv);
+    if (rc) return rc;
+    ctx->step_pos = malloc((size_t)n_batch * sizeof *ctx->step_pos);
+    ctx->step_seq = calloc((size_t)n_batch, sizeof *ctx->step_seq);
+    ctx->step_out = malloc((size_t)n_batch);
+    if (!ctx->step_pos || !ctx->step_seq || !ctx->step_out) {
+        tllm_ctx_free(ctx);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    return TLLM_OK;
+}
+
+void tllm_ctx_free(struct tllm_ctx *ctx) {
+    tllm_backend_free(ctx->cpu);
+    free(ctx->step_pos);
+    free(ctx->step_seq);
+    free(ctx->step_out);
+    memset(ctx, 0, sizeof *ctx);
+}
+
+/* Forget the greedy steps pushed and not popped (a device finishes them first: they write its cache) */
+static void drop_ahead(struct tllm_ctx *ctx) {
+    int32_t id;
+    ctx->chained = 0;
+    while (ctx->n_ahead)
+        if (tllm_ctx_greedy_pop(ctx, &id)) ctx->n_ahead = 0; /* a failed step: the device dropped the rest */
+}
+
+void tllm_ctx_reset(struct tllm_ctx *ctx) {
+    drop_ahead(ctx);
+    ctx->pos = ctx->host_valid = ctx->dev_valid = 0;
+}
+
+void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
+    drop_ahead(ctx);
+    if (pos < 0 || pos >= ctx->pos) return;
+    ctx->pos = pos;
+    if (ctx->host_valid > pos) ctx->host_valid = pos;
+    if (ctx->dev_valid > pos) ctx->dev_valid = pos;
+}
+
+void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev) {
+    drop_ahead(ctx);
+    ctx->dev = dev;
+    ctx->dev_valid = 0;
+}
+
+/* The device's cache brought up to date with what the CPU computed */
+static int dev_sync(struct tllm_ctx *ctx) {
+    if (ctx->dev_valid < ctx->pos) {
+        int rc = ctx->dev->ops->kv_upload(ctx->dev, &ctx->kv, ctx->dev_valid, ctx->pos);
+        if (rc) return rc;
+        ctx->dev_valid = ctx->pos;
+    }
+    return TLLM_OK;
+}
+
+/* A step of n tokens of the context's sequence from ctx->pos on; out: which want logits */
+static struct tllm_batch batch_of(struct tllm_ctx *ctx, const int32_t *ids, int n) {
+    for (int t = 0; t < n; t++) ctx->step_pos[t] = ctx->pos + t;
+    struct tllm_batch b = {n, ids, ctx->step_pos, ctx->step_seq, ctx->step_out};
+    return b;
+}
+
+/* One token on the device: first bring the device cache up to date with what the CPU computed. */
+static int dev_decode(struct tllm_ctx *ctx, int32_t id, float *logits) {
+    int rc = dev_sync(ctx);
+    if (rc) return rc;
+    struct tllm_batch b = batch_of(ctx, &id, 1);
+    b.out = NULL;
+    if (logits) ctx->step_out[0] = 1, b.out = ctx->step_out;
+    if ((rc = ctx->dev->ops->step(ctx->dev, &b, logits, NULL))) return rc;
+    ctx->dev_valid = ++ctx->pos;
+    return TLLM_OK;
+}
+
+static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode);
+
+int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
+                     enum tllm_logits_mode mode) {
+    if (ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "%d greedy steps are still pushed (pop them first)", ctx->n_ahead);
+    return forward_ids(ctx, ids, n, logits, mode);
+}
+
+/* tllm_ctx_forward, which CPU greedy steps also use while earlier ones wait to be popped */
+static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode) {
+    const struct tllm_config *c = &ctx->m->cfg;
+    ctx->chained = 0;
+    if (n <= 0) return tllm_fail(TLLM_ERR_ARG, "no tokens to process");
+    if (n > ctx->n_ctx - ctx->pos)
+        return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens in the cache + %d new > %d",
+                         ctx->pos, n, ctx->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab_size)
+            return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", ids[i],
+                             c->vocab_size);
+    if (ctx->dev && n == 1 && mode != TLLM_LOGITS_ALL)
+        return dev_decode(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL);
+    if (ctx->dev && ctx->host_valid < ctx->pos) { /* positions the device decoded: the CPU needs them now */
+        int rc = ctx->dev->ops->kv_download(ctx->dev, &ctx->kv, ctx->host_valid, ctx->pos);
+        if (rc) return rc;
+        ctx->host_valid = ctx->pos;
+    }
+    for (int done = 0; done < n;) {
+        int step = n - done < ctx->n_batch ? n - done : ctx->n_batch;
+        int last_step = done + step == n;
+        float *out = NULL;
+        enum tllm_logits_mode smode = TLLM_LOGITS_NONE;
+        if (mode == TLLM_LOGITS_ALL) {
+            smode = TLLM_LOGITS_ALL;
+            out = logits + (size_t)done * c->vocab_size;
+        } else if (mode == TLLM_LOGITS_LAST && last_step) {
+            smode = TLLM_LOGITS_LAST;
+            out = logits;
+        }
+        struct tllm_batch b = batch_of(ctx, ids + done, step);
+        for (int t = 0; t < step; t++)
+            ctx->step_out[t] = smode == TLLM_LOGITS_ALL || (smode == TLLM_LOGITS_LAST && t == step - 1);
+        int rc = ctx->cpu->ops->step(ctx->cpu, &b, out, NULL);
+        if (rc) return rc;
+        ctx->pos += step;
+        done += step;
+    }
+    ctx->host_valid = ctx->pos;
+    return TLLM_OK;
+}
+
+int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next) {
+    if (id < 0) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, ctx->m->cfg.vocab_size);
+    if (ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "%d greedy steps are still pushed (pop them first)", ctx->n_ahead);
+    int rc = tllm_ctx_greedy_push(ctx, id);
+    return rc ? rc : tllm_ctx_greedy_pop(ctx, next);
+}
+
+/* One token whose argmax is all that is wanted: on the device when one decodes (only the id comes
+ * back), else the CPU's logits and their first largest entry. */
+static int argmax_step(struct tllm_ctx *ctx, int32_t id, int32_t *best) {
+    int rc;
+    ctx->chained = 0;
+    struct tllm_backend *b = ctx->cpu;
+    if (ctx->dev) {
+        if ((rc = dev_sync(ctx))) return rc;
+        b = ctx->dev;
+    }
+    struct tllm_batch bt = batch_of(ctx, &id, 1);
+    ctx->step_out[0] = 1;
+    if ((rc = b->ops->step(b, &bt, NULL, best))) return rc;
+    ctx->pos++;
+    if (ctx->dev) ctx->dev_valid = ctx->pos;
+    else ctx->host_valid = ctx->pos;
+    return TLLM_OK;
+}
+
+int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
+    const struct tllm_config *c = &ctx->m->cfg;
+    if (id >= c->vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, c->vocab_size);
+    if (id < 0 && !ctx->chained) return tllm_fail(TLLM_ERR_ARG, "no greedy step just before this one to take the token from");
+    if (ctx->pos >= ctx->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens", ctx->pos);
+    if (ctx->n_ahead == TLLM_GREEDY_AHEAD) return tllm_fail(TLLM_ERR_LIMIT, "%d greedy steps pushed already", ctx->n_ahead);
+    int rc;
+    if (ctx->dev && ctx->dev->ops->step_enqueue) {
+        if ((rc = dev_sync(ctx))) return rc;
+        struct tllm_batch b = batch_of(ctx, &id, 1);
+        ctx->step_out[0] = 1;
+        if ((rc = ctx->dev->ops->step_enqueue(ctx->dev, &b))) return rc;
+        ctx->dev_valid = ++ctx->pos;
+        ctx->n_ahead++;
+        ctx->chained = 1;
+        return TLLM_OK;
+    }
+    if (id < 0) id = ctx->last_argmax;
+    int32_t best;
+    if ((rc = argmax_step(ctx, id, &best))) return rc;
+    ctx->ahead[(ctx->ahead_head + ctx->n_ahead++) % TLLM_GREEDY_AHEAD] = ctx->last_argmax = best;
+    ctx->chained = 1;
+    return TLLM_OK;
+}
+
+int tllm_ctx_queues_ahead(const struct tllm_ctx *ctx) { return ctx->dev && ctx->dev->ops->step_enqueue; }
+
+int tllm_ctx_greedy_pop(struct tllm_ctx *ctx, int32_t *next) {
+    if (!ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "no greedy step pushed");
+    ctx->n_ahead--;
+    if (ctx->dev && ctx->dev->ops->step_enqueue) {
+        int rc = ctx->dev->ops->step_wait(ctx->dev, next);
+        ctx->n_ahead = ctx->dev->ops->pending(ctx->dev); /* after a failure the device forgets the rest */
+        return rc;
+    }
+    *next = ctx->ahead[ctx->ahead_head];
+    ctx->ahead_head = (ctx->ahead_head + 1) % TLLM_GREEDY_AHEAD;
+    return TLLM_OK;
+}

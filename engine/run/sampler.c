@@ -1,0 +1,171 @@
+#include "engine/run/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+
+struct tllm_sampler_params tllm_sampler_defaults(void) {
+    return (struct tllm_sampler_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
+                                        .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0};
+}
+
+int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *p, int vocab) {
+    memset(s, 0, sizeof *s);
+    s->p = *p;
+    if (s->p.repeat_last_n < 0) s->p.repeat_last_n = 0;
+    s->vocab = vocab;
+    s->cands = malloc((size_t)vocab * sizeof *s->cands);
+    s->recent = malloc((size_t)(s->p.repeat_last_n + 1) * sizeof *s->recent);
+    if (!s->cands || !s->recent) {
+        tllm_sampler_free(s);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    tllm_sampler_reset(s);
+    return TLLM_OK;
+}
+
+void tllm_sampler_free(struct tllm_sampler *s) {
+    free(s->cands);
+    free(s->recent);
+    memset(s, 0, sizeof *s);
+}
+
+void tllm_sampler_reset(struct tllm_sampler *s) {
+    s->n_recent = s->recent_pos = 0;
+    s->rng = s->p.seed * 0x9E3779B97F4A7C15ull + 0xD1B54A32D192ED03ull;
+}
+
+void tllm_sampler_accept(struct tllm_sampler *s, int32_t id) {
+    if (s->p.repeat_last_n == 0) return;
+    s->recent[s->recent_pos] = id;
+    s->recent_pos = (s->recent_pos + 1) % s->p.repeat_last_n;
+    if (s->n_recent < s->p.repeat_last_n) s->n_recent++;
+}
+
+static double next_uniform(struct tllm_sampler *s) { /* [0, 1), splitmix64 */
+    uint64_t z = (s->rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static void apply_penalties(struct tllm_sampler *s, float *logits) {
+    const struct tllm_sampler_params *p = &s->p;
+    if (p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    for (int i = 0; i < s->n_recent; i++) {
+        int32_t id = s->recent[i];
+        int seen = 0, count = 0;
+        for (int j = 0; j < s->n_recent; j++) {
+            if (s->recent[j] != id) continue;
+            if (j < i) seen = 1;
+            count++;
+        }
+        if (seen || id < 0 || id >= s->vocab) continue; /* each distinct token once */
+        float *l = &logits[id];
+        if (p->repeat_penalty != 1.0f) *l = *l > 0 ? *l / p->repeat_penalty : *l * p->repeat_penalty;
+        *l -= p->presence_penalty + p->frequency_penalty * (float)count;
+    }
+}
+
+/* Min-heap on logit: the k largest of a[0..n) end up in a[0..k), then sorted descending. */
+static void sift_down(struct tllm_sampler_cand *h, int k, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < k && h[l].logit < h[m].logit) m = l;
+        if (r < k && h[r].logit < h[m].logit) m = r;
+        if (m == i) return;
+        struct tllm_sampler_cand t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    float x = ((const struct tllm_sampler_cand *)a)->logit, y = ((const struct tllm_sampler_cand *)b)->logit;
+    return x < y ? 1 : x > y ? -1 : ((const struct tllm_sampler_cand *)a)->id - ((const struct tllm_sampler_cand *)b)->id;
+}
+
+static void select_top(struct tllm_sampler_cand *c, int n, int k) {
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
+    for (int i = k; i < n; i++)
+        if (c[i].logit > c[0].logit) {
+            struct tllm_sampler_cand t = c[0];
+            c[0] = c[i];
+            c[i] = t;
+            sift_down(c, k, 0);
+        }
+    qsort(c, (size_t)k, sizeof *c, cmp_desc);
+}
+
+int tllm_sampler_is_greedy(const struct tllm_sampler *s) {
+    const struct tllm_sampler_params *p = &s->p;
+    return (p->temperature <= 0.0f || p->top_k == 1) && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f;
+}
+
+int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits) {
+    const struct tllm_sampler_params *p = &s->p;
+    apply_penalties(s, logits);
+    int V = s->vocab;
+    if (p->temperature <= 0.0f || p->top_k == 1) { /* greedy: first maximum */
+        int32_t best = 0;
+        for (int i = 1; i < V; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    struct tllm_sampler_cand *c = s->cands;
+    float inv_t = 1.0f / p->temperature;
+    for (int i = 0; i < V; i++) c[i] = (struct tllm_sampler_cand){i, logits[i] * inv_t};
+    int n = V;
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top(c, n, p->top_k);
+        n = p->top_k;
+    }
+    /* softmax weights over the n candidates (not normalized yet) */
+    float mx = c[0].logit;
+    for (int i = 1; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
+    double total = 0;
+    for (int i = 0; i < n; i++) total += exp((double)(c[i].logit - mx));
+    int sorted = p->top_k > 0 && p->top_k < V;
+    if (p->top_p < 1.0f) {
+        /* widen a sorted prefix until it holds top_p of the mass */
+        int k = sorted ? n : (n < 64 ? n : 64);
+        for (;;) {
+            if (!sorted || k > n) select_top(c, n, k < n ? k : n);
+            double cum = 0;
+            int cut = -1;
+            for (int i = 0; i < k && i < n; i++) {
+                cum += exp((double)(c[i].logit - mx));
+                if (cum >= p->top_p * total) {
+                    cut = i + 1;
+                    break;
+                }
+            }
+            if (cut > 0 || k >= n) {
+                n = cut > 0 ? cut : n;
+                sorted = 1;
+                break;
+            }
+            k = k * 4 < n ? k * 4 : n;
+        }
+    }
+    if (p->min_p > 0.0f) { /* keep tokens with prob >= min_p * max prob */
+        float floor_logit = mx + logf(p->min_p);
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].logit >= floor_logit) c[k++] = c[i];
+        n = k > 0 ? k : 1;
+    }
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)(c[i].logit - mx));
+    double r = next_uniform(s) * sum;
+    for (int i = 0; i < n; i++) {
+        r -= exp((double)(c[i].logit - mx));
+        if (r < 0) return c[i].id;
+    }
+    return c[n - 1].id;
+}

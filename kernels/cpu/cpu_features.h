@@ -1,0 +1,21 @@
+/* Which instruction sets this CPU runs (CPUID, asked once), and the per-level clones of the
+ * auto-vectorized loops. Every per-ISA kernel file and every dispatcher asks here. */
+#ifndef TLLM_CPU_FEATURES_H
+#define TLLM_CPU_FEATURES_H
+
+/* Hot loops written for the auto-vectorizer, compiled once per x86-64 level (AVX-512, AVX2+FMA,
+ * baseline) and chosen by the loader (GCC target_clones), since the binary is built without -march. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(TLLM_NO_CLONES)
+#define TLLM_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TLLM_CLONES
+#endif
+
+/* 1 if this CPU runs the AVX2+FMA kernels */
+int tllm_cpu_has_avx2(void);
+/* 1 if it has AVX-512 F/BW/VL/DQ */
+int tllm_cpu_has_avx512(void);
+/* 1 if it also has AVX-512 VNNI (the packed int8 kernels) */
+int tllm_cpu_has_avx512vnni(void);
+
+#endif

@@ -1,0 +1,38 @@
+/* The non-matmul pieces of the forward pass, on float32 rows. */
+#ifndef TLLM_OPS_H
+#define TLLM_OPS_H
+
+#include <stddef.h>
+
+/* out = x / rms(x) * weight, over n elements (out may alias x). */
+void tllm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
+
+/* Rotate-half (NeoX) RoPE on n_heads heads of head_dim, with cos/sin tables of head_dim/2. */
+void tllm_rope(float *v, int n_heads, int head_dim, const float *cos_t, const float *sin_t);
+
+/* cos/sin tables for one position, computed in float32 as Hugging Face's Qwen2 rotary embedding does. */
+void tllm_rope_tables(int pos, int head_dim, float theta, float *cos_t, float *sin_t);
+
+
+/* Causal attention of nq consecutive queries of one head, the j-th at position pos0 + j.
+ * q: [nq rows, q_stride apart]; kt: the head's keys transposed, kt[i * kt_stride + p] (head_dim x
+ * positions); v: value rows v_stride apart; scores: scratch of nq x (pos0 + nq); out: [nq rows,
+ * out_stride apart] of head_dim. */
+void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                    const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
+/* The portable version (GCC vector extensions), and the scalar one with double sums: the oracle. */
+void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                             const float *v, size_t v_stride, int head_dim, float *scores, float *out,
+                             size_t out_stride);
+void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                        const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
+
+
+/* In-place softmax over n elements. */
+void tllm_softmax(float *x, int n);
+
+/* gate[i] = silu(gate[i]) * up[i] */
+void tllm_swiglu(float *gate, const float *up, int n);
+void tllm_swiglu_ref(float *gate, const float *up, int n);
+
+#endif

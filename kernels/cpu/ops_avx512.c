@@ -1,0 +1,172 @@
+/* AVX-512 versions of the prefill's non-matmul hot loops (ops.h): causal attention as two small
+ * register-tiled GEMMs around a vectorized softmax, and SwiGLU. libm's expf one element at a time
+ * and one-query-at-a-time tiles made attention a fifth of pp512; here exp is 16 lanes at once and a
+ * tile reuses each loaded key or value row for several queries.
+ * Compiled for AVX-512 via target attributes and chosen at run time, so the binary runs anywhere;
+ * ops.c keeps the portable versions, and tllm_attention_ref is the oracle the tests compare with. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/ops.h" /* the _ref kernels, where AVX-512 is not compiled */
+#include "kernels/cpu/ops_avx512.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define QK_QUERIES 8  /* queries per score tile: 8 x 2 vectors of 16 keys = 16 accumulators */
+#define PV_QUERIES 4  /* queries per output tile: 4 x 64 lanes of head_dim = 16 accumulators */
+#define HD_MAX 256    /* head_dim bound of the transposed-query scratch (Qwen2: 64 or 128) */
+
+/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial
+ * (truncation < 6e-9 relative), times 2^n by vscalefps, which gives 0 and inf at the ends.
+ * Within 2 ulp of expf; NaN stays NaN (the clamps return their second operand on NaN). */
+TGT INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_set1_ps(89.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x); /* ln2 in two parts: hi has 16 bits */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __mmask16 tail_mask(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
+
+/* Scores of NQ queries (qs: head_dim x QK_QUERIES, transposed and pre-scaled) against NV x 16 keys
+ * from kt (the last vector masked by m), stored to s (rows L apart) for the first nj queries. */
+TGT INLINE void qk_tile(const float *qs, const float *kt, size_t kt_stride, int hd, float *s, int L, int nj,
+                        const int NQ, const int NV, __mmask16 m) {
+    __m512 acc[QK_QUERIES][4];
+    for (int j = 0; j < NQ; j++)
+        for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i++) {
+        const float *k = kt + (size_t)i * kt_stride;
+        __m512 kv[4];
+        for (int c = 0; c < NV; c++) kv[c] = c == NV - 1 ? _mm512_maskz_loadu_ps(m, k + 16 * c) : _mm512_loadu_ps(k + 16 * c);
+        for (int j = 0; j < NQ; j++) {
+            __m512 qj = _mm512_set1_ps(qs[i * QK_QUERIES + j]);
+            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(qj, kv[c], acc[j][c]);
+        }
+    }
+    for (int j = 0; j < NQ && j < nj; j++)
+        for (int c = 0; c < NV; c++)
+            _mm512_mask_storeu_ps(s + (size_t)j * L + 16 * c, c == NV - 1 ? m : (__mmask16)0xffff, acc[j][c]);
+}
+
+/* All keys [0, len) for one block of nj <= QK_QUERIES queries. */
+TGT INLINE void qk_block(const float *qs, const float *kt, size_t kt_stride, int hd, float *s, int L, int nj,
+                         int len, const int NQ) {
+    const int NV = NQ == 1 ? 4 : 2; /* one query: more keys per tile, for independent FMA chains */
+    int p0 = 0;
+    for (; p0 + 16 * NV <= len; p0 += 16 * NV) qk_tile(qs, kt + p0, kt_stride, hd, s + p0, L, nj, NQ, NV, 0xffff);
+    for (; p0 < len; p0 += 16) qk_tile(qs, kt + p0, kt_stride, hd, s + p0, L, nj, NQ, 1, tail_mask(len - p0));
+}
+
+/* out rows (NQ queries, NV x 16 lanes from lane i0) = sum_p s[j][p] v_p over p < len, times inv[j]. */
+TGT INLINE void pv_tile(const float *s, int L, const float *v, size_t v_stride, int len, const float *inv,
+                        float *out, size_t out_stride, int nj, const int NQ, const int NV) {
+    __m512 acc[PV_QUERIES][4];
+    for (int j = 0; j < NQ; j++)
+        for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int p = 0; p < len; p++) {
+        const float *vp = v + (size_t)p * v_stride;
+        __m512 vv[4];
+        for (int c = 0; c < NV; c++) vv[c] = _mm512_loadu_ps(vp + 16 * c);
+        for (int j = 0; j < NQ; j++) {
+            __m512 sj = _mm512_set1_ps(s[(size_t)(j < nj ? j : 0) * L + p]);
+            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(sj, vv[c], acc[j][c]);
+        }
+    }
+    for (int j = 0; j < NQ && j < nj; j++)
+        for (int c = 0; c < NV; c++)
+            _mm512_storeu_ps(out + (size_t)j * out_stride + 16 * c, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv[j])));
+}
+
+TGT INLINE void pv_block(const float *s, int L, const float *v, size_t v_stride, int len, const float *inv,
+                         float *out, size_t out_stride, int nj, int hd, const int NQ) {
+    int i0 = 0;
+    for (; i0 + 64 <= hd; i0 += 64) pv_tile(s, L, v + i0, v_stride, len, inv, out + i0, out_stride, nj, NQ, 4);
+    for (; i0 < hd; i0 += 16) pv_tile(s, L, v + i0, v_stride, len, inv, out + i0, out_stride, nj, NQ, 1);
+}
+
+/* exp(s - max) over [0, n) in place, zeros over [n, n_zero); returns 1 / sum. */
+TGT static float softmax_row(float *s, int n, int n_zero) {
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int p = 0; p < n; p += 16) mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, tail_mask(n - p), s + p));
+    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
+    for (int p = 0; p < n; p += 16) {
+        __mmask16 k = tail_mask(n - p);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + p), m));
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, e));
+        _mm512_mask_storeu_ps(s + p, k, e);
+    }
+    for (int p = n; p < n_zero; p++) s[p] = 0.0f;
+    return 1.0f / _mm512_reduce_add_ps(sum);
+}
+
+TGT void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt,
+                               size_t kt_stride, const float *v, size_t v_stride, int hd, float *scores, float *out,
+                               size_t out_stride) {
+    const int L = pos0 + nq;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float qs[HD_MAX * QK_QUERIES] __attribute__((aligned(64))), inv[QK_QUERIES];
+    for (int j0 = 0; j0 < nq; j0 += QK_QUERIES) {
+        const int nj = nq - j0 < QK_QUERIES ? nq - j0 : QK_QUERIES, len = pos0 + j0 + nj;
+        for (int i = 0; i < hd; i++)
+            for (int j = 0; j < QK_QUERIES; j++) qs[i * QK_QUERIES + j] = j < nj ? q[(size_t)(j0 + j) * q_stride + i] * scale : 0.0f;
+        float *s = scores + (size_t)j0 * L;
+        if (nj == 1) qk_block(qs, kt, kt_stride, hd, s, L, nj, len, 1);
+        else if (nj <= 4) qk_block(qs, kt, kt_stride, hd, s, L, nj, len, 4);
+        else qk_block(qs, kt, kt_stride, hd, s, L, nj, len, QK_QUERIES);
+        /* query j sees keys [0, pos0 + j0 + j]; the rest of its row, up to its PV tile's length, is 0 */
+        for (int j = 0; j < nj; j++) inv[j] = softmax_row(s + (size_t)j * L, pos0 + j0 + j + 1, len);
+        for (int jj = 0; jj < nj; jj += PV_QUERIES) {
+            const int nv = nj - jj < PV_QUERIES ? nj - jj : PV_QUERIES;
+            const float *sj = s + (size_t)jj * L;
+            float *oj = out + (size_t)(j0 + jj) * out_stride;
+            if (nv == 1) pv_block(sj, L, v, v_stride, pos0 + j0 + jj + 1, inv + jj, oj, out_stride, nv, hd, 1);
+            else pv_block(sj, L, v, v_stride, pos0 + j0 + jj + nv, inv + jj, oj, out_stride, nv, hd, PV_QUERIES);
+        }
+    }
+}
+
+TGT void tllm_swiglu_avx512(float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i);
+        __m512 g = _mm512_maskz_loadu_ps(k, gate + i), u = _mm512_maskz_loadu_ps(k, up + i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        __m512 y = _mm512_div_ps(_mm512_mul_ps(g, u), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(gate + i, k, y);
+    }
+}
+
+TGT void tllm_exp_avx512(float *x, int n) {
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, k, exp16(_mm512_maskz_loadu_ps(k, x + i)));
+    }
+}
+
+
+int tllm_attention_avx512_ok(int head_dim) { return tllm_cpu_has_avx512() && head_dim % 16 == 0 && head_dim <= HD_MAX; }
+#else
+int tllm_attention_avx512_ok(int head_dim) { return (void)head_dim, 0; }
+void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                           const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
+    tllm_attention_ref(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
+}
+void tllm_swiglu_avx512(float *gate, const float *up, int n) { tllm_swiglu_ref(gate, up, n); }
+void tllm_exp_avx512(float *x, int n) {
+    for (int i = 0; i < n; i++) x[i] = expf(x[i]);
+}
+#endif

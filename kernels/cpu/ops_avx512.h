@@ -1,0 +1,16 @@
+/* AVX-512 versions of ops.h's hot loops (ops_avx512.c), used where the CPU has AVX-512 (F/BW/VL/DQ);
+ * ops.c chooses. Their oracles are ops.h's _ref kernels (ops_ref.c). */
+#ifndef TLLM_OPS_AVX512_H
+#define TLLM_OPS_AVX512_H
+
+#include <stddef.h>
+
+/* attention needs head_dim % 16 == 0 (tllm_attention_avx512_ok says). */
+int tllm_attention_avx512_ok(int head_dim);
+void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                           const float *v, size_t v_stride, int head_dim, float *scores, float *out,
+                           size_t out_stride);
+void tllm_swiglu_avx512(float *gate, const float *up, int n);
+void tllm_exp_avx512(float *x, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
+
+#endif

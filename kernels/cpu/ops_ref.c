@@ -1,0 +1,46 @@
+/* The scalar oracles of ops.h (double sums where it matters): what the tests hold every faster
+ * kernel to, and what a CPU without a faster one runs. */
+#include <math.h>
+#include <stddef.h>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/ops.h"
+
+void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
+                        const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
+    const int L = pos0 + nq;
+    for (int j = 0; j < nq; j++) {
+        const int len = pos0 + j + 1;
+        float *s = scores + (size_t)j * L;
+        for (int p = 0; p < len; p++) {
+            double dot = 0.0;
+            for (int i = 0; i < hd; i++) dot += (double)q[(size_t)j * q_stride + i] * kt[(size_t)i * kt_stride + p];
+            s[p] = (float)(dot / sqrt((double)hd));
+        }
+        tllm_softmax(s, len);
+        for (int i = 0; i < hd; i++) {
+            double acc = 0.0;
+            for (int p = 0; p < len; p++) acc += (double)s[p] * v[(size_t)p * v_stride + i];
+            out[(size_t)j * out_stride + i] = (float)acc;
+        }
+    }
+}
+
+void tllm_softmax(float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+TLLM_CLONES void tllm_swiglu_ref(float *gate, const float *up, int n) {
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}

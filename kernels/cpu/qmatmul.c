@@ -1,0 +1,93 @@
+/* Portable fast path: each row is dequantized one chunk at a time and the chunk is reused for
+ * every token, so the unpacking cost is paid once per row rather than once per token. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/qmatmul.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qmatmul_avx2.h"
+
+#define QM_CHUNK 256 /* a multiple of every group size */
+
+/* Dequantize columns [c0, c0+len) of row r into out (len a multiple of the group size, or the tail). */
+static void dequant_chunk(const struct tllm_qweights *w, int r, int c0, int len, float *out) {
+    if (w->format == TLLM_WF_DENSE) {
+        tllm_convert_to_f32((const char *)w->w + ((size_t)r * w->cols + c0) * tllm_dtype_size(w->dtype),
+                            w->dtype, out, (size_t)len);
+        return;
+    }
+    const int ng = w->cols / w->group_size, bits = w->bits, per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1;
+    const uint32_t *row = (const uint32_t *)w->w + (size_t)r * (size_t)(w->cols / per_word);
+    for (int g0 = c0; g0 < c0 + len; g0 += w->group_size) {
+        size_t gi = (size_t)r * ng + (size_t)(g0 / w->group_size);
+        float s = tllm_load_f32(w->scales, w->dtype, gi), b = tllm_load_f32(w->biases, w->dtype, gi);
+        const uint32_t *wp = row + g0 / per_word;
+        float *o = out + (g0 - c0);
+        int words = w->group_size / per_word;
+        switch (bits) { /* constant shifts per case, so each loop vectorizes */
+        case 4:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < 8; e++) o[k * 8 + e] = s * (float)((wp[k] >> (e * 4)) & 15u) + b;
+            break;
+        case 8:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < 4; e++) o[k * 4 + e] = s * (float)((wp[k] >> (e * 8)) & 255u) + b;
+            break;
+        case 2:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < 16; e++) o[k * 16 + e] = s * (float)((wp[k] >> (e * 2)) & 3u) + b;
+            break;
+        default:
+            for (int k = 0; k < words; k++)
+                for (int e = 0; e < per_word; e++) o[k * per_word + e] = s * (float)((wp[k] >> (e * bits)) & mask) + b;
+        }
+    }
+}
+
+void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
+    for (int c0 = 0; c0 < w->cols; c0 += QM_CHUNK) {
+        int len = w->cols - c0 < QM_CHUNK ? w->cols - c0 : QM_CHUNK;
+        dequant_chunk(w, r, c0, len, out + c0);
+    }
+}
+
+#define QM_MATVEC_MAX_TOKENS 2 /* up to this many tokens, unpack in registers per token (decode) */
+#define QM_MAX_GROUPS 4096     /* per-group x sums live on the stack */
+
+void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
+    if (w->format == TLLM_WF_AFFINE && (w->bits == 4 || w->bits == 8) && n <= QM_MATVEC_MAX_TOKENS &&
+        w->cols / w->group_size <= QM_MAX_GROUPS && tllm_cpu_has_avx2()) {
+        float xsum[QM_MAX_GROUPS];
+        int ng = w->cols / w->group_size;
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * w->cols;
+            for (int g = 0; g < ng; g++) {
+                float sum = 0.0f;
+                for (int j = 0; j < w->group_size; j++) sum += xt[g * w->group_size + j];
+                xsum[g] = sum;
+            }
+            tllm_qmatvec_affine_avx2(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
+        }
+        return;
+    }
+    float buf[QM_CHUNK];
+    for (int r = r0; r < r1; r++) {
+        for (int t = 0; t < n; t++) y[(size_t)t * w->rows + r] = 0.0f;
+        for (int c0 = 0; c0 < w->cols; c0 += QM_CHUNK) {
+            int len = w->cols - c0 < QM_CHUNK ? w->cols - c0 : QM_CHUNK;
+            dequant_chunk(w, r, c0, len, buf);
+            for (int t = 0; t < n; t++) {
+                const float *xt = x + (size_t)t * w->cols + c0;
+                /* independent partial sums, so the compiler can vectorize without reassociating */
+                float acc[8] = {0};
+                int j = 0;
+                for (; j + 8 <= len; j += 8)
+                    for (int k = 0; k < 8; k++) acc[k] += buf[j + k] * xt[j + k];
+                float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+                for (; j < len; j++) sum += buf[j] * xt[j]; /* scalar tail */
+                y[(size_t)t * w->rows + r] += sum;
+            }
+        }
+    }
+}

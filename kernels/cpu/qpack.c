@@ -1,0 +1,130 @@
+/* Packing for the integer-activation matmul, activation quantization, and the portable kernel.
+ * The portable kernel does the same float operations in the same order as the SIMD ones, so they
+ * agree bit for bit (the integer dot products are exact). */
+#include "kernels/cpu/qpack.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qpack_avx512.h"
+
+int tllm_qpack_supported(const struct tllm_qweights *w) {
+    return w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8) &&
+           w->cols % TLLM_XQ_BLOCK == 0 && w->group_size % TLLM_XQ_BLOCK == 0;
+}
+
+static void *alloc64(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n ? n : 64) ? NULL : p;
+}
+
+/* Codes of row r as one byte each. */
+static void unpack_row(const struct tllm_qweights *w, int r, uint8_t *out) {
+    const int bits = w->bits, per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1;
+    const uint32_t *row = (const uint32_t *)w->w + (size_t)r * (size_t)(w->cols / per_word);
+    for (int k = 0; k < w->cols / per_word; k++)
+        for (int e = 0; e < per_word; e++) out[k * per_word + e] = (uint8_t)((row[k] >> (e * bits)) & mask);
+}
+
+int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
+    memset(p, 0, sizeof *p);
+    if (!tllm_qpack_supported(w)) return tllm_fail(TLLM_ERR_ARG, "%s: cannot be packed for int8 activations", w->name);
+    const int R = TLLM_QPACK_ROWS, per = 8 / w->bits, ng = w->cols / w->group_size;
+    const size_t esz = tllm_dtype_size(w->dtype);
+    p->rows = w->rows, p->cols = w->cols, p->bits = w->bits, p->group_size = w->group_size, p->dtype = w->dtype;
+    p->n_blocks = (w->rows + R - 1) / R;
+    p->block_bytes = (size_t)R * w->cols * w->bits / 8;
+    p->codes = alloc64((size_t)p->n_blocks * p->block_bytes);
+    p->scales = alloc64((size_t)p->n_blocks * ng * R * esz);
+    p->biases = alloc64((size_t)p->n_blocks * ng * R * esz);
+    uint8_t *tmp = malloc((size_t)R * w->cols);
+    if (!p->codes || !p->scales || !p->biases || !tmp) {
+        free(tmp);
+        tllm_qpack_free(p);
+        return tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory packing %d x %d weights", w->name, w->rows, w->cols);
+    }
+    const int chunk_cols = 4 * per;
+    for (int b = 0; b < p->n_blocks; b++) {
+        for (int i = 0; i < R; i++) {
+            int r = b * R + i;
+            if (r < w->rows) unpack_row(w, r, tmp + (size_t)i * w->cols);
+            else memset(tmp + (size_t)i * w->cols, 0, (size_t)w->cols);
+        }
+        uint8_t *dst = p->codes + (size_t)b * p->block_bytes;
+        for (int c = 0; c < w->cols / chunk_cols; c++, dst += 64)
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < 4; j++) {
+                    unsigned byte = 0;
+                    for (int m = 0; m < per; m++) byte |= (unsigned)tmp[(size_t)i * w->cols + c * chunk_cols + 4 * m + j] << (w->bits * m);
+                    dst[4 * i + j] = (uint8_t)byte;
+                }
+        for (int g = 0; g < ng; g++)
+            for (int i = 0; i < R; i++) {
+                int r = b * R + i;
+                size_t d = (((size_t)b * ng + g) * R + i) * esz, s = ((size_t)r * ng + g) * esz;
+                if (r < w->rows) {
+                    memcpy((char *)p->scales + d, (const char *)w->scales + s, esz);
+                    memcpy((char *)p->biases + d, (const char *)w->biases + s, esz);
+                } else {
+                    memset((char *)p->scales + d, 0, esz);
+                    memset((char *)p->biases + d, 0, esz);
+                }
+            }
+    }
+    free(tmp);
+    return TLLM_OK;
+}
+
+void tllm_qpack_free(struct tllm_qpack *p) {
+    free(p->codes);
+    free(p->scales);
+    free(p->biases);
+    memset(p, 0, sizeof *p);
+}
+
+size_t tllm_qpack_nbytes(const struct tllm_qpack *p) {
+    return (size_t)p->n_blocks * (p->block_bytes + 2 * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS * tllm_dtype_size(p->dtype));
+}
+
+TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {
+    const int nb = xq->cols / TLLM_XQ_BLOCK;
+    for (int t = t0; t < t1; t++)
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)t * xq->cols + b * TLLM_XQ_BLOCK;
+            size_t o = (size_t)t * xq->cols + (size_t)b * TLLM_XQ_BLOCK;
+            int8_t *q = xq->q + o, *q2 = xq->q2 ? xq->q2 + o : NULL;
+            float amax = 0.0f;
+            for (int j = 0; j < TLLM_XQ_BLOCK; j++) {
+                float a = fabsf(xb[j]);
+                amax = a > amax ? a : amax;
+            }
+            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            int isum = 0;
+            for (int j = 0; j < TLLM_XQ_BLOCK; j++) {
+                /* round half to even by the 1.5 * 2^23 trick (|v| <= 127), which vectorizes */
+                float v = xb[j] * id, r = (v + 0x1.8p23f) - 0x1.8p23f;
+                q[j] = (int8_t)(int)r;
+                if (q2) {
+                    float v2 = (v - r) * 128.0f; /* |v - r| <= 0.5, so |q2| <= 64 */
+                    q2[j] = (int8_t)(int)((v2 + 0x1.8p23f) - 0x1.8p23f);
+                    isum += 128 * q[j] + q2[j];
+                } else {
+                    isum += q[j];
+                }
+            }
+            if (q2) d *= 1.0f / 128.0f;
+            /* the sum of the quantized x, not of x: then the block computes exactly sum_j w_j xq_j, and the
+             * bias (about -2^(bits-1) scales) does not multiply the rounding errors' sum */
+            xq->d[(size_t)t * nb + b] = d;
+            xq->sum[(size_t)t * nb + b] = d * (float)isum;
+        }
+}
+
+void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    if (tllm_cpu_has_avx512vnni()) tllm_qpack_matmul_avx512(p, x, y, b0, b1);
+    else tllm_qpack_matmul_ref(p, x, y, b0, b1);
+}

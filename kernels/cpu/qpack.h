@@ -1,0 +1,64 @@
+/* The CPU's integer-activation layout: affine weights re-packed once at load time so that 64 bytes
+ * feed one 16-lane int8 dot product (VNNI vpdpbusd, or the portable loop standing in for it), and
+ * activations quantized to int8 per block of 32 (llama.cpp's Q8_1 idea). Using
+ *     sum_j (s q_j + b) x_j = s sum_j q_j x_j + b sum_j x_j
+ * the codes meet the int8 activations in integer dot products, each block is scaled once, and the
+ * bias needs only the float sum of the block.
+ *
+ * Layout: rows in blocks of 16 (the last block zero-padded). A block's codes are 64-byte chunks, in
+ * column order; a chunk covers 16 rows x 4*(8/bits) columns: byte 4i+j holds, in its bits
+ * [bits*m, bits*m + bits), the code of row i at column 4m + j of the chunk. So the m-th unpacked
+ * 64-byte vector has 4 consecutive codes of each of the 16 rows: one lane of a dot product per row.
+ * Scales and biases are [block][group][16] in the source dtype. */
+#ifndef TLLM_QPACK_H
+#define TLLM_QPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/cpu/qweights.h"
+
+#define TLLM_QPACK_ROWS 16  /* rows per block: one 32-bit lane each in a 512-bit vector */
+#define TLLM_XQ_BLOCK 32    /* activation elements per int8 scale */
+
+struct tllm_qpack {
+    int rows, cols, bits, group_size;
+    enum tllm_dtype dtype;   /* of scales and biases */
+    int n_blocks;            /* ceil(rows / 16) */
+    size_t block_bytes;      /* codes per row block: 16 * cols * bits / 8 */
+    uint8_t *codes;          /* [n_blocks x block_bytes], 64-byte aligned */
+    void *scales;            /* [n_blocks x cols/group_size x 16] */
+    void *biases;            /* [n_blocks x cols/group_size x 16] */
+};
+
+/* Activations of n tokens, quantized per block of 32: x ~ d * q with d = max|x| / 127, or with a
+ * second level, x ~ d * (q + q2 / 128): the residual, quantized again. One level is llama.cpp's Q8_1
+ * (about 0.5% error per matmul); two levels cost a second vpdpbusd per product and are as good as
+ * float32 for practical purposes. Decode, which waits on memory, uses two; prefill uses one. */
+#define TLLM_XQ_L2_MAX_TOKENS 2 /* steps of at most this many tokens get the second level */
+struct tllm_xq {
+    int n, cols;     /* cols % 32 == 0 */
+    int8_t *q;       /* [n x cols] */
+    int8_t *q2;      /* [n x cols] second level, or NULL (only when n <= TLLM_XQ_L2_MAX_TOKENS) */
+    float *d;        /* [n x cols/32] scale of each block (d / 128 with two levels) */
+    float *sum;      /* [n x cols/32] sum of each block's quantized x (the bias term) */
+};
+
+/* 1 if w can be packed: affine, bits 2/4/8, cols a multiple of 32 (every supported group is). */
+int tllm_qpack_supported(const struct tllm_qweights *w);
+/* Pack w (rows [0, rows)); returns TLLM_OK or TLLM_ERR_NOMEM. */
+int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w);
+void tllm_qpack_free(struct tllm_qpack *p);
+size_t tllm_qpack_nbytes(const struct tllm_qpack *p);
+
+/* Quantize tokens [t0, t1) of x [n x cols] into xq (buffers sized by the caller; two levels when
+ * xq->q2 is set). */
+void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1);
+
+/* y[t x rows] for row blocks [b0, b1) and all tokens: the integer-activation matmul.
+ * tllm_qpack_matmul picks the fastest kernel; _ref is the portable one (and the NEON slot's model). */
+void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
+void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
+
+
+#endif

@@ -1,0 +1,151 @@
+/* AVX-512 VNNI kernel of the integer-activation matmul (layout: qpack.h). One vpdpbusd multiplies
+ * 64 unsigned codes (4 of each of 16 rows) by 4 int8 activations broadcast to every lane, so a
+ * 16-row block's dot products accumulate in one register per token with no horizontal sums.
+ * A tile is one row block x up to TILE_TOKENS tokens: each chunk of codes is loaded and unpacked once
+ * for all the tile's tokens (prefill), and decode is the same code with one token.
+ * Compiled for AVX-512 via target attributes and chosen at run time, so the binary runs anywhere. */
+#include <string.h>
+
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qpack.h" /* the layout, and the _ref kernel where AVX-512 is not compiled */
+#include "kernels/cpu/qpack_avx512.h"
+
+#ifndef TLLM_QPACK_TILE_TOKENS
+#define TLLM_QPACK_TILE_TOKENS 8 /* tokens per tile: 2 x 8 accumulators fit the 32 vector registers */
+#endif
+#ifndef TLLM_QPACK_TILE_BLOCKS
+#define TLLM_QPACK_TILE_BLOCKS 4 /* row blocks whose codes stay in L1/L2 while every token tile passes */
+#endif
+
+#ifndef TLLM_QPACK_PREFETCH
+#define TLLM_QPACK_PREFETCH 2048 /* bytes ahead in the code stream to prefetch (0: none) */
+#endif
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define INLINE static inline __attribute__((always_inline))
+
+TGT INLINE __m512 load16(const void *src, enum tllm_dtype dt, size_t off) {
+    if (dt == TLLM_DT_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off))), 16));
+    if (dt == TLLM_DT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off)));
+    return _mm512_loadu_ps((const float *)src + off);
+}
+
+TGT INLINE __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Rows of block b for tokens [t0, t0 + NT). NT and BITS are constants at every call site, so the
+ * token loops unroll and the accumulators live in registers. */
+TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
+                     const int BITS, const int LEVELS) {
+    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = p->group_size / TLLM_XQ_BLOCK;
+    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = TLLM_XQ_BLOCK / (4 * per);
+    const __m512i mask = _mm512_set1_epi8((char)((1 << BITS) - 1));
+    const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
+    const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
+    const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
+    __m512 acc[8];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS;
+        __m512 S = load16(p->scales, p->dtype, so), B = load16(p->biases, p->dtype, so);
+        for (int k = 0; k < bpg; k++) {
+            const int kb = g * bpg + k;
+            /* SPLIT independent sums per token: one chain of dependent vpdpbusd would make a few-token
+             * tile latency-bound */
+            /* SPLIT independent sums per token and level: one chain of dependent vpdpbusd would make a
+             * few-token tile latency-bound */
+            const int SPLIT = NT * LEVELS == 1 ? 4 : NT * LEVELS <= 3 ? 2 : 1;
+            __m512i dot[8][4], dot2[2][4];
+            for (int t = 0; t < NT; t++)
+                for (int h = 0; h < SPLIT; h++) dot[t][h] = _mm512_setzero_si512();
+            for (int t = 0; t < NT && LEVELS == 2; t++)
+                for (int h = 0; h < SPLIT; h++) dot2[t][h] = _mm512_setzero_si512();
+            for (int ch = 0; ch < chunks; ch++, c += 64) {
+                if (TLLM_QPACK_PREFETCH) _mm_prefetch((const char *)c + TLLM_QPACK_PREFETCH, _MM_HINT_T0);
+                __m512i v = _mm512_load_si512((const void *)c);
+                for (int m = 0; m < per; m++) {
+                    __m512i w = BITS == 8 ? v : _mm512_and_si512(m ? _mm512_srli_epi16(v, BITS * m) : v, mask);
+                    const int h = (ch * per + m) % SPLIT;
+                    const size_t off = (size_t)kb * TLLM_XQ_BLOCK + ch * 4 * per + 4 * m;
+                    for (int t = 0; t < NT; t++) {
+                        dot[t][h] = _mm512_dpbusd_epi32(dot[t][h], w, bcast4(xq + (size_t)t * p->cols + off));
+                        if (LEVELS == 2)
+                            dot2[t][h] = _mm512_dpbusd_epi32(dot2[t][h], w, bcast4(xq2 + (size_t)t * p->cols + off));
+                    }
+                }
+            }
+            for (int t = 0; t < NT; t++) {
+                for (int h = 1; h < SPLIT; h++) dot[t][0] = _mm512_add_epi32(dot[t][0], dot[t][h]);
+                if (LEVELS == 2) {
+                    for (int h = 1; h < SPLIT; h++) dot2[t][0] = _mm512_add_epi32(dot2[t][0], dot2[t][h]);
+                    dot[t][0] = _mm512_add_epi32(_mm512_slli_epi32(dot[t][0], 7), dot2[t][0]);
+                }
+            }
+            for (int t = 0; t < NT; t++) {
+                __m512 sd = _mm512_mul_ps(S, _mm512_set1_ps(xd[(size_t)t * nb + kb]));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t][0]), sd, acc[t]);
+                acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(xs[(size_t)t * nb + kb]), acc[t]);
+            }
+        }
+    }
+    int n_out = p->rows - b * TLLM_QPACK_ROWS;
+    __mmask16 keep = n_out >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n_out) - 1);
+    for (int t = 0; t < NT; t++)
+        _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * p->rows + (size_t)b * TLLM_QPACK_ROWS, keep, acc[t]);
+}
+
+typedef void tile_fn(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int);
+#define TILE(BITS, NT)                                                                                     \
+    TGT static void tile_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
+                                       int t0) {                                                           \
+        tile(p, x, y, b, t0, NT, BITS, 1);                                                                 \
+    }
+#define TILE2(BITS, NT)                                                                                     \
+    TGT static void tile2_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
+                                        int t0) {                                                           \
+        tile(p, x, y, b, t0, NT, BITS, 2);                                                                  \
+    }
+#define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4) TILE(BITS, 5) TILE(BITS, 6) TILE(BITS, 7) TILE(BITS, 8)
+TILES(2)
+TILES(4)
+TILES(8)
+TILE2(2, 1) TILE2(2, 2) TILE2(4, 1) TILE2(4, 2) TILE2(8, 1) TILE2(8, 2)
+#define ROW(BITS) {tile_##BITS##_1, tile_##BITS##_2, tile_##BITS##_3, tile_##BITS##_4, tile_##BITS##_5, tile_##BITS##_6, tile_##BITS##_7, tile_##BITS##_8}
+static tile_fn *const tiles[3][8] = {ROW(2), ROW(4), ROW(8)};
+#define ROW2(BITS) {tile2_##BITS##_1, tile2_##BITS##_2}
+static tile_fn *const tiles2[3][2] = {ROW2(2), ROW2(4), ROW2(8)};
+
+#if TLLM_QPACK_TILE_TOKENS > 8 || TLLM_QPACK_TILE_TOKENS < 1
+#error "TLLM_QPACK_TILE_TOKENS must be 1..8"
+#endif
+
+void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+    if (x->q2) { /* two levels: decode steps only (TLLM_XQ_L2_MAX_TOKENS) */
+        for (int t0 = 0; t0 < x->n; t0 += 2)
+            for (int b = b0; b < b1; b++) tiles2[bi][x->n - t0 >= 2](p, x, y, b, t0);
+        return;
+    }
+    tile_fn *const *fns = tiles[bi];
+    for (int bb = b0; bb < b1; bb += TLLM_QPACK_TILE_BLOCKS) {
+        int be = bb + TLLM_QPACK_TILE_BLOCKS < b1 ? bb + TLLM_QPACK_TILE_BLOCKS : b1;
+        for (int t0 = 0; t0 < x->n; t0 += TLLM_QPACK_TILE_TOKENS) {
+            int nt = x->n - t0 < TLLM_QPACK_TILE_TOKENS ? x->n - t0 : TLLM_QPACK_TILE_TOKENS;
+            for (int b = bb; b < be; b++) fns[nt - 1](p, x, y, b, t0);
+        }
+    }
+}
+
+#else
+void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    tllm_qpack_matmul_ref(p, x, y, b0, b1);
+}
+#endif

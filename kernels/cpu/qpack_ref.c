@@ -1,0 +1,52 @@
+/* The portable integer-activation matmul (layout: qpack.h): the oracle of the SIMD kernels, and what a
+ * CPU without AVX-512 VNNI runs (a NEON kernel would slot in beside it). */
+#include "kernels/cpu/qpack.h"
+
+#include <math.h>
+
+#include "engine/base/dtype.h"
+
+static void load_vec16(const void *src, enum tllm_dtype dt, size_t off, float *out) {
+    for (int i = 0; i < TLLM_QPACK_ROWS; i++) out[i] = tllm_load_f32(src, dt, off + (size_t)i);
+}
+
+/* Per block of 32 activations and each row: acc = fma(dot, s*d, acc); acc = fma(b, sum, acc). */
+void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    const int R = TLLM_QPACK_ROWS, per = 8 / p->bits, ng = p->cols / p->group_size;
+    const int bpg = p->group_size / TLLM_XQ_BLOCK, nb = p->cols / TLLM_XQ_BLOCK;
+    const int chunks = TLLM_XQ_BLOCK / (4 * per); /* 64-byte chunks per activation block */
+    const unsigned mask = (1u << p->bits) - 1;
+    for (int b = b0; b < b1; b++)
+        for (int t = 0; t < x->n; t++) {
+            const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
+            float acc[16] = {0}, sc[16], bi[16];
+            for (int g = 0; g < ng; g++) {
+                size_t so = ((size_t)b * ng + g) * R;
+                load_vec16(p->scales, p->dtype, so, sc);
+                load_vec16(p->biases, p->dtype, so, bi);
+                for (int k = 0; k < bpg; k++) {
+                    int kb = g * bpg + k;
+                    const int8_t *xq = x->q + (size_t)t * p->cols + (size_t)kb * TLLM_XQ_BLOCK;
+                    const int8_t *xq2 = x->q2 ? x->q2 + (xq - x->q) : NULL;
+                    int32_t dot[16] = {0}, dot2[16] = {0};
+                    for (int ch = 0; ch < chunks; ch++, c += 64)
+                        for (int m = 0; m < per; m++)
+                            for (int i = 0; i < R; i++)
+                                for (int j = 0; j < 4; j++) {
+                                    int32_t code = (int32_t)((c[4 * i + j] >> (p->bits * m)) & mask);
+                                    dot[i] += code * xq[ch * 4 * per + 4 * m + j];
+                                    if (xq2) dot2[i] += code * xq2[ch * 4 * per + 4 * m + j];
+                                }
+                    if (xq2)
+                        for (int i = 0; i < R; i++) dot[i] = dot[i] * 128 + dot2[i];
+                    float d = x->d[(size_t)t * nb + kb], s = x->sum[(size_t)t * nb + kb];
+                    for (int i = 0; i < R; i++) {
+                        acc[i] = fmaf((float)dot[i], sc[i] * d, acc[i]);
+                        acc[i] = fmaf(bi[i], s, acc[i]);
+                    }
+                }
+            }
+            int n_out = p->rows - b * R < R ? p->rows - b * R : R;
+            memcpy(y + (size_t)t * p->rows + (size_t)b * R, acc, (size_t)n_out * sizeof(float));
+        }
+}
