@@ -22,7 +22,7 @@ static const char *src =
     "  for (int i = get_global_id(0); i < n; i += get_global_size(0)) { uint4 v = w[i]; s += v.x ^ v.y ^ v.z ^ v.w; }\n"
     "  if (s == 0x12345678u) out[0] = s;\n"
     "}\n"
-    /* spin on an atomic read-modify-write (what decode.cl's grid_sync does) */
+    /* spin on an atomic read-modify-write (what kernels/opencl/token.cl's grid barrier does) */
     "__kernel void gsync_atomic(volatile __global int *bar, int rounds) {\n"
     "  int G = get_num_groups(0);\n"
     "  for (int r = 1; r <= rounds; r++) {\n"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sweep the OpenCL decode kernels' tunables (kernels/decode.cl's #ifndef defaults, passed as -D through
+# Sweep the OpenCL decode kernels' tunables (kernels/opencl/*.cl's #ifndef defaults, passed as -D through
 # TLLM_CL_OPTS) and print tg t/s for each, so the defaults can be chosen per device from numbers.
 #   bash scripts/tune_gpu.sh MODEL_DIR [BUILD_DIR] [-- "OPTS" "OPTS" ...]
 # Without option sets it sweeps a built-in list. Each line: options, tg128 t/s, the one-launch kernel's

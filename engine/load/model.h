@@ -40,7 +40,7 @@ struct tllm_model {
 int tllm_model_load(const char *dir, struct tllm_model **out);
 void tllm_model_free(struct tllm_model *m);
 
-/* Re-pack every affine linear (and the lm_head) for the integer-activation kernels (kernels/qpack.h):
+/* Re-pack every affine linear (and the lm_head) for the integer-activation kernels (kernels/cpu/qpack.h):
  * faster, within ~1e-2 of the float path. Unpacked weights keep the exact float kernels. */
 int tllm_model_pack(struct tllm_model *m);
 

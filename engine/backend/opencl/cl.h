@@ -1,4 +1,4 @@
-/* OpenCL decode backend: the whole per-token forward pass on an OpenCL 1.2 device (kernels/decode.cl).
+/* OpenCL decode backend: the whole per-token forward pass on an OpenCL 1.2 device (kernels/opencl/).
  * Weights are uploaded once; the KV cache lives on the device and is synced with the CPU context's
  * cache by position ranges, so prefill (CPU threads) and decode (device) can alternate. */
 #ifndef TLLM_CL_H

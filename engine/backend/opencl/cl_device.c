@@ -9,7 +9,9 @@
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
 
-extern const char tllm_cl_source_decode[]; /* kernels/opencl/, embedded at build time */
+/* kernels/opencl/'s files in the order they are joined, embedded at build time (cmake/embed_cl.cmake) */
+extern const char *const tllm_cl_sources[], *const tllm_cl_source_names[];
+extern const int tllm_cl_n_sources;
 
 const char *tllm_cl_err_name(cl_int e) {
     switch (e) {
@@ -119,18 +121,26 @@ static void print_build_log(const struct tllm_cl *cl) {
 
 /* int8_ok: int8 activations may be compiled in (retried without them when they do not fit) */
 int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
-    /* TLLM_CL_DIR: load kernels/decode.cl from disk (while developing); TLLM_CL_OPTS: extra -D options */
+    /* TLLM_CL_DIR: load the kernel files from disk (while developing); TLLM_CL_OPTS: extra -D options */
     const char *dir = getenv("TLLM_CL_DIR"), *extra = getenv("TLLM_CL_OPTS");
-    char *disk = NULL;
-    if (dir) {
+    enum { MAX_SOURCES = 16 };
+    char *disk[MAX_SOURCES] = {0};
+    const char *src[MAX_SOURCES];
+    int n_src = tllm_cl_n_sources < MAX_SOURCES ? tllm_cl_n_sources : MAX_SOURCES;
+    for (int i = 0; i < n_src; i++) {
+        src[i] = tllm_cl_sources[i];
+        if (!dir) continue;
         char path[1024];
-        snprintf(path, sizeof path, "%s/decode.cl", dir);
-        if (!(disk = read_file(path))) return tllm_fail(TLLM_ERR_IO, "%s: cannot read (TLLM_CL_DIR)", path);
+        snprintf(path, sizeof path, "%s/%s", dir, tllm_cl_source_names[i]);
+        if (!(disk[i] = read_file(path))) {
+            for (int j = 0; j < i; j++) free(disk[j]);
+            return tllm_fail(TLLM_ERR_IO, "%s: cannot read (TLLM_CL_DIR)", path);
+        }
+        src[i] = disk[i];
     }
-    const char *src = disk ? disk : tllm_cl_source_decode;
     cl_int e;
-    cl->prog = clCreateProgramWithSource(cl->cx, 1, &src, NULL, &e);
-    free(disk);
+    cl->prog = clCreateProgramWithSource(cl->cx, (cl_uint)n_src, src, NULL, &e);
+    for (int i = 0; i < n_src; i++) free(disk[i]);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateProgramWithSource: %s", tllm_cl_err_name(e));
     /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
      * needs room beside the floats), and less on devices with little local memory (32 KiB), unless the
@@ -151,7 +161,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     cl_device_type type = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
-    /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in decode.cl) */
+    /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
     int fmt[3] = {-1, -1, -1}, uniform = 1;
     for (int i = 0; i < tllm_cl_n_mats(cl->m) && uniform; i++) {
         const struct tllm_qweights *w = tllm_cl_model_mat(cl->m, i);
@@ -164,7 +174,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     char fixed[96] = "";
     int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
     if (uniform) snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
-    /* int8 activations (XQ in decode.cl) where the CPU path takes them too (a packed model, i.e. not
+    /* int8 activations (XQ in kernels/opencl/common.cl) where the CPU path takes them too (a packed model, i.e. not
      * --exact), for 4-bit models whose inputs split into blocks of 32. NVIDIA gets dp4a and warp
      * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
     int xq = int8_ok && uniform && fmt[0] == 4 && tllm_cl_model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
@@ -172,7 +182,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
     int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */
     /* and `token` fuses gate_up with down_proj, attention with o_proj (PTX's float atomic add;
-     * FFN_FUSED, ATT_FUSED in decode.cl) */
+     * FFN_FUSED, ATT_FUSED in kernels/opencl/common.cl) */
     int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
     int fuse_att = nvidia && xq && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
@@ -181,7 +191,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         print_build_log(cl);
-        return tllm_fail(TLLM_ERR_IO, "opencl: kernels/decode.cl does not build on %s: %s (log above)", cl->name,
+        return tllm_fail(TLLM_ERR_IO, "opencl: kernels/opencl/ does not build on %s: %s (log above)", cl->name,
                          tllm_cl_err_name(e));
     }
     if (xq && local_mem && program_local_mem(cl) > local_mem) { /* the int8 form does not fit: float inputs */

@@ -11,7 +11,7 @@
 
 #include "engine/backend/opencl/cl.h"
 
-#define CL_MV_LOCAL_X 8192 /* kernels/decode.cl's default MV_LOCAL_X */
+#define CL_MV_LOCAL_X 8192 /* kernels/opencl/common.cl's default MV_LOCAL_X */
 #define MAX_PLATFORMS 16
 #define MAX_DEVICES 64
 
@@ -37,7 +37,7 @@ struct cl_layer {
     struct cl_launch qkv, attn, attn_out, gate_up, down_l;
 };
 
-/* Compile-time tunables of kernels/decode.cl, read back from the device with the `tunables` kernel
+/* Compile-time tunables of kernels/opencl/, read back from the device with the `tunables` kernel
  * (N_TUNABLES ints, in this order). */
 enum { N_TUNABLES = 12 };
 struct cl_tunables {
@@ -78,7 +78,7 @@ struct tllm_cl {
     cl_mem kt, vc;     /* [layers x kv_dim x ctx_stride], [layers x ctx_stride x kv_dim] */
     int n_ctx;
     /* positions a key row holds: n_ctx rounded up to whole 128-byte lines, so no line holds two rows
-     * (the caches of the compute units are not coherent: see LINE_PAD in decode.cl) */
+     * (the caches of the compute units are not coherent: see LINE_PAD in kernels/opencl/token.cl) */
     int ctx_stride;
     /* TLLM_CL_PROFILE: per-kernel device times, summed over steps and printed by tllm_cl_free */
     int profile, n_events, prof_steps;
@@ -94,7 +94,7 @@ struct tllm_cl {
     int phases;
     cl_mem times;
     cl_ulong *times_host; /* TLLM_CL_PROFILE=phases: the step's `times`, read back (phase_times_len) */
-    int int8; /* the matvecs take int8 activations (XQ in decode.cl) */
+    int int8; /* the matvecs take int8 activations (XQ in kernels/opencl/common.cl) */
     double host_enqueue_s, host_wait_s;
     /* greedy steps enqueued and not yet read back (tllm_cl_step_enqueue), oldest at pend_head */
     struct cl_pending {

@@ -101,7 +101,7 @@ static int bind_matvec(struct tllm_cl *cl, struct cl_launch *L, const struct cl_
     return bind_end(&a, "matvec");
 }
 
-/* The arguments of the qkv kernel before the position (QKV_ARGS in decode.cl). */
+/* The arguments of the qkv kernel before the position (QKV_ARGS in kernels/opencl/matvec.cl). */
 static void qkv_args(struct tllm_cl *cl, struct args *a, int l, int tpr) {
     const struct tllm_model *m = cl->m;
     const struct tllm_config *c = &m->cfg;
@@ -300,13 +300,13 @@ void tllm_cl_pick_persistent(struct tllm_cl *cl) {
     cl->persistent = 1;
 }
 
-/* Entries of the `times` buffer of TLLM_CL_PROFILE=phases (see PHASE_MARK in decode.cl): when group 0
+/* Entries of the `times` buffer of TLLM_CL_PROFILE=phases (see PHASE_MARK in kernels/opencl/token.cl): when group 0
  * passes each grid barrier, and when each group arrives at it. */
 size_t tllm_cl_phase_times_len(const struct tllm_cl *cl) {
     return (4 + 5 * (size_t)cl->m->cfg.n_layers) * (1 + (size_t)cl->persist_groups);
 }
 
-/* The token kernel's descriptor table (see decode.cl) and its per-layer activations. */
+/* The token kernel's descriptor table (see kernels/opencl/token.cl) and its per-layer activations. */
 int tllm_cl_token_buffers(struct tllm_cl *cl) {
     const struct tllm_model *m = cl->m;
     const struct tllm_config *c = &m->cfg;

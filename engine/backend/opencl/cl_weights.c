@@ -146,7 +146,7 @@ int tllm_cl_device_buffer(struct tllm_cl *cl, cl_mem *out, size_t n, const char 
     return TLLM_OK;
 }
 
-/* FFN_FUSED, ATT_FUSED: every layer's o_proj and down_proj again, as blocks_times in decode.cl reads
+/* FFN_FUSED, ATT_FUSED: every layer's o_proj and down_proj again, as blocks_times in kernels/opencl/matvec.cl reads
  * them (BT_BYTES there): for each block of 32 inputs, every row's 16 bytes of codes, then the scales
  * [group][row] and the biases, so the blocks a work-group multiplies are contiguous. (The arena keeps
  * the row-major copies for the one-kernel-per-step path.) */
