@@ -42,11 +42,11 @@ static void parse_list(const char *flag, const char *s, int *out, int *n, int lo
 }
 
 static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen, int32_t *ids, float *logits, int sync) {
-    tllm_ctx_reset(&s->ctx);
-    if (depth > 0 && tllm_ctx_forward(&s->ctx, ids, depth, NULL, TLLM_LOGITS_NONE)) cli_die_lib();
+    tllm_ctx_reset(s->ctx);
+    if (depth > 0 && tllm_ctx_forward(s->ctx, ids, depth, NULL, TLLM_LOGITS_NONE)) cli_die_lib();
     double t0 = tllm_now();
     if (n_prompt > 0) {
-        if (tllm_ctx_forward(&s->ctx, ids + depth, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
+        if (tllm_ctx_forward(s->ctx, ids + depth, n_prompt, logits, TLLM_LOGITS_LAST)) cli_die_lib();
         return (double)n_prompt / (tllm_now() - t0);
     }
     /* decode as greedy generation does (tllm_generate): each token the argmax of the last one's logits
@@ -55,12 +55,12 @@ static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen
     int32_t next = ids[depth];
     if (sync) {
         for (int i = 0; i < n_gen; i++)
-            if (tllm_ctx_decode_argmax(&s->ctx, next, &next)) cli_die_lib();
+            if (tllm_ctx_decode_argmax(s->ctx, next, &next)) cli_die_lib();
     } else if (n_gen > 0) {
-        if (tllm_ctx_greedy_push(&s->ctx, next)) cli_die_lib();
+        if (tllm_ctx_greedy_push(s->ctx, next)) cli_die_lib();
         for (int i = 1; i < n_gen; i++)
-            if (tllm_ctx_greedy_push(&s->ctx, -1) || tllm_ctx_greedy_pop(&s->ctx, &next)) cli_die_lib();
-        if (tllm_ctx_greedy_pop(&s->ctx, &next)) cli_die_lib();
+            if (tllm_ctx_greedy_push(s->ctx, -1) || tllm_ctx_greedy_pop(s->ctx, &next)) cli_die_lib();
+        if (tllm_ctx_greedy_pop(s->ctx, &next)) cli_die_lib();
     }
     (void)logits;
     return (double)n_gen / (tllm_now() - t0);
@@ -115,7 +115,7 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "decode on %s, %d kernel launch%s per token%s, %s activations; prefill on %d CPU threads\n",
                 cli_session_backend(&s), n, n == 1 ? "" : "es", grid, info.int8 ? "int8" : "float32", th[0]);
     }
-    if (max_len > s.ctx.n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx.n_ctx);
+    if (max_len > s.ctx->n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx->n_ctx);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);
     float *logits = malloc((size_t)s.m->cfg.vocab_size * sizeof(float));
     uint64_t rng = 42;
@@ -128,8 +128,8 @@ int cmd_bench(int argc, char **argv) {
     int n_res = 0;
     for (int ti = 0; ti < n_th; ti++) {
         if (tllm_threadpool_size() != th[ti]) { /* the context's scratch depends on the pool size */
-            tllm_ctx_free(&s.ctx);
-            if (tllm_threadpool_start(th[ti]) || tllm_ctx_init(&s.ctx, s.m, mo.n_ctx, 0)) cli_die_lib();
+            tllm_ctx_free(s.ctx);
+            if (tllm_threadpool_start(th[ti]) || tllm_ctx_init(s.ctx, s.m, mo.n_ctx, 0)) cli_die_lib();
             cli_session_attach_device(&s);
         }
         for (int kind = 0; kind < 2; kind++)
@@ -167,7 +167,7 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "backend", json_object_new_string(s.dev ? "OpenCL" : "CPU"));
             json_object_object_add(o, "backends", json_object_new_string(cli_session_backend(&s)));
             json_object_object_add(o, "n_threads", json_object_new_int(r->threads));
-            json_object_object_add(o, "n_batch", json_object_new_int(s.ctx.n_batch));
+            json_object_object_add(o, "n_batch", json_object_new_int(s.ctx->n_batch));
             json_object_object_add(o, "n_prompt", json_object_new_int(r->n_prompt));
             json_object_object_add(o, "n_gen", json_object_new_int(r->n_gen));
             json_object_object_add(o, "n_depth", json_object_new_int(r->depth));

@@ -38,8 +38,7 @@ struct chat {
     char *system;                      /* NULL: the template's default */
     char *role[CHAT_MAX_MSGS], *content[CHAT_MAX_MSGS];
     int n;                             /* messages after the system prompt */
-    struct tllm_ids cached;            /* the tokens in the KV cache, in order */
-    struct tllm_gen_result last;
+    struct tllm_stats last;            /* of the last reply */
     int have_last;
 };
 
@@ -77,8 +76,7 @@ static void drop_msgs(struct chat *c, int k) { /* drop the k oldest messages */
 
 static void reset(struct chat *c) {
     drop_msgs(c, c->n);
-    c->cached.len = 0;
-    tllm_ctx_reset(&c->s.ctx);
+    tllm_session_reset(c->s.ss);
 }
 
 static int encode_conversation(struct chat *c, struct tllm_ids *out) {
@@ -111,52 +109,39 @@ static void turn(struct chat *c, const char *user_text) {
             tllm_ids_free(&ids);
             return;
         }
-        if ((int)ids.len + reserve <= c->s.ctx.n_ctx || c->n <= 1) break;
+        if ((int)ids.len + reserve <= c->s.ctx->n_ctx || c->n <= 1) break;
         drop_msgs(c, c->n >= 3 ? 2 : 1); /* the oldest exchange; the system prompt stays */
         dropped++;
     }
     if (dropped)
         fprintf(stderr, "[context full: dropped the %d oldest message%s]\n", dropped * 2, dropped > 1 ? "s" : "");
-    if ((int)ids.len >= c->s.ctx.n_ctx) {
+    if ((int)ids.len >= c->s.ctx->n_ctx) {
         fprintf(stderr, "tllm: this message alone (%zu tokens) does not fit in the context (%d); use -c\n", ids.len,
-                c->s.ctx.n_ctx);
+                c->s.ctx->n_ctx);
         reset(c);
         tllm_ids_free(&ids);
         return;
     }
-    /* reuse the cached prefix (keep at least one token to prefill, for the logits) */
-    size_t common = 0;
-    while (common < c->cached.len && common < ids.len && c->cached.data[common] == ids.data[common]) common++;
-    if (common == ids.len) common--;
-    tllm_ctx_truncate(&c->s.ctx, (int)common);
-    c->cached.len = common;
-
-    struct tllm_sampler smp;
-    if (tllm_sampler_init(&smp, &c->sp, c->s.m->cfg.vocab_size)) cli_die_lib();
-    for (size_t i = 0; i < common; i++) tllm_sampler_accept(&smp, ids.data[i]);
-    struct tllm_gen_params gp = {.max_new = c->max_new, .eos = c->s.gd.eos, .n_eos = c->s.gd.n_eos,
-                                 .stop = c->stop, .n_stop = c->n_stop, .skip_special = 1};
-    if (c->have_last) tllm_gen_result_free(&c->last);
+    /* the session computes only what follows the longest prefix its cache holds */
+    struct tllm_generate_params gp = {.sampling = c->sp, .max_tokens = c->max_new, .stop = c->stop, .n_stop = c->n_stop,
+                                      .skip_special = 1};
+    char *reply = NULL;
     stop_reply = 0;
     generating = 1;
-    int rc = tllm_generate(&c->s.ctx, c->s.tok, &smp, ids.data + common, (int)(ids.len - common), &gp, print_piece,
-                           NULL, &c->last);
+    int rc = tllm_session_complete_ids(c->s.ss, ids.data, ids.len, &gp, print_piece, NULL, &reply, NULL, NULL, &c->last);
     generating = 0;
-    c->have_last = 1;
-    tllm_sampler_free(&smp);
     putchar('\n');
     if (rc) {
         fprintf(stderr, "tllm: %s\n", tllm_errmsg());
         c->n--;
         reset(c);
     } else {
+        c->have_last = 1;
         if (c->last.finish == TLLM_FINISH_INTERRUPTED) fprintf(stderr, "[stopped]\n");
         if (c->last.finish == TLLM_FINISH_CONTEXT) fprintf(stderr, "[context full: reply cut short]\n");
-        add_msg(c, "assistant", c->last.text.data);
-        tllm_ids_append(&c->cached, ids.data + common, ids.len - common);
-        tllm_ids_append(&c->cached, c->last.ids.data, c->last.ids.len);
-        if ((int)c->cached.len > c->s.ctx.pos) c->cached.len = (size_t)c->s.ctx.pos;
+        add_msg(c, "assistant", reply);
     }
+    tllm_free(reply);
     tllm_ids_free(&ids);
 }
 
@@ -219,12 +204,13 @@ static void stats(const struct chat *c) {
         fprintf(stderr, "no reply yet\n");
         return;
     }
-    const struct tllm_gen_result *r = &c->last;
-    fprintf(stderr, "last reply: prompt %d new tokens (%.1f tok/s), %zu generated (%.1f tok/s), %s; context %d/%d tokens; "
+    const struct tllm_stats *r = &c->last;
+    int n_new = r->n_prompt - r->n_reused;
+    fprintf(stderr, "last reply: prompt %d new tokens (%.1f tok/s), %d generated (%.1f tok/s), %s; context %d/%d tokens; "
             "peak memory %.0f MiB\n",
-            r->n_prompt, r->prompt_secs > 0 ? r->n_prompt / r->prompt_secs : 0, r->ids.len,
-            r->gen_secs > 0 ? (double)r->ids.len / r->gen_secs : 0, tllm_finish_name(r->finish), c->s.ctx.pos,
-            c->s.ctx.n_ctx, (double)tllm_peak_rss() / (1 << 20));
+            n_new, r->prompt_secs > 0 ? n_new / r->prompt_secs : 0, r->n_generated,
+            r->gen_secs > 0 ? r->n_generated / r->gen_secs : 0, tllm_finish_name(r->finish), c->s.ctx->pos,
+            c->s.ctx->n_ctx, (double)tllm_peak_rss() / (1 << 20));
 }
 
 /* Read one (possibly multi-line) message; NULL on EOF. */
@@ -300,7 +286,7 @@ int cmd_chat(int argc, char **argv) {
         rl_catch_signals = 0;
         sigaction(SIGINT, &sa, NULL);
         fprintf(stderr, "tllm chat: %s (%d layers, context %d). /help for commands, Ctrl-C stops a reply, Ctrl-D leaves.\n",
-                mo.dir, c.s.m->cfg.n_layers, c.s.ctx.n_ctx);
+                mo.dir, c.s.m->cfg.n_layers, c.s.ctx->n_ctx);
         char *msg;
         while ((msg = read_message())) {
             char *p = msg;
@@ -336,8 +322,6 @@ int cmd_chat(int argc, char **argv) {
     }
     reset(&c);
     free(c.system);
-    tllm_ids_free(&c.cached);
-    if (c.have_last) tllm_gen_result_free(&c.last);
     cli_session_close(&c.s);
     return 0;
 }

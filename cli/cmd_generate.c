@@ -85,10 +85,10 @@ static int run_one(struct cli_session *s, const struct tllm_sampler_params *sp, 
     struct tllm_sampler smp;
     memset(r, 0, sizeof *r); /* freeable even when we fail before generating */
     if (tllm_sampler_init(&smp, sp, s->m->cfg.vocab_size)) return -1;
-    tllm_ctx_reset(&s->ctx);
-    struct tllm_gen_params gp = {.max_new = max_new, .eos = s->gd.eos, .n_eos = s->gd.n_eos, .stop = stop,
+    tllm_ctx_reset(s->ctx);
+    struct tllm_gen_params gp = {.max_new = max_new, .eos = s->gd->eos, .n_eos = s->gd->n_eos, .stop = stop,
                                  .n_stop = n_stop, .skip_special = 1};
-    int rc = tllm_generate(&s->ctx, s->tok, &smp, prompt->data, (int)prompt->len, &gp, cb, NULL, r);
+    int rc = tllm_generate(s->ctx, s->tok, &smp, prompt->data, (int)prompt->len, &gp, cb, NULL, r);
     tllm_sampler_free(&smp);
     return rc;
 }
@@ -277,7 +277,7 @@ int cmd_generate(int argc, char **argv) {
             for (size_t i = 0; i < r.ids.len; i++) printf(i ? ",%d" : "%d", r.ids.data[i]);
         }
         putchar('\n');
-        if (r.finish == TLLM_FINISH_CONTEXT) fprintf(stderr, "tllm: the context is full (%d tokens); use -c to enlarge it\n", s.ctx.n_ctx);
+        if (r.finish == TLLM_FINISH_CONTEXT) fprintf(stderr, "tllm: the context is full (%d tokens); use -c to enlarge it\n", s.ctx->n_ctx);
         print_stats(&s, &r);
     }
     tllm_gen_result_free(&r);

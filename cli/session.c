@@ -1,17 +1,10 @@
 #include "cli/session.h"
 
-#include "engine/backend/backend.h"
-
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
-#include "engine/load/checkpoint.h"
-#include "engine/convert/convert.h"
 #include "engine/base/error.h"
-#include "engine/base/threadpool.h"
-#include "kernels/cpu/qmatmul.h"
 
 const char cli_model_opts_help[] =
     "model options:\n"
@@ -77,7 +70,7 @@ int cli_sampling_opt(int argc, char **argv, int *i, struct cli_sampling *s) {
 }
 
 struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, const struct cli_sampling *c) {
-    struct tllm_sampler_params p = s->gd.sampler;
+    struct tllm_sampler_params p = s->gd->sampler;
     if (c->set & SET_TEMP) p.temperature = c->p.temperature;
     if (c->set & SET_TOPK) p.top_k = c->p.top_k;
     if (c->set & SET_TOPP) p.top_p = c->p.top_p;
@@ -93,74 +86,56 @@ struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, con
 /* --device: a failure to start OpenCL is reported and the CPU takes over (auto stays quiet when
  * there is simply no GPU). */
 static void open_device(struct cli_session *s, const char *dev) {
-    int index;
-    if (!strcmp(dev, "cpu")) return;
-    if (!strcmp(dev, "auto")) index = -2;
+    int index, fell_back;
+    if (!strcmp(dev, "cpu")) index = -3;
+    else if (!strcmp(dev, "auto")) index = -2;
     else if (!strcmp(dev, "opencl")) index = -1;
     else if (!strncmp(dev, "opencl:", 7)) index = (int)cli_int("--device opencl:N", dev + 7, 0, 1000);
     else cli_die("--device: '%s' is not cpu, opencl, opencl:N or auto", dev);
-    int rc = tllm_backend_device_init(&s->dev, s->m, s->ctx.n_ctx, index);
-    if (rc) {
-        if (!(index == -2 && rc == TLLM_ERR_UNSUPPORTED)) fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
-        return;
-    }
-    tllm_ctx_use_device(&s->ctx, s->dev);
+    if (tllm_session_use_device(s->ss, index, &fell_back)) cli_die_lib();
+    if (fell_back) fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
+    s->dev = s->ss->dev;
 }
 
 void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_tok) {
     o->dir = cli_model_dir(o->dir);
     memset(s, 0, sizeof *s);
     double t0 = tllm_now();
-    if (tllm_threadpool_start(o->threads)) cli_die_lib();
-    if (tllm_model_load(o->dir, &s->m)) cli_die_lib();
-    if (o->quantize_bits && tllm_model_quantize(s->m, o->quantize_bits, o->quantize_group ? o->quantize_group : 64))
-        cli_die_lib();
-    if (!o->exact && tllm_model_pack(s->m)) cli_die_lib();
-    char *tj = tllm_path_join(o->dir, "tokenizer.json"), *tc = tllm_path_join(o->dir, "tokenizer_config.json");
-    if (access(tj, F_OK) == 0) {
-        if (tllm_tok_load(tj, &s->tok)) cli_die_lib();
-        if (tllm_tok_n_vocab(s->tok) > s->m->cfg.vocab_size)
-            cli_die("%s: the tokenizer has %d ids but the model's vocabulary is %d", tj, tllm_tok_n_vocab(s->tok),
-                    s->m->cfg.vocab_size);
-        if (!o->no_template && access(tc, F_OK) == 0 && tllm_chat_template_load(tc, &s->tpl)) cli_die_lib();
-    } else if (need_tok) {
-        cli_die("%s: no tokenizer.json (use --prompt-ids with checkpoints that have no tokenizer)", o->dir);
-    }
-    free(tj);
-    free(tc);
-    if (tllm_gen_defaults_load(o->dir, s->m, &s->gd)) cli_die_lib();
-    if (o->n_ctx > s->m->cfg.max_pos)
-        cli_die("-c %d: longer than the model's max_position_embeddings (%d)", o->n_ctx, s->m->cfg.max_pos);
-    int n_ctx = o->n_ctx ? o->n_ctx : (s->m->cfg.max_pos < 4096 ? s->m->cfg.max_pos : 4096);
-    if (tllm_ctx_init(&s->ctx, s->m, n_ctx, 0)) cli_die_lib();
+    struct tllm_engine_params ep = {.threads = o->threads, .quantize_bits = o->quantize_bits,
+                                    .group_size = o->quantize_group, .exact = o->exact, .no_template = o->no_template};
+    struct tllm_engine *e = calloc(1, sizeof *e);
+    if (!e || !(e->dir = strdup(o->dir))) cli_die("out of memory");
+    if (tllm_engine_load(e, o->dir, &ep)) cli_die_lib();
+    if (!e->tok && need_tok) cli_die("%s: no tokenizer.json (use --prompt-ids with checkpoints that have no tokenizer)", o->dir);
+    if (o->n_ctx > e->m->cfg.max_pos)
+        cli_die("-c %d: longer than the model's max_position_embeddings (%d)", o->n_ctx, e->m->cfg.max_pos);
+    struct tllm_session_params sp = {.n_ctx = o->n_ctx, .device = "cpu"};
+    if (tllm_session_open(e, &sp, &s->ss)) cli_die_lib();
+    s->e = e;
+    s->m = e->m;
+    s->tok = e->tok;
+    s->tpl = &e->tpl;
+    s->gd = &e->gd;
+    s->ctx = &s->ss->ctx;
     open_device(s, o->device ? o->device : "auto");
     s->load_secs = tllm_now() - t0;
 }
 
 void cli_session_attach_device(struct cli_session *s) {
-    if (s->dev) tllm_ctx_use_device(&s->ctx, s->dev);
+    if (s->dev) tllm_ctx_use_device(s->ctx, s->dev);
 }
 
-const char *cli_session_backend(const struct cli_session *s) {
-    static struct tllm_backend_info info;
-    if (!s->dev) return "CPU";
-    tllm_backend_describe(s->dev, &info);
-    return info.name;
-}
+const char *cli_session_backend(const struct cli_session *s) { return tllm_session_device(s->ss); }
 
 void cli_session_close(struct cli_session *s) {
-    tllm_ctx_free(&s->ctx);
-    tllm_backend_free(s->dev);
-    tllm_chat_template_free(&s->tpl);
-    tllm_tok_free(s->tok);
-    tllm_model_free(s->m);
-    tllm_threadpool_stop();
+    tllm_session_free(s->ss);
+    tllm_engine_free(s->e);
     memset(s, 0, sizeof *s);
 }
 
 int cli_encode_chat(struct cli_session *s, const struct tllm_chat_msg *msgs, int n, struct tllm_ids *out) {
     struct tllm_buf text = {0};
-    int rc = tllm_chat_render(&s->tpl, msgs, n, 1, &text);
+    int rc = tllm_chat_render(s->tpl, msgs, n, 1, &text);
     if (!rc) rc = tllm_tok_encode(s->tok, text.data, text.len, 1, out);
     tllm_buf_free(&text);
     return rc;

@@ -3,8 +3,7 @@
 #ifndef TLLM_CLI_SESSION_H
 #define TLLM_CLI_SESSION_H
 
-#include "engine/run/context.h"
-#include "engine/run/generate.h"
+#include "engine/api.h"
 #include "cli/prompt_line.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
@@ -34,12 +33,16 @@ int cli_sampling_opt(int argc, char **argv, int *i, struct cli_sampling *s);
 extern const char cli_model_opts_help[];
 extern const char cli_sampling_help[];
 
+/* An engine and a session of the public API (engine/tllm.h), with shortcuts to what is behind them
+ * for the parts the API does not cover (raw logits, benchmarks, batch files). */
 struct cli_session {
+    struct tllm_engine *e;
+    struct tllm_session *ss;
     struct tllm_model *m;
     struct tllm_tok *tok;            /* NULL when the directory has no tokenizer.json */
-    struct tllm_chat_template tpl;
-    struct tllm_gen_defaults gd;
-    struct tllm_ctx ctx;
+    struct tllm_chat_template *tpl;
+    struct tllm_gen_defaults *gd;
+    struct tllm_ctx *ctx;
     struct tllm_backend *dev;        /* the device decoding, or NULL (CPU) */
     double load_secs;
 };

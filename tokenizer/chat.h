@@ -4,6 +4,7 @@
 #define TLLM_CHAT_H
 
 #include "engine/base/buf.h"
+#include "engine/tllm.h" /* struct tllm_chat_msg */
 
 enum tllm_chat_kind {
     TLLM_CHAT_PLAIN,  /* no template: the contents joined by newlines */
@@ -15,10 +16,6 @@ struct tllm_chat_template {
     char *default_system; /* NULL: no system turn unless the messages have one */
 };
 
-struct tllm_chat_msg {
-    const char *role; /* "system", "user" or "assistant" */
-    const char *content;
-};
 
 /* Read the chat_template of tokenizer_config.json. A file without one gives TLLM_CHAT_PLAIN; a
  * template that is not ChatML is an error (callers may then choose the plain mode). */

@@ -7,6 +7,7 @@
 #include "engine/base/clock.h"
 #include "engine/run/context.h"
 #include "engine/run/sampler.h"
+#include "engine/tllm.h" /* enum tllm_finish, tllm_gen_cb */
 
 struct tllm_tok;
 
@@ -31,14 +32,6 @@ struct tllm_gen_params {
     int skip_special;          /* leave special tokens out of the text */
 };
 
-enum tllm_finish {
-    TLLM_FINISH_STOP,        /* an EOS token or a stop string */
-    TLLM_FINISH_LENGTH,      /* max_new tokens */
-    TLLM_FINISH_CONTEXT,     /* the KV cache is full */
-    TLLM_FINISH_INTERRUPTED, /* the callback asked to stop */
-};
-const char *tllm_finish_name(enum tllm_finish f); /* "stop", "length", "length", "interrupted" */
-
 struct tllm_gen_result {
     struct tllm_ids ids;   /* generated ids (EOS excluded) */
     struct tllm_buf text;  /* generated text (stop string excluded) */
@@ -47,8 +40,6 @@ struct tllm_gen_result {
     double prompt_secs, gen_secs;
 };
 
-/* Called with each piece of text as it becomes final; return non-zero to stop generating. */
-typedef int (*tllm_gen_cb)(const char *text, size_t len, void *user);
 
 /* Feed `prompt` after what ctx already holds, then generate. tok may be NULL (ids only; the text
  * stays empty and stop strings are ignored). Fails (TLLM_ERR_LIMIT) if the prompt does not fit. */

@@ -6,20 +6,7 @@
 
 #include <stdint.h>
 
-struct tllm_sampler_params {
-    float temperature;       /* <= 0: greedy */
-    int top_k;               /* 0: off */
-    float top_p;             /* 1: off */
-    float min_p;             /* 0: off */
-    float repeat_penalty;    /* 1: off (HF: divide positive logits, multiply negative ones) */
-    int repeat_last_n;       /* window of recent tokens the penalties look at */
-    float presence_penalty;  /* 0: off (OpenAI: minus this for every token present in the window) */
-    float frequency_penalty; /* 0: off (minus this times the token's count in the window) */
-    uint64_t seed;
-};
-
-/* temperature 0 (greedy), no penalties, window 64. */
-struct tllm_sampler_params tllm_sampler_defaults(void);
+#include "engine/tllm.h" /* struct tllm_sampler_params, tllm_sampler_defaults */
 
 struct tllm_sampler_cand {
     int32_t id;

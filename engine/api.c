@@ -1,0 +1,284 @@
+/* The public API (engine/tllm.h) over the engine's modules: an engine is a loaded model with its
+ * tokenizer, chat template and generation defaults; a session is a context (KV cache) with the device
+ * that decodes for it and the tokens its cache holds, so a prompt that repeats an earlier one's
+ * beginning computes only the rest. */
+#include "engine/api.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/base/error.h"
+#include "engine/base/threadpool.h"
+#include "engine/convert/convert.h"
+#include "engine/load/checkpoint.h"
+#include "engine/load/model_path.h"
+
+#define DEFAULT_MAX_TOKENS 256
+#define DEFAULT_N_CTX 4096
+
+void tllm_free(void *p) { free(p); }
+
+int tllm_engine_open(const char *model, const struct tllm_engine_params *params, struct tllm_engine **out) {
+    static const struct tllm_engine_params defaults = {0};
+    const struct tllm_engine_params *p = params ? params : &defaults;
+    *out = NULL;
+    if (p->quantize_bits && p->quantize_bits != 2 && p->quantize_bits != 4 && p->quantize_bits != 8)
+        return tllm_fail(TLLM_ERR_ARG, "quantize_bits %d: 2, 4 or 8", p->quantize_bits);
+    struct tllm_engine *e = calloc(1, sizeof *e);
+    if (!e) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    enum tllm_model_origin origin;
+    int rc = tllm_model_locate(model, &e->dir, &origin);
+    if (!rc) rc = tllm_engine_load(e, e->dir, p);
+    if (rc) {
+        tllm_engine_free(e);
+        return rc;
+    }
+    *out = e;
+    return TLLM_OK;
+}
+
+int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_engine_params *p) {
+    int rc;
+    if ((rc = tllm_threadpool_start(p->threads))) return rc;
+    e->pool = 1;
+    if ((rc = tllm_model_load(dir, &e->m))) return rc;
+    if (p->quantize_bits && (rc = tllm_model_quantize(e->m, p->quantize_bits, p->group_size ? p->group_size : 64))) return rc;
+    if (!p->exact && (rc = tllm_model_pack(e->m))) return rc;
+    char *tj = tllm_path_join(dir, "tokenizer.json"), *tc = tllm_path_join(dir, "tokenizer_config.json");
+    if (!tj || !tc) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    else if (access(tj, F_OK) == 0) {
+        if (!(rc = tllm_tok_load(tj, &e->tok)) && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
+            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", tj,
+                           tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
+        if (!rc && !p->no_template && access(tc, F_OK) == 0) rc = tllm_chat_template_load(tc, &e->tpl);
+    }
+    free(tj);
+    free(tc);
+    if (!rc) rc = tllm_gen_defaults_load(dir, e->m, &e->gd);
+    return rc;
+}
+
+void tllm_engine_free(struct tllm_engine *e) {
+    if (!e) return;
+    tllm_chat_template_free(&e->tpl);
+    tllm_tok_free(e->tok);
+    tllm_model_free(e->m);
+    if (e->pool) tllm_threadpool_stop();
+    free(e->dir);
+    free(e);
+}
+
+const char *tllm_engine_dir(const struct tllm_engine *e) { return e->dir; }
+int tllm_engine_vocab_size(const struct tllm_engine *e) { return e->m->cfg.vocab_size; }
+int tllm_engine_max_context(const struct tllm_engine *e) { return e->m->cfg.max_pos; }
+int tllm_engine_has_tokenizer(const struct tllm_engine *e) { return e->tok != NULL; }
+
+static int need_tokenizer(const struct tllm_engine *e) {
+    return e->tok ? TLLM_OK : tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: no tokenizer.json", e->dir);
+}
+
+/* A buffer's bytes handed over to the caller (NUL-terminated, "" when empty) */
+static char *take_text(struct tllm_buf *b) {
+    if (!b->data && tllm_buf_append(b, "", 0)) return NULL;
+    char *t = b->data;
+    memset(b, 0, sizeof *b);
+    return t;
+}
+
+int tllm_tokenize(const struct tllm_engine *e, const char *text, size_t len, int parse_special, int32_t **ids,
+                  size_t *n_ids) {
+    *ids = NULL, *n_ids = 0;
+    int rc = need_tokenizer(e);
+    struct tllm_ids a = {0};
+    if (!rc) rc = tllm_tok_encode(e->tok, text, len, parse_special, &a);
+    if (rc) {
+        tllm_ids_free(&a);
+        return rc;
+    }
+    *ids = a.data, *n_ids = a.len;
+    return TLLM_OK;
+}
+
+int tllm_detokenize(const struct tllm_engine *e, const int32_t *ids, size_t n_ids, int skip_special, char **text,
+                    size_t *len) {
+    *text = NULL;
+    if (len) *len = 0;
+    int rc = need_tokenizer(e);
+    struct tllm_buf b = {0};
+    if (!rc) rc = tllm_tok_decode(e->tok, ids, n_ids, skip_special, &b);
+    size_t n = b.len;
+    if (!rc && !(*text = take_text(&b))) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    tllm_buf_free(&b);
+    if (!rc && len) *len = n;
+    return rc;
+}
+
+int tllm_chat_apply(const struct tllm_engine *e, const struct tllm_chat_msg *msgs, int n, int add_generation_prompt,
+                    char **text) {
+    *text = NULL;
+    struct tllm_buf b = {0};
+    int rc = n < 0 ? tllm_fail(TLLM_ERR_ARG, "%d messages", n) : tllm_chat_render(&e->tpl, msgs, n, add_generation_prompt, &b);
+    if (!rc && !(*text = take_text(&b))) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    tllm_buf_free(&b);
+    return rc;
+}
+
+/* "cpu", "auto", "opencl", "opencl:N" as tllm_backend_device_init's index (-3: the CPU) */
+static int device_index(const char *spec, int *index) {
+    if (!spec || !strcmp(spec, "auto")) *index = -2;
+    else if (!strcmp(spec, "cpu")) *index = -3;
+    else if (!strcmp(spec, "opencl")) *index = -1;
+    else if (!strncmp(spec, "opencl:", 7) && spec[7] >= '0' && spec[7] <= '9' && strlen(spec + 7) <= 4 &&
+             strspn(spec + 7, "0123456789") == strlen(spec + 7))
+        *index = atoi(spec + 7);
+    else return tllm_fail(TLLM_ERR_ARG, "device '%s' is not cpu, opencl, opencl:N or auto", spec);
+    return TLLM_OK;
+}
+
+int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *params, struct tllm_session **out) {
+    static const struct tllm_session_params defaults = {0};
+    const struct tllm_session_params *p = params ? params : &defaults;
+    *out = NULL;
+    int index = -2, rc = device_index(p->device, &index);
+    if (rc) return rc;
+    int max = e->m->cfg.max_pos;
+    if (p->n_ctx < 0 || p->n_ctx > max)
+        return tllm_fail(TLLM_ERR_ARG, "n_ctx %d: longer than the model's max_position_embeddings (%d)", p->n_ctx, max);
+    struct tllm_session *s = calloc(1, sizeof *s);
+    if (!s) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    s->e = e;
+    int n_ctx = p->n_ctx ? p->n_ctx : (max < DEFAULT_N_CTX ? max : DEFAULT_N_CTX);
+    if ((rc = tllm_ctx_init(&s->ctx, e->m, n_ctx, 0))) {
+        free(s);
+        return rc;
+    }
+    if ((rc = tllm_session_use_device(s, index, NULL))) {
+        tllm_session_free(s);
+        return rc;
+    }
+    *out = s;
+    return TLLM_OK;
+}
+
+int tllm_session_use_device(struct tllm_session *s, int index, int *fell_back) {
+    if (fell_back) *fell_back = 0;
+    tllm_ctx_use_device(&s->ctx, NULL);
+    tllm_backend_free(s->dev);
+    s->dev = NULL;
+    if (index == -3) return TLLM_OK;
+    int rc = tllm_backend_device_init(&s->dev, s->e->m, s->ctx.n_ctx, index);
+    if (rc == TLLM_ERR_UNSUPPORTED && index == -2) return TLLM_OK; /* auto, and no GPU: the CPU */
+    if (rc && fell_back) { /* the caller runs on the CPU after saying why */
+        *fell_back = 1;
+        return TLLM_OK;
+    }
+    if (rc) return rc;
+    tllm_ctx_use_device(&s->ctx, s->dev);
+    return TLLM_OK;
+}
+
+void tllm_session_free(struct tllm_session *s) {
+    if (!s) return;
+    tllm_ctx_free(&s->ctx);
+    tllm_backend_free(s->dev);
+    tllm_ids_free(&s->cached);
+    free(s);
+}
+
+void tllm_session_reset(struct tllm_session *s) {
+    tllm_ctx_reset(&s->ctx);
+    s->cached.len = 0;
+}
+
+const char *tllm_session_device(const struct tllm_session *s) {
+    struct tllm_session *w = (struct tllm_session *)s; /* the name is kept for the caller */
+    if (!s->dev) return "CPU";
+    tllm_backend_describe(s->dev, &w->info);
+    return w->info.name;
+}
+
+int tllm_session_n_ctx(const struct tllm_session *s) { return s->ctx.n_ctx; }
+int tllm_session_n_cached(const struct tllm_session *s) { return s->ctx.pos; }
+
+void tllm_generate_params_default(const struct tllm_engine *e, struct tllm_generate_params *p) {
+    memset(p, 0, sizeof *p);
+    p->sampling = e->gd.sampler;
+    p->max_tokens = DEFAULT_MAX_TOKENS;
+    p->skip_special = 1;
+}
+
+/* How many of the prompt's first tokens the cache holds already (at least one token is left to
+ * compute: its logits start the generation) */
+static size_t reusable(const struct tllm_session *s, const int32_t *prompt, size_t n) {
+    size_t common = 0, held = s->cached.len < (size_t)s->ctx.pos ? s->cached.len : (size_t)s->ctx.pos;
+    while (common < held && common < n && s->cached.data[common] == prompt[common]) common++;
+    return common == n ? n - 1 : common;
+}
+
+int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, size_t n_prompt,
+                              const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
+                              int32_t **ids, size_t *n_ids, struct tllm_stats *stats) {
+    if (text) *text = NULL;
+    if (ids) *ids = NULL, *n_ids = 0;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (n_prompt == 0) return tllm_fail(TLLM_ERR_ARG, "the prompt is empty");
+    if (n_prompt > (size_t)s->ctx.n_ctx)
+        return tllm_fail(TLLM_ERR_LIMIT, "the prompt (%zu tokens) does not fit in the context (%d tokens)", n_prompt,
+                         s->ctx.n_ctx);
+    struct tllm_sampler smp;
+    int rc = tllm_sampler_init(&smp, &p->sampling, s->e->m->cfg.vocab_size);
+    if (rc) return rc;
+    size_t common = reusable(s, prompt, n_prompt);
+    tllm_ctx_truncate(&s->ctx, (int)common);
+    s->cached.len = common;
+    for (size_t i = 0; i < common; i++) tllm_sampler_accept(&smp, prompt[i]); /* the penalties see them */
+    struct tllm_gen_params gp = {.max_new = p->max_tokens, .eos = s->e->gd.eos, .n_eos = s->e->gd.n_eos,
+                                 .stop = p->stop, .n_stop = p->n_stop, .skip_special = p->skip_special};
+    struct tllm_gen_result r;
+    rc = tllm_generate(&s->ctx, s->e->tok, &smp, prompt + common, (int)(n_prompt - common), &gp, cb, user, &r);
+    tllm_sampler_free(&smp);
+    /* the cache holds the prompt and then the generated ids it was fed, in order */
+    if (!rc) rc = tllm_ids_append(&s->cached, prompt + common, n_prompt - common);
+    if (!rc) rc = tllm_ids_append(&s->cached, r.ids.data, r.ids.len);
+    if ((int)s->cached.len > s->ctx.pos) s->cached.len = (size_t)s->ctx.pos;
+    if (!rc && stats) {
+        stats->n_prompt = (int)n_prompt;
+        stats->n_reused = (int)common;
+        stats->n_generated = (int)r.ids.len;
+        stats->prompt_secs = r.prompt_secs;
+        stats->gen_secs = r.gen_secs;
+        stats->finish = r.finish;
+    }
+    if (!rc && text && !(*text = take_text(&r.text))) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    if (!rc && ids) {
+        *n_ids = r.ids.len;
+        *ids = r.ids.data;
+        memset(&r.ids, 0, sizeof r.ids);
+    }
+    tllm_gen_result_free(&r);
+    if (rc && text) free(*text), *text = NULL;
+    return rc;
+}
+
+int tllm_session_complete(struct tllm_session *s, const char *prompt, const struct tllm_generate_params *p,
+                          tllm_gen_cb cb, void *user, char **text, struct tllm_stats *stats) {
+    int32_t *ids;
+    size_t n;
+    int rc = tllm_tokenize(s->e, prompt, strlen(prompt), 1, &ids, &n);
+    if (rc) return rc;
+    rc = tllm_session_complete_ids(s, ids, n, p, cb, user, text, NULL, NULL, stats);
+    free(ids);
+    return rc;
+}
+
+int tllm_session_chat(struct tllm_session *s, const struct tllm_chat_msg *msgs, int n,
+                      const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
+                      struct tllm_stats *stats) {
+    char *prompt;
+    int rc = need_tokenizer(s->e);
+    if (rc || (rc = tllm_chat_apply(s->e, msgs, n, 1, &prompt))) return rc;
+    rc = tllm_session_complete(s, prompt, p, cb, user, text, stats);
+    free(prompt);
+    return rc;
+}

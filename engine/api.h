@@ -1,0 +1,40 @@
+/* What is behind the public API's handles (engine/tllm.h), for the API's implementation and for the
+ * CLI, which reaches the parts the API does not cover (raw logits, benchmarks, the batch writer). */
+#ifndef TLLM_API_H
+#define TLLM_API_H
+
+#include "engine/backend/backend.h"
+#include "engine/base/buf.h"
+#include "engine/load/model.h"
+#include "engine/run/context.h"
+#include "engine/run/generate.h"
+#include "engine/tllm.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+struct tllm_engine {
+    char *dir;                     /* the model directory */
+    struct tllm_model *m;
+    struct tllm_tok *tok;          /* NULL when the directory has no tokenizer.json */
+    struct tllm_chat_template tpl; /* plain when there is none (or no_template) */
+    struct tllm_gen_defaults gd;   /* generation_config.json */
+    int pool;                      /* this engine started the thread pool */
+};
+
+struct tllm_session {
+    struct tllm_engine *e;
+    struct tllm_ctx ctx;           /* the sequence's place in its KV cache */
+    struct tllm_backend *dev;      /* the device decoding, or NULL (the CPU) */
+    struct tllm_ids cached;        /* the tokens in the KV cache, in order (a prefix of them may be short) */
+    struct tllm_backend_info info; /* for tllm_session_device */
+};
+
+/* tllm_engine_open's work once the directory is known (e->dir is not touched) */
+int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_engine_params *p);
+
+/* Decode on device `index` (as tllm_backend_device_init's; -3: the CPU). With fell_back != NULL a
+ * device that cannot start leaves the CPU in charge with *fell_back = 1 and the reason in tllm_errmsg();
+ * auto (-2) without a GPU is the CPU quietly. */
+int tllm_session_use_device(struct tllm_session *s, int index, int *fell_back);
+
+#endif

@@ -1,0 +1,180 @@
+/* tllm: the C API of a small inference engine for Qwen2 / Qwen2.5 models.
+ *
+ *     struct tllm_engine *e;                 // weights, tokenizer, chat template
+ *     struct tllm_session *s;                // one sequence: its KV cache, on the CPU or a GPU
+ *     if (tllm_engine_open("DIR or owner/name", NULL, &e) ||
+ *         tllm_session_open(e, NULL, &s)) { fprintf(stderr, "%s\n", tllm_errmsg()); return 1; }
+ *     struct tllm_generate_params p;
+ *     tllm_generate_params_default(e, &p);
+ *     struct tllm_chat_msg msg = {"user", "What does tar do?"};
+ *     tllm_session_chat(s, &msg, 1, &p, print_piece, NULL, NULL, NULL);
+ *     tllm_session_free(s);
+ *     tllm_engine_free(e);
+ *
+ * Build with `pkg-config --cflags --libs tllm`. Every function that can fail returns a status
+ * (TLLM_OK = 0) and leaves a one-line message for tllm_errmsg(); none exits the process. Strings and
+ * arrays the library hands out are freed with tllm_free(). One engine at a time per process (the CPU
+ * thread pool is the process's); an engine may have several sessions, used from one thread. */
+#ifndef TLLM_H
+#define TLLM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TLLM_VERSION "0.4.0"
+
+/* ---- errors ---- */
+
+enum tllm_status {
+    TLLM_OK = 0,
+    TLLM_ERR_IO,          /* a file could not be opened, read or mapped */
+    TLLM_ERR_FORMAT,      /* a file's contents are malformed or inconsistent */
+    TLLM_ERR_UNSUPPORTED, /* well-formed, but something this engine does not do */
+    TLLM_ERR_ARG,         /* a bad argument from the caller / command line */
+    TLLM_ERR_NOMEM,       /* an allocation failed or a size is past our limits */
+    TLLM_ERR_LIMIT,       /* context full, or another run-time limit reached */
+};
+
+/* The last failure's message on this thread ("" if none), e.g. "DIR/config.json: no such file". */
+const char *tllm_errmsg(void);
+
+/* What tllm hands out (token arrays, text) */
+void tllm_free(void *p);
+
+/* ---- sampling ---- */
+
+struct tllm_sampler_params {
+    float temperature;       /* <= 0: greedy */
+    int top_k;               /* 0: off */
+    float top_p;             /* 1: off */
+    float min_p;             /* 0: off */
+    float repeat_penalty;    /* 1: off (HF: divide positive logits, multiply negative ones) */
+    int repeat_last_n;       /* window of recent tokens the penalties look at */
+    float presence_penalty;  /* 0: off (OpenAI: minus this for every token present in the window) */
+    float frequency_penalty; /* 0: off (minus this times the token's count in the window) */
+    uint64_t seed;
+};
+
+/* temperature 0 (greedy), no penalties, window 64. */
+struct tllm_sampler_params tllm_sampler_defaults(void);
+
+/* ---- a model ---- */
+
+struct tllm_engine;
+
+struct tllm_engine_params {
+    int threads;        /* CPU threads; 0: the physical cores */
+    int quantize_bits;  /* quantize a bf16/f16 checkpoint as it loads: 2, 4 or 8; 0: as stored */
+    int group_size;     /* of that quantization; 0: 64 */
+    int exact;          /* float32 activations in every matmul (transformers' numbers; slower) */
+    int no_template;    /* ignore the checkpoint's chat template (plain prompts) */
+};
+
+/* model: a checkpoint directory (config.json + safetensors [+ tokenizer.json]), a Hugging Face repo id
+ * "owner/name[@revision]" found in the local hub cache (nothing is downloaded), or NULL for
+ * $TLLM_MODEL, else the bundled demo model. params NULL: all defaults (zeros). */
+int tllm_engine_open(const char *model, const struct tllm_engine_params *params, struct tllm_engine **out);
+void tllm_engine_free(struct tllm_engine *e);
+const char *tllm_engine_dir(const struct tllm_engine *e); /* the directory loaded */
+int tllm_engine_vocab_size(const struct tllm_engine *e);
+int tllm_engine_max_context(const struct tllm_engine *e); /* max_position_embeddings */
+int tllm_engine_has_tokenizer(const struct tllm_engine *e);
+
+/* ---- text ---- */
+
+/* Token ids of text (special tokens such as <|im_start|> parsed when parse_special). *ids: tllm_free. */
+int tllm_tokenize(const struct tllm_engine *e, const char *text, size_t len, int parse_special, int32_t **ids,
+                  size_t *n_ids);
+/* The text of ids (NUL-terminated; special tokens left out when skip_special). *text: tllm_free. */
+int tllm_detokenize(const struct tllm_engine *e, const int32_t *ids, size_t n_ids, int skip_special, char **text,
+                    size_t *len);
+
+struct tllm_chat_msg {
+    const char *role; /* "system", "user" or "assistant" */
+    const char *content;
+};
+
+/* The messages rendered with the checkpoint's chat template (a plain join without one), ending with
+ * the assistant's turn when add_generation_prompt. *text: tllm_free. */
+int tllm_chat_apply(const struct tllm_engine *e, const struct tllm_chat_msg *msgs, int n, int add_generation_prompt,
+                    char **text);
+
+/* ---- a session: one sequence ---- */
+
+struct tllm_session;
+
+struct tllm_session_params {
+    int n_ctx;          /* context length in tokens; 0: min(max_position_embeddings, 4096) */
+    const char *device; /* "cpu", "opencl", "opencl:N" or "auto" (NULL: auto, a GPU when there is one,
+                         * else the CPU); the prompt is processed on the CPU threads either way */
+};
+
+int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *params, struct tllm_session **out);
+void tllm_session_free(struct tllm_session *s);
+/* Forget what the session holds. */
+void tllm_session_reset(struct tllm_session *s);
+/* "CPU" or "OpenCL <device>" */
+const char *tllm_session_device(const struct tllm_session *s);
+int tllm_session_n_ctx(const struct tllm_session *s);
+/* Tokens in the session's KV cache */
+int tllm_session_n_cached(const struct tllm_session *s);
+
+struct tllm_generate_params {
+    struct tllm_sampler_params sampling;
+    int max_tokens;          /* < 0: until the context is full */
+    const char *const *stop; /* stop strings: generation ends where one appears; it is not returned */
+    int n_stop;
+    int skip_special;        /* leave special tokens out of the text */
+};
+
+/* The checkpoint's generation_config.json sampling (else greedy), 256 tokens, no stop strings,
+ * special tokens left out. */
+void tllm_generate_params_default(const struct tllm_engine *e, struct tllm_generate_params *p);
+
+enum tllm_finish {
+    TLLM_FINISH_STOP,        /* an EOS token or a stop string */
+    TLLM_FINISH_LENGTH,      /* max_tokens */
+    TLLM_FINISH_CONTEXT,     /* the KV cache is full */
+    TLLM_FINISH_INTERRUPTED, /* the callback asked to stop */
+};
+/* "stop", "length", "length", "interrupted" (as OpenAI's finish_reason) */
+const char *tllm_finish_name(enum tllm_finish f);
+
+struct tllm_stats {
+    int n_prompt;       /* prompt tokens */
+    int n_reused;       /* of them, found in the cache and not computed again */
+    int n_generated;    /* tokens generated (EOS not counted) */
+    double prompt_secs; /* prompt processing */
+    double gen_secs;    /* generation */
+    enum tllm_finish finish;
+};
+
+/* Called with each piece of text as it becomes final (never half a UTF-8 character, never part of a
+ * stop string); return non-zero to stop generating. */
+typedef int (*tllm_gen_cb)(const char *text, size_t len, void *user);
+
+/* Generate after `prompt`, the whole text of the sequence (special tokens parsed): the longest prefix
+ * of its tokens that the session's cache holds from earlier calls is reused, the rest is computed,
+ * then tokens are sampled until an EOS, a stop string, max_tokens, a full context or the callback.
+ * cb may be NULL; text (tllm_free) and stats may be NULL. */
+int tllm_session_complete(struct tllm_session *s, const char *prompt, const struct tllm_generate_params *p,
+                          tllm_gen_cb cb, void *user, char **text, struct tllm_stats *stats);
+/* The same with the prompt as token ids; ids (tllm_free) receives the generated ids. */
+int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, size_t n_prompt,
+                              const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
+                              int32_t **ids, size_t *n_ids, struct tllm_stats *stats);
+/* A chat turn: the messages rendered with the template (tllm_chat_apply with the generation prompt)
+ * and completed; a conversation that resends its history computes only the new turn. */
+int tllm_session_chat(struct tllm_session *s, const struct tllm_chat_msg *msgs, int n,
+                      const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
+                      struct tllm_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
