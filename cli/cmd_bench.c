@@ -5,10 +5,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/backend/registry.h"
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
 #include "cli/session.h"
-#include "engine/backend/backend.h"
 
 static const char usage[] =
     "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-t 1,2] [-o md|json|csv] [--step-sync] [--quantize BITS]\n"

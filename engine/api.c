@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/backend/registry.h"
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
 #include "engine/convert/convert.h"

@@ -5,8 +5,8 @@
 #include <string.h>
 
 #include "tests/check.h"
-#include "engine/backend/backend.h"
 #include "engine/run/context.h"
+#include "engine/backend/registry.h"
 #include "engine/base/error.h"
 #include "engine/run/generate.h"
 #include "tests/reference.h"

@@ -7,6 +7,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_avx512.h"
+#include "kernels/cpu/ops_ref.h"
 
 #define TOL_ATTN 2e-6   /* max |fast - ref| / max |v|: outputs are convex combinations of value rows */
 #define TOL_EXP 4e-7    /* relative error of the vectorized exp (2 float ulp is 2.4e-7) */

@@ -2,6 +2,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_avx512.h"
+#include "kernels/cpu/ops_ref.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -20,19 +20,12 @@ void tllm_rope_tables(int pos, int head_dim, float theta, float *cos_t, float *s
  * out_stride apart] of head_dim. */
 void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                     const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
-/* The portable version (GCC vector extensions), and the scalar one with double sums: the oracle. */
+/* The portable version (GCC vector extensions); the scalar oracle is in ops_ref.h. */
 void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                              const float *v, size_t v_stride, int head_dim, float *scores, float *out,
                              size_t out_stride);
-void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
-                        const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
-
-
-/* In-place softmax over n elements. */
-void tllm_softmax(float *x, int n);
 
 /* gate[i] = silu(gate[i]) * up[i] */
 void tllm_swiglu(float *gate, const float *up, int n);
-void tllm_swiglu_ref(float *gate, const float *up, int n);
 
 #endif

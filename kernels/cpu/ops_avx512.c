@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/ops.h" /* the _ref kernels, where AVX-512 is not compiled */
 #include "kernels/cpu/ops_avx512.h"
+#include "kernels/cpu/ops_ref.h" /* where AVX-512 is not compiled */
 
 #if defined(__x86_64__)
 #include <immintrin.h>

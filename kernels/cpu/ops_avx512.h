@@ -1,5 +1,5 @@
 /* AVX-512 versions of ops.h's hot loops (ops_avx512.c), used where the CPU has AVX-512 (F/BW/VL/DQ);
- * ops.c chooses. Their oracles are ops.h's _ref kernels (ops_ref.c). */
+ * ops.c chooses. Their oracles are ops_ref.h's. */
 #ifndef TLLM_OPS_AVX512_H
 #define TLLM_OPS_AVX512_H
 

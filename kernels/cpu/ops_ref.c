@@ -4,7 +4,7 @@
 #include <stddef.h>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_ref.h"
 
 void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                         const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {

@@ -1,6 +1,5 @@
-/* Packing for the integer-activation matmul, activation quantization, and the portable kernel.
- * The portable kernel does the same float operations in the same order as the SIMD ones, so they
- * agree bit for bit (the integer dot products are exact). */
+/* Packing for the integer-activation matmul, and activation quantization (the kernels: qpack_ref.c,
+ * qpack_avx512.c, chosen in qpack_matmul.c). */
 #include "kernels/cpu/qpack.h"
 
 #include <math.h>
@@ -9,7 +8,6 @@
 
 #include "engine/base/error.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/qpack_avx512.h"
 
 int tllm_qpack_supported(const struct tllm_qweights *w) {
     return w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8) &&
@@ -122,9 +120,4 @@ TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, in
             xq->d[(size_t)t * nb + b] = d;
             xq->sum[(size_t)t * nb + b] = d * (float)isum;
         }
-}
-
-void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
-    if (tllm_cpu_has_avx512vnni()) tllm_qpack_matmul_avx512(p, x, y, b0, b1);
-    else tllm_qpack_matmul_ref(p, x, y, b0, b1);
 }

@@ -1,5 +1,5 @@
-/* The backend registry: which device a --device index names, and the calls every backend shares. */
-#include "engine/backend/backend.h"
+/* The backend registry: the devices there are, and the calls every backend shares. */
+#include "engine/backend/registry.h"
 
 #include "engine/backend/opencl/opencl.h"
 

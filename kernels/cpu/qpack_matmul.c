@@ -1,0 +1,10 @@
+/* tllm_qpack_matmul: the fastest integer-activation kernel this CPU runs (a file of its own, so the
+ * per-ISA kernels can depend on qpack.h's layout without qpack depending on them). */
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qpack.h"
+#include "kernels/cpu/qpack_avx512.h"
+
+void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    if (tllm_cpu_has_avx512vnni()) tllm_qpack_matmul_avx512(p, x, y, b0, b1);
+    else tllm_qpack_matmul_ref(p, x, y, b0, b1);
+}
