@@ -154,7 +154,8 @@ int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *p
         free(s);
         return rc;
     }
-    if ((rc = tllm_session_use_device(s, index, NULL))) {
+    int fell_back; /* auto takes the CPU when a device cannot start; a device named must start */
+    if ((rc = tllm_session_use_device(s, index, index == -2 ? &fell_back : NULL))) {
         tllm_session_free(s);
         return rc;
     }

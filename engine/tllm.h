@@ -109,8 +109,9 @@ struct tllm_session;
 
 struct tllm_session_params {
     int n_ctx;          /* context length in tokens; 0: min(max_position_embeddings, 4096) */
-    const char *device; /* "cpu", "opencl", "opencl:N" or "auto" (NULL: auto, a GPU when there is one,
-                         * else the CPU); the prompt is processed on the CPU threads either way */
+    const char *device; /* "cpu", "opencl", "opencl:N" or "auto" (NULL: auto: a GPU when there is one
+                         * and it starts, else the CPU; a device named must start or the open fails);
+                         * the prompt is processed on the CPU threads either way */
 };
 
 int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *params, struct tllm_session **out);

@@ -1,0 +1,166 @@
+/* The public API (engine/tllm.h) as a program embedding tllm uses it: greedy ids equal the
+ * transformers reference, a prompt that repeats a cached one computes only what is new and gives the
+ * same text, stop strings, interruption, tokenize/detokenize, chat rendering, and bad arguments as
+ * statuses with messages.
+ * usage: test_api FIXTURE_DIR DEMO_MODEL_DIR */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/tllm.h"
+#include "tests/check.h"
+#include "tests/reference.h"
+
+/* greedy ids of the API against the fixture's reference (a checkpoint without a tokenizer) */
+static void test_reference_ids(const char *dir) {
+    struct ref_fixture r;
+    struct tllm_engine *e;
+    struct tllm_session *s;
+    if (ref_load(dir, &r)) {
+        CHECK(0, "%s: no reference", dir);
+        return;
+    }
+    struct tllm_engine_params ep = {.threads = 2, .exact = 1};
+    CHECK(tllm_engine_open(dir, &ep, &e) == TLLM_OK, "open %s: %s", dir, tllm_errmsg());
+    CHECK(!tllm_engine_has_tokenizer(e), "the fixture has no tokenizer");
+    struct tllm_session_params sp = {.n_ctx = 64, .device = "cpu"};
+    CHECK(tllm_session_open(e, &sp, &s) == TLLM_OK, "session: %s", tllm_errmsg());
+    struct tllm_generate_params p;
+    tllm_generate_params_default(e, &p);
+    p.sampling = tllm_sampler_defaults();
+    p.max_tokens = r.n_greedy;
+    int32_t *ids;
+    size_t n;
+    struct tllm_stats st;
+    CHECK(tllm_session_complete_ids(s, r.prompt_ids, (size_t)r.n_prompt, &p, NULL, NULL, NULL, &ids, &n, &st) == TLLM_OK,
+          "complete_ids: %s", tllm_errmsg());
+    CHECK(n == (size_t)r.n_greedy && !memcmp(ids, r.greedy_ids, n * sizeof *ids), "greedy ids differ from the reference");
+    CHECK(st.n_prompt == r.n_prompt && st.n_reused == 0 && st.n_generated == r.n_greedy &&
+              st.finish == TLLM_FINISH_LENGTH, "stats: prompt %d reused %d generated %d finish %s", st.n_prompt,
+          st.n_reused, st.n_generated, tllm_finish_name(st.finish));
+    /* the prompt followed by what was generated: all but the last generated token is in the cache */
+    int32_t *longer = malloc((size_t)(r.n_prompt + r.n_greedy) * sizeof *longer);
+    memcpy(longer, r.prompt_ids, (size_t)r.n_prompt * sizeof *longer);
+    memcpy(longer + r.n_prompt, ids, n * sizeof *ids);
+    tllm_free(ids);
+    p.max_tokens = 1;
+    CHECK(tllm_session_complete_ids(s, longer, (size_t)(r.n_prompt + r.n_greedy), &p, NULL, NULL, NULL, NULL, NULL, &st) ==
+              TLLM_OK, "complete_ids (continued): %s", tllm_errmsg());
+    CHECK(st.n_reused == r.n_prompt + r.n_greedy - 1, "a continued prompt reused %d of %d cached tokens", st.n_reused,
+          r.n_prompt + r.n_greedy - 1);
+    free(longer);
+    tllm_session_free(s);
+    tllm_engine_free(e);
+    ref_free(&r);
+}
+
+struct pieces {
+    int n, stop_after;
+};
+
+static int count_pieces(const char *text, size_t len, void *user) {
+    (void)text, (void)len;
+    struct pieces *c = user;
+    return ++c->n >= c->stop_after;
+}
+
+static void test_text(const char *demo) {
+    struct tllm_engine *e;
+    struct tllm_session *s;
+    struct tllm_engine_params ep = {.threads = 2};
+    if (tllm_engine_open(demo, &ep, &e) != TLLM_OK) {
+        CHECK(0, "open %s: %s", demo, tllm_errmsg());
+        return;
+    }
+    CHECK(!strcmp(tllm_engine_dir(e), demo) && tllm_engine_has_tokenizer(e), "engine dir / tokenizer");
+    struct tllm_session_params sp = {.n_ctx = 256, .device = "cpu"};
+    CHECK(tllm_session_open(e, &sp, &s) == TLLM_OK, "session: %s", tllm_errmsg());
+    CHECK(!strcmp(tllm_session_device(s), "CPU") && tllm_session_n_ctx(s) == 256, "session device / n_ctx");
+
+    /* tokens and back, special tokens parsed or not */
+    const char *t = "<|im_start|>user\nWhat does ls do? \xc3\xa9\xe4\xb8\xad";
+    int32_t *ids, *ids_plain;
+    size_t n, n_plain, len;
+    char *back;
+    CHECK(tllm_tokenize(e, t, strlen(t), 1, &ids, &n) == TLLM_OK && tllm_tokenize(e, t, strlen(t), 0, &ids_plain, &n_plain) == TLLM_OK,
+          "tokenize: %s", tllm_errmsg());
+    CHECK(n < n_plain, "special tokens parsed: %zu ids, as text: %zu", n, n_plain);
+    CHECK(tllm_detokenize(e, ids, n, 0, &back, &len) == TLLM_OK && len == strlen(t) && !strcmp(back, t),
+          "detokenize gives the text back");
+    tllm_free(back);
+    tllm_free(ids);
+    tllm_free(ids_plain);
+
+    /* the chat template, and a chat turn equal to completing its rendering */
+    struct tllm_chat_msg msg = {"user", "What does tar do?"};
+    char *rendered, *reply, *again;
+    CHECK(tllm_chat_apply(e, &msg, 1, 1, &rendered) == TLLM_OK && strstr(rendered, "<|im_start|>user\nWhat does tar do?<|im_end|>") &&
+              strstr(rendered, "<|im_start|>assistant\n"), "chat_apply: %s", tllm_errmsg());
+    struct tllm_generate_params p;
+    tllm_generate_params_default(e, &p);
+    p.sampling.temperature = 0;
+    p.max_tokens = 12;
+    struct tllm_stats st, st2;
+    CHECK(tllm_session_chat(s, &msg, 1, &p, NULL, NULL, &reply, &st) == TLLM_OK, "chat: %s", tllm_errmsg());
+    CHECK(st.n_generated > 0 && strlen(reply) > 0 && st.n_reused == 0, "a reply (%d tokens)", st.n_generated);
+    tllm_session_reset(s);
+    CHECK(tllm_session_n_cached(s) == 0, "reset empties the cache");
+    CHECK(tllm_session_complete(s, rendered, &p, NULL, NULL, &again, &st2) == TLLM_OK && !strcmp(again, reply),
+          "completing the rendered chat gives the chat's reply: '%s' vs '%s'", again, reply);
+    tllm_free(again);
+    /* the same prompt again: all but one token from the cache, the same greedy text */
+    CHECK(tllm_session_complete(s, rendered, &p, NULL, NULL, &again, &st2) == TLLM_OK, "again: %s", tllm_errmsg());
+    CHECK(st2.n_reused == st2.n_prompt - 1 && !strcmp(again, reply), "repeated prompt: reused %d of %d, '%s' vs '%s'",
+          st2.n_reused, st2.n_prompt, again, reply);
+    tllm_free(again);
+
+    /* a stop string: the text ends before it */
+    if (strlen(reply) > 4) {
+        char stop[3] = {reply[2], reply[3], 0};
+        const char *stops[1] = {stop};
+        p.stop = stops;
+        p.n_stop = 1;
+        CHECK(tllm_session_complete(s, rendered, &p, NULL, NULL, &again, &st2) == TLLM_OK && st2.finish == TLLM_FINISH_STOP &&
+                  !strstr(again, stop) && !strncmp(again, reply, strlen(again)),
+              "stop string '%s': '%s' (%s)", stop, again, tllm_finish_name(st2.finish));
+        tllm_free(again);
+        p.stop = NULL, p.n_stop = 0;
+    }
+    /* the callback stops the reply */
+    struct pieces c = {0, 2};
+    CHECK(tllm_session_complete(s, rendered, &p, count_pieces, &c, NULL, &st2) == TLLM_OK &&
+              st2.finish == TLLM_FINISH_INTERRUPTED && c.n == 2, "interrupted after %d pieces (%s)", c.n,
+          tllm_finish_name(st2.finish));
+    tllm_free(reply);
+    tllm_free(rendered);
+
+    /* bad arguments: statuses and messages, nothing exits */
+    struct tllm_session *bad = NULL;
+    struct tllm_session_params dev = {.device = "gpu"};
+    CHECK(tllm_session_open(e, &dev, &bad) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "'gpu'") && !bad, "bad device: %s",
+          tllm_errmsg());
+    struct tllm_session_params big = {.n_ctx = 1 << 30};
+    CHECK(tllm_session_open(e, &big, &bad) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "max_position_embeddings"),
+          "n_ctx too large: %s", tllm_errmsg());
+    CHECK(tllm_session_complete(s, "", &p, NULL, NULL, NULL, NULL) == TLLM_ERR_ARG, "empty prompt");
+    struct tllm_chat_msg odd = {"narrator", "x"};
+    CHECK(tllm_session_chat(s, &odd, 1, &p, NULL, NULL, NULL, NULL) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "narrator"),
+          "bad role: %s", tllm_errmsg());
+    tllm_session_free(s);
+    tllm_engine_free(e);
+
+    struct tllm_engine *none = NULL;
+    CHECK(tllm_engine_open("/nonexistent/model", NULL, &none) != TLLM_OK && strstr(tllm_errmsg(), "/nonexistent/model") && !none,
+          "missing model: %s", tllm_errmsg());
+    struct tllm_engine_params q3 = {.quantize_bits = 3};
+    CHECK(tllm_engine_open(demo, &q3, &none) == TLLM_ERR_ARG && !none, "quantize_bits 3: %s", tllm_errmsg());
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_api FIXTURE_DIR DEMO_MODEL_DIR\n");
+        return 2;
+    }
+    test_reference_ids(argv[1]);
+    test_text(argv[2]);
+    return check_done();
+}
