@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "engine/base/error.h"
+#include "engine/base/threadpool.h"
 
 void cli_die(const char *fmt, ...) {
     va_list ap;
@@ -19,6 +20,14 @@ void cli_die(const char *fmt, ...) {
 }
 
 void cli_die_lib(void) { cli_die("%s", tllm_errmsg()); }
+
+int cli_threads(int n) {
+    int cpus = tllm_cpus_available();
+    if (n <= cpus) return n;
+    static int said;
+    if (!said++) fprintf(stderr, "tllm: -t %d: this process may use %d CPUs; running %d threads\n", n, cpus, cpus);
+    return cpus;
+}
 
 long cli_int(const char *flag, const char *s, long lo, long hi) {
     char *end;

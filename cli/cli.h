@@ -17,6 +17,10 @@ double cli_double(const char *flag, const char *s, double lo, double hi);
 /* The value after flag argv[*i] (advancing *i), or die. */
 const char *cli_value(int argc, char **argv, int *i);
 
+/* -t N as the thread pool will run it: at most the CPUs this process may use (more threads would only
+ * wait for each other), with a line on stderr when it is lowered. */
+int cli_threads(int n);
+
 /* Parse "1,2,3" into a heap array of ids; dies on a malformed list. */
 int32_t *cli_parse_ids(const char *flag, const char *s, int *n);
 

@@ -97,6 +97,7 @@ int cmd_bench(int argc, char **argv) {
         } else cli_die("bench: unknown option '%s' (see tllm bench --help)", a);
     }
     if (th[0] == 0) th[0] = tllm_physical_cores();
+    for (int i = 0; i < n_th; i++) th[i] = cli_threads(th[i]);
     int max_len = 1, max_depth = 0;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? pp[i] : max_len;
     for (int i = 0; i < n_tg; i++) max_len = tg[i] > max_len ? tg[i] : max_len;

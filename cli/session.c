@@ -101,7 +101,7 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     o->dir = cli_model_dir(o->dir);
     memset(s, 0, sizeof *s);
     double t0 = tllm_now();
-    struct tllm_engine_params ep = {.threads = o->threads, .quantize_bits = o->quantize_bits,
+    struct tllm_engine_params ep = {.threads = o->threads ? cli_threads(o->threads) : 0, .quantize_bits = o->quantize_bits,
                                     .group_size = o->quantize_group, .exact = o->exact, .no_template = o->no_template};
     struct tllm_engine *e = calloc(1, sizeof *e);
     if (!e || !(e->dir = strdup(o->dir))) cli_die("out of memory");

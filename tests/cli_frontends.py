@@ -39,6 +39,18 @@ try:
     # greedy, no penalty: deterministic
     greedy = ["-m", model, "--temp", "0", "--repeat-penalty", "1"]
 
+    # the lm_head has 151936 rows, the tokenizer 151665 ids: a padding row is never sampled (nearly
+    # uniform sampling over 3000 tokens would take one about 99.5% of the time) and generation goes on
+    r = run("generate", "-m", model, "-p", "Hello", "-n", "3000", "-c", "3100", "--temp", "100", "--top-k", "0",
+            "--top-p", "1", "--min-p", "0", "--seed", "7", "--json")
+    check(r.returncode == 0, "sampling at --temp 100: " + r.stderr.decode()[-300:])
+    if r.returncode == 0:
+        ids = json.loads(r.stdout)["ids"]
+        check(len(ids) == 3000 and max(ids) < 151665, "sampled %d ids, largest %d" % (len(ids), max(ids)))
+    # -t past the CPUs this process may use: said, lowered, and it runs
+    r = run("generate", "-m", model, "-p", "Hello", "-n", "2", "-t", "1024")
+    check(r.returncode == 0 and b"-t 1024: this process may use" in r.stderr, "-t 1024: " + r.stderr.decode()[-300:])
+
     def gen_json(*extra):
         r = run("generate", *greedy, "--json", *extra)
         check(r.returncode == 0, "generate %s: %s" % (extra, r.stderr.decode()))

@@ -100,8 +100,9 @@ void tllm_tok_stream_init(struct tllm_tok_stream *s, const struct tllm_tok *t, i
 
 int tllm_tok_stream_push(struct tllm_tok_stream *s, int32_t id, struct tllm_buf *out) {
     const struct tllm_tok *t = s->tok;
-    int rc = check_id(t, id);
-    if (rc) return rc;
+    /* an id the tokenizer lacks (a padding row of the lm_head a device's argmax picked) has no text,
+     * as in Hugging Face's decode: generation goes on */
+    if (id < 0 || id >= t->n_vocab || !t->token_bytes[id]) return out->data ? TLLM_OK : tllm_buf_append(out, "", 0);
     if (s->skip_special && t->is_special[id]) return TLLM_OK;
     const unsigned char *tb = (const unsigned char *)t->token_bytes[id];
     size_t tl = t->token_len[id], used = 0, held;

@@ -46,7 +46,7 @@ struct tllm_tok_stream {
     int n_pending;
 };
 void tllm_tok_stream_init(struct tllm_tok_stream *s, const struct tllm_tok *t, int skip_special);
-/* Append the text this id completes to out. */
+/* Append the text this id completes to out (none for an id the tokenizer lacks). */
 int tllm_tok_stream_push(struct tllm_tok_stream *s, int32_t id, struct tllm_buf *out);
 /* Emit whatever is held back (as U+FFFD: it can no longer complete). */
 int tllm_tok_stream_flush(struct tllm_tok_stream *s, struct tllm_buf *out);

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "engine/base/threadpool.h"
 
 #include <pthread.h>
@@ -9,7 +10,13 @@
 
 #include "engine/base/error.h"
 
-#define SPIN_ITERS 200000 /* roughly 100 us of polling before a worker sleeps */
+#include <sched.h>
+
+/* A wait polls (a decode step is hundreds of tasks of a few microseconds), then yields the core,
+ * then sleeps: with more threads than free cores (a large -t, or other processes busy) a thread
+ * that only polled would hold the core that the thread it waits for needs. */
+#define SPIN_POLLS 4000   /* pause-and-check rounds before yielding (tens of microseconds) */
+#define SPIN_ITERS 200000 /* rounds in all, yielding after SPIN_POLLS, before a thread sleeps */
 #define MAX_THREADS 1024
 
 static struct {
@@ -23,8 +30,10 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     atomic_int sleepers;
+    pthread_cond_t done;       /* the caller sleeps on it when the workers take long */
+    atomic_int caller_asleep;
     unsigned start_generation; /* the generation before any task of this pool: workers start from it */
-} pool = {.n = 1, .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+} pool = {.n = 1, .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER};
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -39,7 +48,8 @@ static void *worker(void *p) {
         int spins = 0;
         while (atomic_load_explicit(&pool.generation, memory_order_acquire) == seen && !atomic_load(&pool.quit)) {
             if (++spins < SPIN_ITERS) {
-                cpu_relax();
+                if (spins < SPIN_POLLS) cpu_relax();
+                else sched_yield();
                 continue;
             }
             pthread_mutex_lock(&pool.mu);
@@ -52,7 +62,13 @@ static void *worker(void *p) {
         if (atomic_load(&pool.quit)) return NULL;
         seen++; /* exactly one task per generation: the caller waits for all before the next */
         pool.fn(pool.arg, ith, pool.n);
-        atomic_fetch_sub_explicit(&pool.pending, 1, memory_order_release);
+        /* the last one out wakes the caller if it went to sleep (it sets the flag, then looks at
+         * pending, under the lock: so it either sees 0 or is woken) */
+        if (atomic_fetch_sub(&pool.pending, 1) == 1 && atomic_load(&pool.caller_asleep)) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_signal(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
     }
 }
 
@@ -130,5 +146,27 @@ void tllm_parallel(tllm_task_fn fn, void *arg) {
         pthread_mutex_unlock(&pool.mu);
     }
     fn(arg, 0, pool.n);
-    while (atomic_load_explicit(&pool.pending, memory_order_acquire) > 0) cpu_relax();
+    for (int spins = 0; atomic_load_explicit(&pool.pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_POLLS) {
+            cpu_relax();
+        } else if (spins < SPIN_ITERS) {
+            sched_yield();
+        } else {
+            pthread_mutex_lock(&pool.mu);
+            atomic_store(&pool.caller_asleep, 1);
+            while (atomic_load(&pool.pending) > 0) pthread_cond_wait(&pool.done, &pool.mu);
+            atomic_store(&pool.caller_asleep, 0);
+            pthread_mutex_unlock(&pool.mu);
+        }
+    }
+}
+
+int tllm_cpus_available(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
 }

@@ -101,6 +101,10 @@ static void select_top(struct tllm_sampler_cand *c, int n, int k) {
     qsort(c, (size_t)k, sizeof *c, cmp_desc);
 }
 
+void tllm_sampler_limit(struct tllm_sampler *s, int n) {
+    if (n > 0 && n < s->vocab) s->vocab = n;
+}
+
 int tllm_sampler_is_greedy(const struct tllm_sampler *s) {
     const struct tllm_sampler_params *p = &s->p;
     return (p->temperature <= 0.0f || p->top_k == 1) && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&

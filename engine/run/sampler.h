@@ -24,6 +24,9 @@ struct tllm_sampler {
 
 int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *p, int vocab);
 void tllm_sampler_free(struct tllm_sampler *s);
+/* Sample only ids below n from now on: the ids the tokenizer has (Qwen's lm_head has 151,936 rows but
+ * its tokenizer 151,665 ids; the rows past them are padding no text can come from). */
+void tllm_sampler_limit(struct tllm_sampler *s, int n);
 /* Forget the history and reseed. */
 void tllm_sampler_reset(struct tllm_sampler *s);
 /* Record a token (prompt or generated) for the penalties. */
