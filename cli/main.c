@@ -1,4 +1,5 @@
 /* tllm: one binary, one subcommand per front end. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -27,6 +28,16 @@ static void usage(FILE *fp) {
         fprintf(fp, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
 
+/* Output that did not reach standard output (a full disk, a closed pipe) is a failure, not a success */
+static int finish(int rc) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "tllm: writing standard output: %s\n", errno ? strerror(errno) : "write error");
+        return 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -34,10 +45,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return finish(0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return finish(commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "tllm: unknown command '%s' (tllm --help lists them)\n", argv[1]);
     return 1;
 }

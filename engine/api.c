@@ -6,7 +6,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "engine/backend/registry.h"
 #include "engine/base/error.h"
@@ -48,11 +47,11 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     if (!p->exact && (rc = tllm_model_pack(e->m))) return rc;
     char *tj = tllm_path_join(dir, "tokenizer.json"), *tc = tllm_path_join(dir, "tokenizer_config.json");
     if (!tj || !tc) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    else if (access(tj, F_OK) == 0) {
+    else if (tllm_path_present(tj)) {
         if (!(rc = tllm_tok_load(tj, &e->tok)) && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
             rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", tj,
                            tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
-        if (!rc && !p->no_template && access(tc, F_OK) == 0) rc = tllm_chat_template_load(tc, &e->tpl);
+        if (!rc && !p->no_template && tllm_path_present(tc)) rc = tllm_chat_template_load(tc, &e->tpl);
     }
     free(tj);
     free(tc);

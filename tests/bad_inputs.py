@@ -206,6 +206,44 @@ case("quantize a truncated checkpoint leaves no output", ["quantize", d, os.path
      "tllm: {T}/bf16-truncated/model.safetensors: tensor 'model.layers.1.self_attn.v_proj.weight': data_offsets [668672, 672768] run past the end of the data (671896 bytes; file truncated?)",
      no_file="{T}/q-out/model.safetensors")
 
+# ---- special files where the model's files should be: never a hang, a message naming the file ----
+for name in ["config.json", "model.safetensors", "generation_config.json"]:
+    d = copy_model("fifo-" + name.split(".")[0])
+    os.remove(os.path.join(d, name))
+    os.mkfifo(os.path.join(d, name))
+    case(f"a FIFO as {name}", ["generate", "-m", d] + IDS, 1, "tllm: {T}/fifo-" + name.split(".")[0] + "/" + name + ": not a regular file")
+d = copy_model("fifo-tokenizer", DEMO)
+os.remove(os.path.join(d, "tokenizer.json"))
+os.mkfifo(os.path.join(d, "tokenizer.json"))
+case("a FIFO as tokenizer.json", ["generate", "-m", d, "-p", "x", "-n", "2"], 1, "tllm: {T}/fifo-tokenizer/tokenizer.json: not a regular file")
+d = copy_model("symlink-loop")
+os.remove(os.path.join(d, "model.safetensors"))
+os.symlink("model.safetensors", os.path.join(d, "model.safetensors"))
+case("model.safetensors a symlink to itself", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/symlink-loop/model.safetensors: cannot open: Too many levels of symbolic links")
+d = copy_model("symlink-dangling")
+os.remove(os.path.join(d, "model.safetensors"))
+os.symlink("nowhere.safetensors", os.path.join(d, "model.safetensors"))
+case("model.safetensors a dangling symlink", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/symlink-dangling/model.safetensors: cannot open: No such file or directory")
+d = copy_model("genconfig-value")
+put(os.path.join(d, "generation_config.json"), '{"temperature": "hot", "top_k": 5}')
+case("generation_config.json with a bad value (and no leak: ASan)", ["generate", "-m", d] + IDS, 1,
+     'tllm: {T}/genconfig-value/generation_config.json: "temperature" must be a number')
+
+# output that cannot be written is a failure (the streamed text's fwrite errors are remembered by stdio)
+if os.path.exists("/dev/full"):
+    env = dict(os.environ)
+    env.pop("TLLM_MODEL", None)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([TLLM, "generate", "-m", DEMO, "-p", "x", "-n", "4"], stdout=full, stderr=subprocess.PIPE, env=env, timeout=300)
+    want = "tllm: writing standard output: No space left on device"
+    if r.returncode != 1 or want not in r.stderr.decode().splitlines():
+        failures.append("stdout on a full disk")
+        print(f"FAIL stdout on a full disk: exit {r.returncode}, stderr {r.stderr.decode()!r}")
+    else:
+        print(f"ok   stdout on a full disk: {want}")
+
 shutil.rmtree(T, ignore_errors=True)
 print("bad_inputs:", "FAILED " + ", ".join(failures) if failures else "ok")
 sys.exit(1 if failures else 0)

@@ -5,17 +5,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/base/error.h"
 
 int tllm_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return tllm_fail(TLLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    /* O_NONBLOCK: a FIFO in the file's place must not block the open; only regular files are read */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return tllm_fail(TLLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
+    FILE *fp = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || !(fp = fdopen(fd, "rb"))) {
+        close(fd);
         return tllm_fail(TLLM_ERR_IO, "%s: not a regular file", path);
     }
     if ((uint64_t)st.st_size > max_bytes) {

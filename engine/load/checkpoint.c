@@ -104,6 +104,11 @@ static int open_sharded(struct tllm_ckpt *c, const char *index_path) {
     return rc;
 }
 
+int tllm_path_present(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 || errno != ENOENT;
+}
+
 int tllm_model_dir_check(const char *dir) {
     struct stat st;
     if (stat(dir, &st) != 0)
@@ -118,7 +123,6 @@ int tllm_model_dir_check(const char *dir) {
 
 int tllm_ckpt_open(const char *dir, struct tllm_ckpt **out) {
     *out = NULL;
-    struct stat st;
     int rc0 = tllm_model_dir_check(dir);
     if (rc0) return rc0;
     struct tllm_ckpt *c = calloc(1, sizeof *c);
@@ -131,9 +135,9 @@ int tllm_ckpt_open(const char *dir, struct tllm_ckpt **out) {
     int rc = TLLM_OK;
     if (!index || !single) {
         rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    } else if (stat(index, &st) == 0) {
+    } else if (tllm_path_present(index)) {
         rc = open_sharded(c, index);
-    } else if (stat(single, &st) == 0) {
+    } else if (tllm_path_present(single)) {
         if (!(c->files = calloc(1, sizeof *c->files)))
             rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
         else

@@ -24,5 +24,8 @@ int tllm_model_dir_check(const char *dir);
 
 /* "dir/name" in a fresh heap string (NULL on OOM). */
 char *tllm_path_join(const char *dir, const char *name);
+/* 1 unless nothing is there by that name: a dangling or looping symlink, or a name that cannot be
+ * looked at, counts as present, so opening it says what is wrong instead of "no such file". */
+int tllm_path_present(const char *path);
 
 #endif

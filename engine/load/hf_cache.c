@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "engine/base/error.h"
+#include "engine/base/json_util.h"
 
 #define HF_MAX_ID 256 /* owner/name as the Hub allows them (96 + 96), with room for a revision */
 
@@ -52,11 +53,10 @@ static int is_dir(const char *p) {
 
 /* The first line of a refs file (a commit hash), or 0 if it cannot be read or is not a name. */
 static int read_ref(const char *path, char *out, size_t cap) {
-    FILE *fp = fopen(path, "r");
-    if (!fp) return 0;
-    int ok = fgets(out, (int)cap, fp) != NULL;
-    fclose(fp);
-    if (!ok) return 0;
+    char *text;
+    if (tllm_read_file(path, 4096, &text, NULL)) return 0; /* regular files only: a FIFO would block */
+    snprintf(out, cap, "%s", text);
+    free(text);
     out[strcspn(out, "\r\n")] = '\0';
     return name_ok(out, strlen(out));
 }

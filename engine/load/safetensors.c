@@ -176,7 +176,7 @@ int tllm_st_open(const char *path, struct tllm_st_file **out) {
         free(f);
         return tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block: only regular files pass */
     if (fd < 0) {
         int rc = tllm_fail(TLLM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         tllm_st_close(f);

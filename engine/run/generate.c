@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "tokenizer/tokenizer.h"
 #include "engine/load/checkpoint.h"
@@ -25,8 +24,8 @@ int tllm_gen_defaults_load(const char *dir, const struct tllm_model *m, struct t
     if (m && m->cfg.eos_id >= 0) d->eos[d->n_eos++] = m->cfg.eos_id;
     char *path = tllm_path_join(dir, "generation_config.json");
     if (!path) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    struct json_object *g;
-    if (access(path, F_OK) != 0) { /* no generation_config.json: the defaults stand */
+    struct json_object *g = NULL;
+    if (!tllm_path_present(path)) { /* no generation_config.json: the defaults stand */
         free(path);
         return TLLM_OK;
     }
@@ -54,7 +53,7 @@ int tllm_gen_defaults_load(const char *dir, const struct tllm_model *m, struct t
                 d->eos[d->n_eos++] = json_object_get_int(json_object_array_get_idx(e, i));
         }
     }
-    if (!rc) json_object_put(g);
+    json_object_put(g);
     free(path);
     return rc;
 }
