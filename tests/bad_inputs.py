@@ -206,6 +206,31 @@ case("quantize a truncated checkpoint leaves no output", ["quantize", d, os.path
      "tllm: {T}/bf16-truncated/model.safetensors: tensor 'model.layers.1.self_attn.v_proj.weight': data_offsets [668672, 672768] run past the end of the data (671896 bytes; file truncated?)",
      no_file="{T}/q-out/model.safetensors")
 
+# ---- safetensors layouts the format forbids: every data byte in exactly one tensor, keys unique ----
+def st_raw(name, header_text, data):
+    d = copy_model(name)
+    h = header_text.encode()
+    h += b" " * (-len(h) % 8)
+    put(os.path.join(d, "model.safetensors"), struct.pack("<Q", len(h)) + h + data, "wb")
+    return d
+
+F32 = '"dtype": "F32", "shape": [2], "data_offsets": '
+d = st_raw("st-overlap", '{"a": {' + F32 + '[0, 8]}, "b": {' + F32 + '[4, 12]}}', bytes(12))
+case("safetensors: overlapping tensors", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/st-overlap/model.safetensors: tensors 'a' and 'b' overlap (bytes 4 to 8)")
+d = st_raw("st-hole", '{"a": {' + F32 + '[0, 8]}, "b": {' + F32 + '[12, 20]}}', bytes(20))
+case("safetensors: bytes that belong to no tensor", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/st-hole/model.safetensors: bytes 8 to 12 of the data belong to no tensor")
+d = st_raw("st-tail", '{"a": {' + F32 + '[0, 8]}}', bytes(16))
+case("safetensors: data after the last tensor", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/st-tail/model.safetensors: bytes 8 to 16 of the data belong to no tensor")
+d = st_raw("st-dup", '{"a": {' + F32 + '[0, 8]}, "a": {' + F32 + '[8, 16]}}', bytes(16))
+case("safetensors: a key twice", ["generate", "-m", d] + IDS, 1,
+     'tllm: {T}/st-dup/model.safetensors: the key "a" appears twice in the header')
+d = st_raw("st-nul", '{"a\\u0000b": {' + F32 + '[0, 8]}}', bytes(8))
+case("safetensors: a NUL in a key", ["generate", "-m", d] + IDS, 1,
+     'tllm: {T}/st-nul/model.safetensors: the key "a\\u0000b" has a NUL byte')
+
 # ---- special files where the model's files should be: never a hang, a message naming the file ----
 for name in ["config.json", "model.safetensors", "generation_config.json"]:
     d = copy_model("fifo-" + name.split(".")[0])

@@ -86,7 +86,14 @@ static void expect_fail(const char *what, const char *dir, int status, const cha
     tllm_model_free(m);
 }
 
-static void drop_norm(struct json_object *h) { json_object_object_del(h, "model.norm.weight"); }
+/* the norm's entry under another name: its bytes still belong to a tensor (a header that left them
+ * to none would be refused for that first), but no tensor is called model.norm.weight */
+static void drop_norm(struct json_object *h) {
+    struct json_object *e;
+    json_object_object_get_ex(h, "model.norm.weight", &e);
+    json_object_object_add(h, "model.norm.weight.renamed", json_object_get(e));
+    json_object_object_del(h, "model.norm.weight");
+}
 static void offsets_out_of_range(struct json_object *h) {
     struct json_object *e, *o;
     json_object_object_get_ex(h, "model.norm.weight", &e);

@@ -86,6 +86,91 @@ static int parse_entry(const struct tllm_st_file *f, const char *name, struct js
     return TLLM_OK;
 }
 
+/* The header's top-level keys as written (json-c keeps the last of duplicate keys and ends a key at
+ * an escaped NUL, so both are looked for in the text): how many there are, and a duplicate or a key
+ * with a NUL byte in *bad (a copy of the key's text). Every brace and bracket inside strings is
+ * skipped; the text is valid JSON (json-c parsed it). */
+static int scan_keys(const char *h, size_t n, char **bad, int *nul) {
+    int depth = 0, count = 0, cap = 0;
+    size_t (*keys)[2] = NULL; /* [start, length] of each key's text */
+    *bad = NULL, *nul = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = h[i];
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+        else if (c == '"') {
+            size_t start = ++i;
+            int has_nul = 0;
+            for (; i < n && h[i] != '"'; i++)
+                if (h[i] == '\\') {
+                    if (i + 5 < n && !memcmp(h + i + 1, "u0000", 5)) has_nul = 1;
+                    i++;
+                }
+            size_t j = i + 1;
+            while (j < n && (h[j] == ' ' || h[j] == '\n' || h[j] == '\r' || h[j] == '\t')) j++;
+            if (depth != 1 || j >= n || h[j] != ':') continue; /* a value, or deeper down */
+            if (count == cap) {
+                cap = cap ? 2 * cap : 64;
+                size_t (*nk)[2] = realloc(keys, (size_t)cap * sizeof *keys);
+                if (!nk) {
+                    free(keys);
+                    return -1;
+                }
+                keys = nk;
+            }
+            keys[count][0] = start, keys[count][1] = i - start;
+            count++;
+            if (has_nul && !*bad) *bad = strndup(h + start, i - start), *nul = 1;
+        }
+    }
+    for (int a = 0; a < count && !*bad; a++) /* quadratic only in the number of tensors, once a file */
+        for (int b = a + 1; b < count && !*bad; b++)
+            if (keys[a][1] == keys[b][1] && !memcmp(h + keys[a][0], h + keys[b][0], keys[a][1]))
+                *bad = strndup(h + keys[a][0], keys[a][1]);
+    free(keys);
+    return count;
+}
+
+struct span {
+    uint64_t begin, end;
+    const char *name;
+};
+
+static int cmp_span(const void *a, const void *b) {
+    const struct span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->end > y->end) - (x->end < y->end);
+}
+
+/* The format's rule for the data section: every byte belongs to exactly one tensor (no overlap, no
+ * hole that could hide data, nothing after the last tensor). */
+static int check_layout(const struct tllm_st_file *f, const uint8_t *base, size_t data_size) {
+    struct span *s = malloc(((size_t)f->n_tensors + 1) * sizeof *s);
+    if (!s) return tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory", f->path);
+    int n = 0;
+    for (int i = 0; i < f->n_tensors; i++)
+        if (f->tensors[i].nbytes) {
+            uint64_t b = (uint64_t)((const uint8_t *)f->tensors[i].data - base);
+            s[n++] = (struct span){b, b + f->tensors[i].nbytes, f->tensors[i].name};
+        }
+    qsort(s, (size_t)n, sizeof *s, cmp_span);
+    int rc = TLLM_OK;
+    uint64_t at = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        if (s[i].begin < at)
+            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: tensors '%s' and '%s' overlap (bytes %llu to %llu)", f->path,
+                           s[i - 1].name, s[i].name, (unsigned long long)s[i].begin, (unsigned long long)at);
+        else if (s[i].begin > at)
+            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: bytes %llu to %llu of the data belong to no tensor", f->path,
+                           (unsigned long long)at, (unsigned long long)s[i].begin);
+        at = s[i].end;
+    }
+    if (!rc && at != data_size)
+        rc = tllm_fail(TLLM_ERR_FORMAT, "%s: bytes %llu to %zu of the data belong to no tensor", f->path,
+                       (unsigned long long)at, data_size);
+    free(s);
+    return rc;
+}
+
 /* Give misaligned tensors an aligned heap copy so typed loads stay defined behaviour. */
 static int align_tensors(struct tllm_st_file *f) {
     for (int i = 0; i < f->n_tensors; i++) {
@@ -163,7 +248,17 @@ static int parse_header(struct tllm_st_file *f) {
         rc = parse_entry(f, name, val, base, data_size, &f->tensors[f->n_tensors - 1]);
         if (rc) break;
     }
+    if (!rc) {
+        char *bad;
+        int nul, written = scan_keys((const char *)m + 8, (size_t)hlen, &bad, &nul);
+        if (written < 0) rc = tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory", f->path);
+        else if (bad && nul) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the key \"%s\" has a NUL byte", f->path, bad);
+        else if (bad) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the key \"%s\" appears twice in the header", f->path, bad);
+        else if (written != n) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the header has duplicate keys", f->path);
+        free(bad);
+    }
     json_object_put(root);
+    if (!rc) rc = check_layout(f, base, data_size);
     if (rc) return rc;
     qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_tensor);
     return align_tensors(f);
