@@ -1,9 +1,12 @@
 #include "cli/cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/base/error.h"
@@ -74,23 +77,81 @@ int32_t *cli_parse_ids(const char *flag, const char *s, int *n) {
     return ids;
 }
 
-void cli_write_file_atomic(const char *path, const void *data, size_t n) {
-    size_t len = strlen(path);
-    char *tmp = malloc(len + 16);
-    if (!tmp) cli_die("out of memory");
-    snprintf(tmp, len + 16, "%s.tmp%d", path, (int)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) cli_die("%s: cannot create: %s", tmp, strerror(errno));
-    size_t w = fwrite(data, 1, n, fp);
-    if (w != n || fflush(fp) != 0 || fclose(fp) != 0) {
-        unlink(tmp);
-        cli_die("%s: write failed: %s", path, strerror(errno));
+/* Where a path's symlinks lead (a dangling one included: the file is made where it points) */
+static char *follow_links(const char *path) {
+    char *p = strdup(path);
+    for (int hops = 0; p && hops < 40; hops++) {
+        struct stat st;
+        if (lstat(p, &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+        char target[PATH_MAX];
+        ssize_t n = readlink(p, target, sizeof target - 1);
+        if (n < 0) return p;
+        target[n] = '\0';
+        char *next;
+        if (target[0] == '/') {
+            next = strdup(target);
+        } else { /* relative to the link's folder */
+            char *slash = strrchr(p, '/');
+            size_t dl = slash ? (size_t)(slash - p) + 1 : 0;
+            next = malloc(dl + (size_t)n + 1);
+            if (next) memcpy(next, p, dl), memcpy(next + dl, target, (size_t)n + 1);
+        }
+        free(p);
+        p = next;
     }
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        cli_die("%s: cannot rename into place: %s", path, strerror(errno));
+    return p; /* a loop: the open below says so */
+}
+
+int cli_write_file(const char *path, const void *data, size_t n, char *err, size_t cap) {
+    char *real = follow_links(path);
+    if (!real) return snprintf(err, cap, "out of memory"), -1;
+    struct stat st;
+    int rc = 0;
+    if (stat(real, &st) == 0 && !S_ISREG(st.st_mode)) { /* a device or a pipe: written to, never replaced */
+        int fd = open(real, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0) {
+            rc = -1, snprintf(err, cap, "%s: cannot open for writing: %s", path, errno == ENXIO ? "no process reads the FIFO" : strerror(errno));
+        } else {
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+            for (size_t done = 0; done < n && !rc;) {
+                ssize_t w = write(fd, (const char *)data + done, n - done);
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) rc = -1, snprintf(err, cap, "%s: write failed: %s", path, w < 0 ? strerror(errno) : "nothing written");
+                else done += (size_t)w;
+            }
+            if (close(fd) != 0 && !rc) rc = -1, snprintf(err, cap, "%s: write failed: %s", path, strerror(errno));
+        }
+        free(real);
+        return rc;
+    }
+    /* a regular file (or none yet): the whole new content or the old one, never a part */
+    size_t len = strlen(real);
+    char *tmp = malloc(len + 32);
+    if (!tmp) {
+        free(real);
+        return snprintf(err, cap, "out of memory"), -1;
+    }
+    snprintf(tmp, len + 32, "%s.tmp%d", real, (int)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) {
+        rc = -1, snprintf(err, cap, "%s: cannot create: %s", tmp, strerror(errno));
+    } else {
+        size_t w = fwrite(data, 1, n, fp);
+        int bad = w != n || fflush(fp) != 0 || fsync(fileno(fp)) != 0;
+        int e = errno;
+        if (fclose(fp) != 0 && !bad) bad = 1, e = errno;
+        if (bad) rc = -1, snprintf(err, cap, "%s: write failed: %s", path, strerror(e));
+        else if (rename(tmp, real) != 0) rc = -1, snprintf(err, cap, "%s: cannot rename into place: %s", path, strerror(errno));
+        if (rc) unlink(tmp);
     }
     free(tmp);
+    free(real);
+    return rc;
+}
+
+void cli_write_file_atomic(const char *path, const void *data, size_t n) {
+    char err[PATH_MAX + 256];
+    if (cli_write_file(path, data, n, err, sizeof err)) cli_die("%s", err);
 }
 
 ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int *too_long) {

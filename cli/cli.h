@@ -24,8 +24,11 @@ int cli_threads(int n);
 /* Parse "1,2,3" into a heap array of ids; dies on a malformed list. */
 int32_t *cli_parse_ids(const char *flag, const char *s, int *n);
 
-/* Write a whole buffer to `path` atomically (temp file + rename), so a failure leaves no
- * partial file that looks complete. Returns 0 or dies. */
+/* Write a whole buffer to `path`: a regular file atomically (temp file + rename, so a failure leaves
+ * the old content, never a part of the new), through symlinks to where they point, and to a device or
+ * a FIFO directly (never replacing it). 0, or -1 with the reason in err. */
+int cli_write_file(const char *path, const void *data, size_t n, char *err, size_t cap);
+/* The same, dying on failure. */
 void cli_write_file_atomic(const char *path, const void *data, size_t n);
 
 /* The model directory for -m `arg` (NULL when not given): a directory as is, a Hugging Face repo id

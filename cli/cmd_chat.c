@@ -4,6 +4,7 @@
 #include <json-c/json.h>
 #include <readline/history.h>
 #include <readline/readline.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,8 +156,10 @@ static void save(struct chat *c, const char *path) {
         json_object_array_add(msgs, m);
     }
     json_object_object_add(o, "messages", msgs);
-    if (json_object_to_file_ext(path, o, JSON_C_TO_STRING_PRETTY) != 0)
-        fprintf(stderr, "tllm: %s: cannot write: %s\n", path, strerror(errno));
+    const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY);
+    char err[PATH_MAX + 256];
+    if (cli_write_file(path, text, strlen(text), err, sizeof err)) /* the old save stays whole if this fails */
+        fprintf(stderr, "tllm: %s\n", err);
     else
         fprintf(stderr, "saved %d messages to %s\n", c->n, path);
     json_object_put(o);

@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "engine/base/error.h"
 #include "engine/base/json_util.h"
+#include "cli/batch_io.h"
 #include "cli/session.h"
 
 static const char usage[] =
@@ -23,7 +24,9 @@ static const char usage[] =
     "  --prompts FILE         batch: plain text (a prompt per line) or JSONL ({\"id\", \"prompt\"} or\n"
     "                         {\"id\", \"messages\"}, optional max_tokens, temperature, top_p, top_k, min_p,\n"
     "                         seed, stop); one JSON line per input line, flushed as it is done. A re-run\n"
-    "                         with the same -o skips the ids already there.\n";
+    "                         with the same -o skips the ids already there. FILE - is standard input.\n"
+    "  -o, --output OUT       the records (default: standard output); one writer at a time; a file with\n"
+    "                         lines that are not tllm records is refused unless --force\n";
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
@@ -95,106 +98,75 @@ static int run_one(struct cli_session *s, const struct tllm_sampler_params *sp, 
 
 /* ---- batch mode ---- */
 
-/* The ids already answered in OUT (one canonical JSON string per id); trims a torn last line. */
-static struct json_object *load_done_ids(const char *out) {
-    struct json_object *done = json_object_new_object();
-    FILE *fp = fopen(out, "r+b");
-    if (!fp) return done;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long good_end = 0;
-    int too_long;
-    /* our own records are short; a longer line is not one of them */
-    while ((n = cli_getline(&line, &cap, fp, CLI_MAX_PROMPT_LINE, &too_long)) != -1) {
-        if (too_long || n == 0 || line[n - 1] != '\n') break; /* a torn last line from an interrupted run */
-        struct json_object *o = NULL, *id;
-        if (tllm_json_parse(line, (size_t)n, &o, out) == TLLM_OK && json_object_object_get_ex(o, "id", &id))
-            json_object_object_add(done, json_object_to_json_string_ext(id, JSON_C_TO_STRING_PLAIN), NULL);
-        json_object_put(o);
-        good_end = ftell(fp);
-    }
-    free(line);
-    if (ftruncate(fileno(fp), good_end) != 0) cli_die("%s: cannot trim the torn last line: %s", out, strerror(errno));
-    fclose(fp);
-    return done;
-}
-
-static int emit(FILE *out, struct json_object *rec) {
-    fputs(json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PLAIN), out);
-    fputc('\n', out);
-    return fflush(out);
-}
-
-static void error_record(FILE *out, struct json_object *id, const char *fmt, const char *detail, const char *file,
-                         long lineno) {
+static void error_record(struct batch_out *out, struct json_object *id, const char *msg, const char *file, long lineno) {
     struct json_object *rec = json_object_new_object();
-    char msg[600];
-    snprintf(msg, sizeof msg, fmt, detail);
     json_object_object_add(rec, "id", json_object_get(id));
     json_object_object_add(rec, "error", json_object_new_string(msg));
-    emit(out, rec);
+    batch_out_emit(out, rec);
     json_object_put(rec);
     fprintf(stderr, "\rtllm: %s:%ld: %s\n", file, lineno, msg);
 }
 
-static int run_batch(struct cli_session *s, const char *file, const char *out_path, const struct cli_sampling *cs,
+/* An id names one line of the file: a string or a number, and no other line's */
+static int check_id(struct json_object *id, const char *key, struct json_object *seen, long lineno, char *err, size_t cap) {
+    struct json_object *first;
+    if (!json_object_is_type(id, json_type_string) && !json_object_is_type(id, json_type_int) &&
+        !json_object_is_type(id, json_type_double))
+        return snprintf(err, cap, "\"id\" must be a string or a number, not %s", key), 1;
+    if (json_object_object_get_ex(seen, key, &first))
+        return snprintf(err, cap, "id %.200s is also line %ld's (ids must be unique in a prompt file)", key,
+                        (long)json_object_get_int64(first)), 1;
+    json_object_object_add(seen, key, json_object_new_int64(lineno));
+    return 0;
+}
+
+static int run_batch(struct cli_session *s, const char *file, const char *out_path, int force, const struct cli_sampling *cs,
                      int max_new, int chat, const char *system) {
-    FILE *in = fopen(file, "rb");
-    if (!in) cli_die("%s: cannot open: %s", file, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long total = 0;
-    int jsonl = -1;
-    int too_long;
-    while ((n = cli_getline(&line, &cap, in, CLI_MAX_PROMPT_LINE, &too_long)) != -1) { /* count lines, and decide the format from the first */
-        total++;
-        if (jsonl < 0) {
-            char *p = line;
-            while (*p == ' ' || *p == '\t') p++;
-            if (*p != '\n' && *p != '\r' && *p) jsonl = *p == '{';
-        }
-    }
-    if (total == 0) cli_die("%s: the prompt file is empty", file);
-    rewind(in);
-    struct json_object *done = out_path ? load_done_ids(out_path) : json_object_new_object();
-    FILE *out = out_path ? fopen(out_path, "ab") : stdout;
-    if (!out) cli_die("%s: cannot open for writing: %s", out_path, strerror(errno));
+    struct batch_in in;
+    struct batch_out out;
+    batch_in_open(&in, file);
+    if (in.regular && in.total == 0) cli_die("%s: the prompt file is empty", file);
+    batch_out_open(&out, out_path, &in, force);
+    struct json_object *seen = json_object_new_object(); /* id -> the line that has it */
     int progress = isatty(STDERR_FILENO);
     long lineno = 0, answered = 0, skipped = 0, errors = 0;
     size_t gen_tokens = 0;
     double t_start = tllm_now(), gen_time = 0;
     struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
-    while (!interrupted && (n = cli_getline(&line, &cap, in, CLI_MAX_PROMPT_LINE, &too_long)) != -1) {
+    ssize_t n;
+    int too_long;
+    while (!interrupted && (n = batch_in_next(&in, &too_long)) != -1) {
         lineno++;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
         struct cli_prompt_line bl;
-        cli_prompt_line_parse(&bl, line, (size_t)n, jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
+        cli_prompt_line_parse(&bl, in.line, (size_t)n, in.jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
         if (too_long) snprintf(bl.err, sizeof bl.err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
         struct tllm_ids prompt = {0};
+        const char *key = json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN);
+        char id_err[320] = "";
         /* ids already answered are skipped before any work on them */
-        if (json_object_object_get_ex(done, json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN), NULL)) {
+        if (json_object_object_get_ex(out.done, key, NULL)) {
             skipped++;
+            json_object_object_add(seen, key, json_object_new_int64(lineno));
         } else {
-            if (bl.err[0]) {
+            if (check_id(bl.id, key, seen, lineno, id_err, sizeof id_err)) {
+            } else if (bl.err[0]) {
             } else if (bl.n_msgs) {
                 if (cli_encode_chat(s, bl.msgs, bl.n_msgs, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
             } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
                 snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
             }
             struct tllm_gen_result r;
-            if (bl.err[0]) {
-                error_record(out, bl.id, "%s", bl.err, file, lineno);
+            if (id_err[0] || bl.err[0]) {
+                error_record(&out, bl.id, id_err[0] ? id_err : bl.err, in.name, lineno);
                 errors++;
             } else if (run_one(s, &bl.sp, &prompt, bl.max_new, bl.stop, bl.n_stop, stop_if_interrupted, &r)) {
-                error_record(out, bl.id, "%s", tllm_errmsg(), file, lineno);
+                error_record(&out, bl.id, tllm_errmsg(), in.name, lineno);
                 errors++;
                 tllm_gen_result_free(&r);
             } else {
                 if (r.finish != TLLM_FINISH_INTERRUPTED) { /* an interrupted line is redone on resume */
                     struct json_object *rec = result_json(&r, bl.id, 0);
-                    if (emit(out, rec) != 0) cli_die("%s: write failed: %s", out_path ? out_path : "stdout", strerror(errno));
+                    batch_out_emit(&out, rec);
                     json_object_put(rec);
                     answered++;
                     gen_tokens += r.ids.len;
@@ -205,18 +177,24 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
         }
         if (progress) {
             double el = tllm_now() - t_start, per = lineno > skipped ? el / (double)(lineno - skipped) : 0;
-            fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, total,
-                    gen_time > 0 ? (double)gen_tokens / gen_time : 0, per * (double)(total - lineno));
+            if (in.total)
+                fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, in.total,
+                        gen_time > 0 ? (double)gen_tokens / gen_time : 0, per * (double)(in.total - lineno));
+            else
+                fprintf(stderr, "\r[%ld] %.1f tok/s   ", lineno, gen_time > 0 ? (double)gen_tokens / gen_time : 0);
         }
         tllm_ids_free(&prompt);
         cli_prompt_line_free(&bl);
     }
-    free(line);
-    fclose(in);
-    json_object_put(done);
-    if (out != stdout) fclose(out);
+    int stopped = in.stopped;
+    batch_in_close(&in);
+    batch_out_close(&out);
+    json_object_put(seen);
+    if (lineno == 0 && !interrupted) cli_die("%s: the prompt file is empty", file);
     fprintf(stderr, "%stllm: %ld answered, %ld already done, %ld errors%s\n", progress ? "\n" : "", answered, skipped,
             errors, interrupted ? " (interrupted: run again with the same -o to resume)" : "");
+    if (stopped) cli_die("%s: line %ld is longer than %u bytes and has no end in sight: the rest is not read", file, lineno,
+                         CLI_MAX_PROMPT_LINE);
     return interrupted ? 130 : 0;
 }
 
@@ -224,7 +202,7 @@ int cmd_generate(int argc, char **argv) {
     struct cli_model_opts mo = {0};
     struct cli_sampling cs = {0};
     const char *prompt = NULL, *ids_s = NULL, *prompts = NULL, *out = NULL, *system = NULL;
-    int max_new = 256, chat = 0, json = 0;
+    int max_new = 256, chat = 0, json = 0, force = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_model_opt(argc, argv, &i, &mo) || cli_sampling_opt(argc, argv, &i, &cs)) continue;
@@ -236,6 +214,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--system")) system = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--force")) force = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("%s\n%s\n%s", usage, cli_model_opts_help, cli_sampling_help);
             return 0;
@@ -247,7 +226,7 @@ int cmd_generate(int argc, char **argv) {
     cli_session_open(&s, &mo, !ids_s);
     signal(SIGINT, on_sigint);
     if (prompts) {
-        int rc = run_batch(&s, prompts, out, &cs, max_new, chat, system);
+        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system);
         cli_session_close(&s);
         return rc;
     }

@@ -256,6 +256,27 @@ put(os.path.join(d, "generation_config.json"), '{"temperature": "hot", "top_k": 
 case("generation_config.json with a bad value (and no leak: ASan)", ["generate", "-m", d] + IDS, 1,
      'tllm: {T}/genconfig-value/generation_config.json: "temperature" must be a number')
 
+# ---- output files: through a symlink to where it points; a device is written to, never replaced ----
+target = os.path.join(T, "target.f32")
+link = os.path.join(T, "link.f32")
+os.symlink("target.f32", link)
+r = run(["logits", "-m", os.path.join(DATA, "models", "q4-g64"), "--ids", "1,2", "--last", "-o", link])
+if r.returncode != 0 or not os.path.islink(link) or not os.path.isfile(target) or os.path.getsize(target) == 0:
+    failures.append("logits -o a symlink")
+    print(f"FAIL logits -o a symlink: rc {r.returncode}, link kept {os.path.islink(link)}, {r.stderr.decode()!r}")
+else:
+    print("ok   logits -o a symlink: the link stays, the file it points to gets the logits")
+if os.geteuid() == 0:  # a null device of our own (as root the old code replaced such nodes with a file)
+    import stat as st_
+    node = os.path.join(T, "null")
+    os.mknod(node, 0o666 | st_.S_IFCHR, os.makedev(1, 3))
+    r = run(["logits", "-m", os.path.join(DATA, "models", "q4-g64"), "--ids", "1,2", "-o", node])
+    if r.returncode != 0 or not st_.S_ISCHR(os.stat(node).st_mode):
+        failures.append("logits -o a device")
+        print(f"FAIL logits -o a device: rc {r.returncode}, still a device: {st_.S_ISCHR(os.stat(node).st_mode)}")
+    else:
+        print("ok   logits -o a device: written to, still a device")
+
 # output that cannot be written is a failure (the streamed text's fwrite errors are remembered by stdio)
 if os.path.exists("/dev/full"):
     env = dict(os.environ)

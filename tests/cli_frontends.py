@@ -153,9 +153,13 @@ try:
     env = dict(os.environ, HOME=tmp, TERM="dumb")
 
     class Pty:
-        def __init__(self, *args):
+        def __init__(self, *args, fsize=None):
             self.pid, self.fd = pty.fork()
             if self.pid == 0:
+                if fsize is not None:  # files it writes may hold this many bytes (a full disk, in effect)
+                    import resource
+                    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
                 os.execve(TLLM, [TLLM, "chat", *greedy, *args], env)
             self.buf = b""
 
@@ -215,6 +219,17 @@ try:
     check(c.leave(), "chat did not leave on Ctrl-D")
     check(os.path.exists(os.path.join(tmp, ".tllm_history")) and
           b"Hello" in open(os.path.join(tmp, ".tllm_history"), "rb").read(), "history file not kept")
+
+    # /save over an earlier save when the disk fills: an error, and the earlier save still whole
+    saved = open(os.path.join(tmp, "conv.json")).read()
+    c = Pty("-n", "16", fsize=64)
+    check(c.expect(b"> "), "no prompt under a pty")
+    c.send(b"Hello again, a message long enough that its save needs more than sixty-four bytes\r")
+    check(c.expect(b"\n> "), "no prompt after a reply")
+    c.send(b"/save " + os.path.join(tmp, "conv.json").encode() + b"\r")
+    check(c.expect(b"write failed"), "/save on a full disk: no error")
+    check(c.leave(), "chat did not leave on Ctrl-D after a failed /save")
+    check(open(os.path.join(tmp, "conv.json")).read() == saved, "a failed /save damaged the earlier save")
 
     c = Pty("-c", "4096")  # replies run until the context is full: long enough to interrupt
     check(c.expect(b"> "), "no prompt under a pty")

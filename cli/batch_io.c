@@ -1,0 +1,196 @@
+#include "cli/batch_io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/prompt_line.h"
+#include "engine/base/json_util.h"
+
+/* Opens path for `flags` without blocking in open() (a FIFO with no writer or no reader), then makes
+ * the descriptor blocking again for the reads and writes. -1 with errno on failure. */
+static int open_unblocked(const char *path, int flags, mode_t mode) {
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, mode);
+    if (fd >= 0) {
+        int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    }
+    return fd;
+}
+
+/* The next line of fp into *buf (without its newline), at most max bytes kept. stop_long: a longer
+ * line ends the reading there (a stream may never end it: /dev/zero). */
+static ssize_t read_line(FILE *fp, char **buf, size_t *cap, size_t max, int stop_long, int *too_long, int *eof) {
+    size_t len = 0;
+    int c, any = 0;
+    *too_long = 0;
+    while ((c = getc_unlocked(fp)) != EOF) {
+        any = 1;
+        if (c == '\n') break;
+        if (len >= max) {
+            *too_long = 1;
+            if (stop_long) break;
+            continue;
+        }
+        if (len + 2 > *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            char *nb = realloc(*buf, nc);
+            if (!nb) cli_die("out of memory");
+            *buf = nb, *cap = nc;
+        }
+        (*buf)[len++] = (char)c;
+    }
+    *eof = c == EOF;
+    if (!any) return -1;
+    if (*too_long) len = 0; /* nothing of a refused line is used */
+    if (!*buf && !(*buf = malloc(*cap = 1))) cli_die("out of memory");
+    (*buf)[len] = '\0';
+    return (ssize_t)len;
+}
+
+/* 1, 0 or -1 (blank) for the format a line says: JSONL when its first non-blank byte is '{' */
+static int line_format(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+    return *p ? *p == '{' : -1;
+}
+
+void batch_in_open(struct batch_in *in, const char *path) {
+    memset(in, 0, sizeof *in);
+    in->jsonl = -1;
+    if (!strcmp(path, "-")) {
+        in->fp = stdin, in->name = "stdin";
+    } else {
+        in->name = path;
+        int fd = open_unblocked(path, O_RDONLY, 0);
+        if (fd < 0 || !(in->fp = fdopen(fd, "rb"))) cli_die("%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat st;
+    in->regular = fstat(fileno(in->fp), &st) == 0 && S_ISREG(st.st_mode);
+    if (S_ISDIR(st.st_mode)) cli_die("%s: is a directory, not a prompt file", in->name);
+    if (!in->regular) return; /* a pipe or a device is read once, as it comes */
+    off_t start = ftello(in->fp);
+    ssize_t n;
+    int too_long, eof;
+    while ((n = read_line(in->fp, &in->line, &in->cap, CLI_MAX_PROMPT_LINE, 0, &too_long, &eof)) != -1) {
+        in->total++;
+        if (in->jsonl < 0 && !too_long) in->jsonl = line_format(in->line);
+    }
+    if (ferror(in->fp) || fseeko(in->fp, start, SEEK_SET) != 0) cli_die("%s: read error: %s", in->name, strerror(errno));
+}
+
+ssize_t batch_in_next(struct batch_in *in, int *too_long) {
+    if (in->stopped) return -1;
+    int eof;
+    ssize_t n = read_line(in->fp, &in->line, &in->cap, CLI_MAX_PROMPT_LINE, !in->regular, too_long, &eof);
+    if (n < 0 && ferror(in->fp)) cli_die("%s: read error: %s", in->name, strerror(errno));
+    if (n >= 0 && *too_long && !in->regular) in->stopped = 1;
+    if (n >= 0 && !*too_long) {
+        while (n > 0 && in->line[n - 1] == '\r') in->line[--n] = '\0';
+        if (in->jsonl < 0) in->jsonl = line_format(in->line);
+    }
+    return n;
+}
+
+void batch_in_close(struct batch_in *in) {
+    if (in->fp && in->fp != stdin) fclose(in->fp);
+    free(in->line);
+    memset(in, 0, sizeof *in);
+}
+
+/* A line of ours: a JSON object with an id and a text or an error */
+static int is_record(const char *line, size_t n, struct json_object **id) {
+    struct json_object *o = NULL, *v;
+    *id = NULL;
+    if (tllm_json_parse(line, n, &o, "record") || !json_object_is_type(o, json_type_object) ||
+        !json_object_object_get_ex(o, "id", &v) ||
+        !(json_object_object_get_ex(o, "text", NULL) || json_object_object_get_ex(o, "error", NULL))) {
+        json_object_put(o);
+        return 0;
+    }
+    *id = json_object_get(v);
+    json_object_put(o);
+    return 1;
+}
+
+/* The records already there (their ids into out->done); a torn last line from an interrupted run
+ * is trimmed, and a file with lines that are not records is refused unless forced. */
+static void resume_scan(struct batch_out *out, int force) {
+    FILE *fp = out->fp;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int too_long, eof;
+    long lineno = 0, foreign = 0;
+    off_t good_end = 0;
+    int torn = 0;
+    while ((n = read_line(fp, &line, &cap, CLI_MAX_PROMPT_LINE, 0, &too_long, &eof)) != -1) {
+        lineno++;
+        if (eof) { /* no newline at the end: a record cut short by an interruption, or not ours */
+            torn = 1;
+            break;
+        }
+        struct json_object *id;
+        if (!too_long && is_record(line, (size_t)n, &id)) {
+            json_object_object_add(out->done, json_object_to_json_string_ext(id, JSON_C_TO_STRING_PLAIN), NULL);
+            json_object_put(id);
+        } else if (!foreign++ && !force) {
+            cli_die("%s: line %ld is not a tllm record: not a file tllm generate wrote? (--force appends to it anyway)",
+                    out->name, lineno);
+        }
+        good_end = ftello(fp);
+    }
+    free(line);
+    if (ferror(fp)) cli_die("%s: read error: %s", out->name, strerror(errno));
+    if (torn && !foreign) {
+        if (ftruncate(fileno(fp), good_end) != 0) cli_die("%s: cannot trim the torn last line: %s", out->name, strerror(errno));
+    } else if (torn) { /* someone else's unfinished line: kept, and ours start on a line of their own */
+        if (fseeko(fp, 0, SEEK_END) != 0 || fputc('\n', fp) == EOF) cli_die("%s: write failed: %s", out->name, strerror(errno));
+    }
+    if (fseeko(fp, 0, SEEK_END) != 0) cli_die("%s: cannot seek: %s", out->name, strerror(errno));
+}
+
+void batch_out_open(struct batch_out *out, const char *path, const struct batch_in *in, int force) {
+    memset(out, 0, sizeof *out);
+    out->done = json_object_new_object();
+    if (!path) {
+        out->fp = stdout, out->name = "stdout";
+        return;
+    }
+    out->name = path;
+    struct stat st, ist;
+    int exists = stat(path, &st) == 0; /* through symlinks: -o LINK writes where it points */
+    if (exists && !S_ISREG(st.st_mode)) {
+        /* a pipe, a terminal, /dev/null: written straight through, nothing to resume from */
+        int fd = open_unblocked(path, O_WRONLY, 0);
+        if (fd < 0 && errno == ENXIO) cli_die("%s: a FIFO that no process is reading", path);
+        if (fd < 0 || !(out->fp = fdopen(fd, "wb"))) cli_die("%s: cannot open for writing: %s", path, strerror(errno));
+        return;
+    }
+    int fd = open_unblocked(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) cli_die("%s: cannot open for writing: %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) cli_die("%s: not a regular file", path);
+    if (fstat(fileno(in->fp), &ist) == 0 && ist.st_dev == st.st_dev && ist.st_ino == st.st_ino)
+        cli_die("%s: -o is the prompt file itself (the answers go to another file)", path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        cli_die("%s: %s", path, errno == EWOULDBLOCK ? "another tllm generate is writing to it" : strerror(errno));
+    if (!(out->fp = fdopen(fd, "r+b"))) cli_die("%s: cannot open for writing: %s", path, strerror(errno));
+    out->regular = 1;
+    resume_scan(out, force);
+}
+
+void batch_out_emit(struct batch_out *out, struct json_object *rec) {
+    fputs(json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PLAIN), out->fp);
+    fputc('\n', out->fp);
+    if (fflush(out->fp) != 0 || ferror(out->fp)) cli_die("%s: write failed: %s", out->name, strerror(errno));
+}
+
+void batch_out_close(struct batch_out *out) {
+    json_object_put(out->done);
+    if (out->fp && out->fp != stdout && fclose(out->fp) != 0) cli_die("%s: write failed: %s", out->name, strerror(errno));
+    memset(out, 0, sizeof *out);
+}
