@@ -75,6 +75,12 @@ static void drop_msgs(struct chat *c, int k) { /* drop the k oldest messages */
     c->n -= k;
 }
 
+static void drop_last(struct chat *c) { /* the user message whose turn could not run */
+    c->n--;
+    free(c->role[c->n]);
+    free(c->content[c->n]);
+}
+
 static void reset(struct chat *c) {
     drop_msgs(c, c->n);
     tllm_session_reset(c->s.ss);
@@ -98,17 +104,41 @@ static int print_piece(const char *text, size_t len, void *user) {
     return stop_reply;
 }
 
-/* One user turn: append it, make room in the context, prefill what is new, stream the reply. */
-static void turn(struct chat *c, const char *user_text) {
-    add_msg(c, "user", user_text);
+/* Tokens kept free for the reply when old turns must go: -n, or 256, but never more than a quarter
+ * of the context (a reserve of the whole context would drop the history every turn) */
+static int reply_reserve(const struct chat *c) {
+    int want = c->max_new > 0 ? c->max_new : 256, quarter = c->s.ctx->n_ctx / 4;
+    return want < quarter ? want : quarter;
+}
+
+/* One user turn: append it, make room in the context, prefill what is new, stream the reply.
+ * Returns 0, or -1 when the turn could not run (said on stderr; the history is kept). */
+static int turn(struct chat *c, const char *user_text) {
     struct tllm_ids ids = {0};
-    int reserve = c->max_new > 0 ? c->max_new : 256, dropped = 0;
+    /* the message alone (with the system prompt) must fit, or nothing of the history is touched */
+    struct tllm_chat_msg alone[2];
+    int k = 0;
+    if (c->system) alone[k++] = (struct tllm_chat_msg){"system", c->system};
+    alone[k++] = (struct tllm_chat_msg){"user", user_text};
+    if (cli_encode_chat(&c->s, alone, k, &ids)) {
+        fprintf(stderr, "tllm: %s\n", tllm_errmsg());
+        tllm_ids_free(&ids);
+        return -1;
+    }
+    if ((int)ids.len >= c->s.ctx->n_ctx) {
+        fprintf(stderr, "tllm: this message alone (%zu tokens) does not fit in the context (%d); use -c\n", ids.len,
+                c->s.ctx->n_ctx);
+        tllm_ids_free(&ids);
+        return -1;
+    }
+    add_msg(c, "user", user_text);
+    int reserve = reply_reserve(c), dropped = 0;
     for (;;) {
         if (encode_conversation(c, &ids)) {
             fprintf(stderr, "tllm: %s\n", tllm_errmsg());
-            c->n--;
+            drop_last(c);
             tllm_ids_free(&ids);
-            return;
+            return -1;
         }
         if ((int)ids.len + reserve <= c->s.ctx->n_ctx || c->n <= 1) break;
         drop_msgs(c, c->n >= 3 ? 2 : 1); /* the oldest exchange; the system prompt stays */
@@ -116,13 +146,6 @@ static void turn(struct chat *c, const char *user_text) {
     }
     if (dropped)
         fprintf(stderr, "[context full: dropped the %d oldest message%s]\n", dropped * 2, dropped > 1 ? "s" : "");
-    if ((int)ids.len >= c->s.ctx->n_ctx) {
-        fprintf(stderr, "tllm: this message alone (%zu tokens) does not fit in the context (%d); use -c\n", ids.len,
-                c->s.ctx->n_ctx);
-        reset(c);
-        tllm_ids_free(&ids);
-        return;
-    }
     /* the session computes only what follows the longest prefix its cache holds */
     struct tllm_generate_params gp = {.sampling = c->sp, .max_tokens = c->max_new, .stop = c->stop, .n_stop = c->n_stop,
                                       .skip_special = 1};
@@ -134,7 +157,7 @@ static void turn(struct chat *c, const char *user_text) {
     putchar('\n');
     if (rc) {
         fprintf(stderr, "tllm: %s\n", tllm_errmsg());
-        c->n--;
+        drop_last(c);
         reset(c);
     } else {
         c->have_last = 1;
@@ -144,6 +167,7 @@ static void turn(struct chat *c, const char *user_text) {
     }
     tllm_free(reply);
     tllm_ids_free(&ids);
+    return rc ? -1 : 0;
 }
 
 static void save(struct chat *c, const char *path) {
@@ -273,6 +297,7 @@ int cmd_chat(int argc, char **argv) {
     struct sigaction sa = {.sa_handler = on_sigint};
     sigemptyset(&sa.sa_mask);
 
+    int failed = 0;
     if (!isatty(STDIN_FILENO)) { /* piped: the whole input is one user turn */
         struct tllm_buf in = {0};
         char chunk[65536];
@@ -281,7 +306,7 @@ int cmd_chat(int argc, char **argv) {
         while (in.len && (in.data[in.len - 1] == '\n' || in.data[in.len - 1] == '\r')) in.data[--in.len] = '\0';
         if (!in.len) cli_die("chat: no input on standard input");
         sigaction(SIGINT, &sa, NULL);
-        turn(&c, in.data);
+        failed = turn(&c, in.data) != 0;
         tllm_buf_free(&in);
     } else {
         char *hist = history_path();
@@ -326,5 +351,5 @@ int cmd_chat(int argc, char **argv) {
     reset(&c);
     free(c.system);
     cli_session_close(&c.s);
-    return 0;
+    return failed; /* piped: the turn's failure is the exit status */
 }

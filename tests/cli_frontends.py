@@ -162,6 +162,7 @@ try:
                     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
                 os.execve(TLLM, [TLLM, "chat", *greedy, *args], env)
             self.buf = b""
+            self.all = b""  # everything it printed
 
         def send(self, data):
             os.write(self.fd, data)
@@ -174,7 +175,9 @@ try:
                     return True
                 if select.select([self.fd], [], [], 0.2)[0]:
                     try:
-                        self.buf += os.read(self.fd, 65536)
+                        data = os.read(self.fd, 65536)
+                        self.buf += data
+                        self.all += data
                     except OSError:
                         break
             return False
@@ -228,8 +231,27 @@ try:
     check(c.expect(b"\n> "), "no prompt after a reply")
     c.send(b"/save " + os.path.join(tmp, "conv.json").encode() + b"\r")
     check(c.expect(b"write failed"), "/save on a full disk: no error")
+    check(c.expect(b"> "), "no prompt after a failed /save")
     check(c.leave(), "chat did not leave on Ctrl-D after a failed /save")
     check(open(os.path.join(tmp, "conv.json")).read() == saved, "a failed /save damaged the earlier save")
+
+    # a small context: the reply reserve leaves room for history (not the whole context), and a
+    # message that cannot fit is refused without dropping the conversation
+    c = Pty("-c", "256", "-n", "8")
+    check(c.expect(b"> "), "no prompt under a pty")
+    for msg in (b"Hello", b"How are you", b"Fine thanks"):
+        c.send(msg + b"\r")
+        check(c.expect(b"\n> "), "no prompt after a reply at -c 256")
+    c.send(b"word " * 400 + b"\r")
+    check(c.expect(b"does not fit in the context"), "a message longer than the context was not refused")
+    check(c.expect(b"> "), "no prompt after a refused message")
+    c.send(b"/save " + os.path.join(tmp, "small.json").encode() + b"\r")
+    check(c.expect(b"saved 6 messages"), "the history was not kept after a refused message")
+    check(c.expect(b"> "), "no prompt after /save")
+    check(c.leave(), "chat -c 256 did not leave on Ctrl-D")
+    check(b"dropped" not in c.all, "history dropped at -c 256 with room to spare")
+    r = run("chat", *greedy, "-c", "64", "-n", "4", input=b"word " * 400)
+    check(r.returncode == 1 and b"does not fit" in r.stderr, "piped chat that fails: exit %d %r" % (r.returncode, r.stderr))
 
     c = Pty("-c", "4096")  # replies run until the context is full: long enough to interrupt
     check(c.expect(b"> "), "no prompt under a pty")
