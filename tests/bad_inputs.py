@@ -49,10 +49,10 @@ def put(path, data, mode="w"):
     return path
 
 
-def run(args, stdin=None):
+def run(args, stdin=None, timeout=300):
     env = dict(os.environ)
     env.pop("TLLM_MODEL", None)
-    return subprocess.run([TLLM] + args, capture_output=True, env=env, input=stdin, timeout=300)
+    return subprocess.run([TLLM] + args, capture_output=True, env=env, input=stdin, timeout=timeout)
 
 
 def case(name, args, want_rc, want_err, no_file=None, stdout_has=None):
@@ -276,6 +276,36 @@ if os.geteuid() == 0:  # a null device of our own (as root the old code replaced
         print(f"FAIL logits -o a device: rc {r.returncode}, still a device: {st_.S_ISCHR(os.stat(node).st_mode)}")
     else:
         print("ok   logits -o a device: written to, still a device")
+
+# ---- the tokenizer on hostile input: a split regex that backtracks, one enormous word ----
+tokdir = os.path.join(T, "backtrack")
+os.makedirs(tokdir)
+tj = json.load(open(os.path.join(DATA, "tokenizer", "tokenizer.json")))
+tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "a{0,3000}a{0,3000}b|."
+json.dump(tj, open(os.path.join(tokdir, "tokenizer.json"), "w"))
+put(os.path.join(T, "a6000.txt"), "a" * 6000)
+try:
+    r = run(["tokenize", "-m", tokdir, "--file", os.path.join(T, "a6000.txt")], timeout=30)
+    e = r.stderr.decode()
+    ok = r.returncode == 1 and e.startswith(f"tllm: {tokdir}/tokenizer.json: the pre-tokenizer's split regex is too slow")
+except subprocess.TimeoutExpired:
+    ok, e = False, "still running after 30 s"
+if ok:
+    print("ok   a split regex that backtracks: stopped, the file named")
+else:
+    failures.append("backtracking split regex")
+    print(f"FAIL backtracking split regex: {e!r}")
+if not os.environ.get("TLLM_TEST_SANITIZED"):  # the sanitizers' own memory would blur the measure
+    word = put(os.path.join(T, "word.txt"), "a" * (8 << 20))
+    p = subprocess.Popen([TLLM, "tokenize", "-m", os.path.join(DATA, "tokenizer"), "--file", word],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)
+    peak_mb = usage.ru_maxrss / 1024
+    if os.waitstatus_to_exitcode(status) != 0 or peak_mb > 250:
+        failures.append("tokenize one 8 MiB word")
+        print(f"FAIL tokenize one 8 MiB word: exit {os.waitstatus_to_exitcode(status)}, peak {peak_mb:.0f} MB (before: 390)")
+    else:
+        print(f"ok   tokenize one 8 MiB word: peak {peak_mb:.0f} MB")
 
 # output that cannot be written is a failure (the streamed text's fwrite errors are remembered by stdio)
 if os.path.exists("/dev/full"):

@@ -9,6 +9,12 @@
 
 #define BPE_CACHE_MAX_PIECE 256 /* longer pieces are rare and not cached */
 #define BPE_STACK_SYMBOLS 128   /* pieces up to this many bytes need no allocation */
+#ifndef BPE_MAX_PIECE
+/* Longer pieces (a "word" the split regex keeps whole, of over a MiB) are merged a MiB at a time, cut
+ * at a character boundary, so one encode needs about 56 bytes of scratch per byte of at most this:
+ * a 64 MiB word took 2.5 GB before. Hugging Face merges across the cuts; real text has no such words. */
+#define BPE_MAX_PIECE (1u << 20)
+#endif
 
 struct symbol {
     int32_t id;
@@ -111,6 +117,13 @@ static int bpe_uncached(struct tllm_tok *t, const unsigned char *piece, size_t l
 
 int tllm_bpe_word(struct tllm_tok *t, const unsigned char *piece, size_t len, struct tllm_ids *out) {
     if (len == 0) return TLLM_OK;
+    while (len > BPE_MAX_PIECE) {
+        size_t cut = BPE_MAX_PIECE;
+        while (cut > BPE_MAX_PIECE - 4 && (piece[cut] & 0xC0) == 0x80) cut--; /* not inside a character */
+        int rc = tllm_bpe_word(t, piece, cut, out);
+        if (rc) return rc;
+        piece += cut, len -= cut;
+    }
     if (len == 1) return tllm_ids_push(out, t->byte_id[piece[0]]);
     if (t->ignore_merges) { /* HF's option: a piece that is a whole token is not merged */
         int32_t whole = tllm_strmap_get(&t->vocab, (const char *)piece, len);

@@ -3,8 +3,28 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "engine/base/clock.h"
 #include "engine/base/error.h"
 #include "tokenizer/tok_internal.h"
+
+/* The split regex comes from the tokenizer file, so it may backtrack without end (a{0,3000}a{0,3000}b
+ * on 6,000 characters ran 34 s). One match may take REGEX_STEPS_BASE + REGEX_STEPS_PER_BYTE x the
+ * bytes left (PCRE2's match limit, and its depth limit alike), and one encode REGEX_SECS_BASE +
+ * REGEX_SECS_PER_MIB x its size in MiB of time, far above what a real tokenizer needs (Qwen2's runs
+ * at 13-60 MB/s). */
+#ifndef REGEX_STEPS_BASE
+#define REGEX_STEPS_BASE 100000u
+#endif
+#ifndef REGEX_STEPS_PER_BYTE
+#define REGEX_STEPS_PER_BYTE 64u
+#endif
+#ifndef REGEX_SECS_BASE
+#define REGEX_SECS_BASE 1.0
+#endif
+#ifndef REGEX_SECS_PER_MIB
+#define REGEX_SECS_PER_MIB 1.0
+#endif
+#define REGEX_CLOCK_EVERY 256 /* matches between looks at the clock */
 
 /* One run of valid UTF-8: normalize, split with the pre-tokenizer regex, BPE each piece. */
 static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, struct tllm_ids *out) {
@@ -24,13 +44,24 @@ static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, stru
         rc = tllm_bpe_word(t, s, n, out);
     } else {
         size_t prev = 0, off = 0;
+        unsigned calls = 0;
         while (off <= n && !rc) {
+            uint64_t steps = REGEX_STEPS_BASE + (uint64_t)REGEX_STEPS_PER_BYTE * (n - off);
+            uint32_t limit = steps > UINT32_MAX ? UINT32_MAX : (uint32_t)steps;
+            pcre2_set_match_limit(t->mctx, limit);
+            pcre2_set_depth_limit(t->mctx, limit);
             int m = pcre2_match(t->split_re, s, n, off, PCRE2_NO_UTF_CHECK, t->md, t->mctx);
             if (m == PCRE2_ERROR_NOMATCH) break;
             if (m < 0) {
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(m, msg, sizeof msg);
-                rc = tllm_fail(TLLM_ERR_LIMIT, "tokenizer: the pre-tokenizer regex failed: %s", (char *)msg);
+                rc = tllm_fail(TLLM_ERR_LIMIT, "%s: the pre-tokenizer's split regex gave up at byte %zu of a %zu-byte run: %s",
+                               t->path, off, n, (char *)msg);
+                break;
+            }
+            if (++calls % REGEX_CLOCK_EVERY == 0 && tllm_now() > t->deadline) {
+                rc = tllm_fail(TLLM_ERR_LIMIT, "%s: the pre-tokenizer's split regex is too slow on this input (over its time "
+                               "budget at byte %zu of a %zu-byte run: a pattern that backtracks?)", t->path, off, n);
                 break;
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
@@ -85,6 +116,7 @@ static const struct tllm_added_token *added_at(const struct tllm_tok *t, const u
 
 int tllm_tok_encode(struct tllm_tok *t, const char *text, size_t len, int parse_special, struct tllm_ids *out) {
     const unsigned char *s = (const unsigned char *)text;
+    t->deadline = tllm_now() + REGEX_SECS_BASE + REGEX_SECS_PER_MIB * (double)len / (1 << 20);
     size_t start = 0;
     for (size_t i = 0; i < len;) {
         const struct tllm_added_token *a = added_at(t, s + i, len - i, parse_special);

@@ -329,7 +329,8 @@ int tllm_tok_load(const char *path, struct tllm_tok **out) {
         json_object_put(root);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
-    rc = json_object_is_type(root, json_type_object) ? load_json(t, root, path)
+    if (!(t->path = strdup(path))) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    else rc = json_object_is_type(root, json_type_object) ? load_json(t, root, path)
                                                       : tllm_fail(TLLM_ERR_FORMAT, "%s: not a JSON object", path);
     json_object_put(root);
     if (rc) {
@@ -342,6 +343,7 @@ int tllm_tok_load(const char *path, struct tllm_tok **out) {
 
 void tllm_tok_free(struct tllm_tok *t) {
     if (!t) return;
+    free(t->path);
     for (int i = 0; t->token_bytes && i < t->n_vocab; i++) free(t->token_bytes[i]);
     free(t->token_bytes);
     free(t->token_len);

@@ -50,6 +50,8 @@ struct tllm_tok {
     pcre2_jit_stack *jit_stack;
     struct tllm_bpe_cache_entry *cache; /* direct-mapped cache of BPE results per piece */
     size_t cache_cap;
+    char *path;                 /* tokenizer.json, for messages */
+    double deadline;            /* of the encode running: the regex's time budget (encode.c) */
 };
 
 /* Byte-level mapping (GPT-2): byte -> code point, and code point -> byte (-1 if none). */
