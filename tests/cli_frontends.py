@@ -140,6 +140,22 @@ try:
     r = run("generate", "-m", model, "--prompts", os.devnull)
     check(r.returncode != 0 and b"the prompt file is empty" in r.stderr, "empty prompt file")
 
+    # -- the OpenCL build on PoCL (when there is a device): the first run says it compiles, the driver's
+    # compiler chatter stays out of stderr, and the next run neither compiles nor says so
+    devs = run("devices").stdout.decode()
+    if "opencl:0" in devs:
+        cache, pocl = os.path.join(tmp, "clcache"), os.path.join(tmp, "poclcache")
+        env_cl = dict(os.environ, TLLM_CL_CACHE=cache, POCL_CACHE_DIR=pocl)
+        cmd = [TLLM, "generate", "-m", os.path.join(DATA, "models/q4-g64"), "--prompt-ids", "1,2", "-n", "2", "--device", "opencl:0"]
+        r1 = subprocess.run(cmd, capture_output=True, env=env_cl, timeout=600)
+        r2 = subprocess.run(cmd, capture_output=True, env=env_cl, timeout=600)
+        e1, e2 = r1.stderr.decode(), r2.stderr.decode()
+        check(r1.returncode == 0 and "tllm: opencl: compiling the kernels for" in e1, "first OpenCL run: " + e1)
+        check("warning generated" not in e1 and "warning" not in e2, "compiler chatter on stderr: " + e1)
+        check(r2.returncode == 0 and "compiling" not in e2 and r2.stdout == r1.stdout, "second OpenCL run: " + e2)
+    else:
+        print("no OpenCL device: the build note and cache are not checked")
+
     # -- chat through a pipe: one user turn, the reply, exit
     r = run("chat", *greedy, "-n", "8", input=b"Hello there")
     check(r.returncode == 0 and r.stdout.endswith(b"\n"), "chat pipe: %r %r" % (r.stdout, r.stderr))

@@ -2,9 +2,11 @@
  * from TLLM_CL_DIR) with the model's shapes and the device's options, and reading back their tunables. */
 #include "engine/backend/opencl/cl_internal.h"
 
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
@@ -119,6 +121,23 @@ static void print_build_log(const struct tllm_cl *cl) {
     free(log);
 }
 
+/* clBuildProgram with standard error closed: PoCL's compiler writes its warnings there itself ("1
+ * warning generated."), which the build log repeats; the log is printed when the build fails, and
+ * everything is kept with TLLM_CL_PROFILE or TLLM_CL_VERBOSE. */
+static cl_int quiet_build(struct tllm_cl *cl, const char *opts) {
+    int keep = cl->profile || cl->phases || getenv("TLLM_CL_VERBOSE"), saved = -1, null = -1;
+    fflush(stderr);
+    if (!keep && (saved = dup(STDERR_FILENO)) >= 0 && (null = open("/dev/null", O_WRONLY | O_CLOEXEC)) >= 0)
+        dup2(null, STDERR_FILENO);
+    cl_int e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
+    if (saved >= 0) {
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+    }
+    if (null >= 0) close(null);
+    return e;
+}
+
 /* int8_ok: int8 activations may be compiled in (retried without them when they do not fit) */
 int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* TLLM_CL_DIR: load the kernel files from disk (while developing); TLLM_CL_OPTS: extra -D options */
@@ -139,9 +158,6 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
         src[i] = disk[i];
     }
     cl_int e;
-    cl->prog = clCreateProgramWithSource(cl->cx, (cl_uint)n_src, src, NULL, &e);
-    for (int i = 0; i < n_src; i++) free(disk[i]);
-    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateProgramWithSource: %s", tllm_cl_err_name(e));
     /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
      * needs room beside the floats), and less on devices with little local memory (32 KiB), unless the
      * options say otherwise */
@@ -188,7 +204,27 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
              nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
              cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
-    e = clBuildProgram(cl->prog, 1, &cl->dev, opts, NULL, NULL);
+    /* a GPU's program is kept as its binary; a CPU device's is not (PoCL builds the kernels it runs as
+     * they are first launched and keeps them in its own cache; asking it for the binary would compile
+     * every kernel, doubling the first run), only a mark that it was built, so the note comes once */
+    char cache[1200];
+    int cpu = (type & CL_DEVICE_TYPE_CPU) != 0, cached = tllm_cl_cache_path(cl, src, n_src, opts, cache, sizeof cache);
+    if (cached && !cpu && tllm_cl_cache_load(cl, cache, opts)) {
+        e = CL_SUCCESS;
+    } else {
+        cl->prog = clCreateProgramWithSource(cl->cx, (cl_uint)n_src, src, NULL, &e);
+        if (e != CL_SUCCESS) {
+            for (int i = 0; i < n_src; i++) free(disk[i]);
+            return tllm_fail(TLLM_ERR_IO, "opencl: clCreateProgramWithSource: %s", tllm_cl_err_name(e));
+        }
+        int first = cached && !tllm_cl_cache_seen(cache);
+        if (first)
+            fprintf(stderr, "tllm: opencl: compiling the kernels for %s (the first run on this device%s)\n", cl->name,
+                    cpu ? "; its driver keeps them for the next" : ", kept for the next");
+        e = quiet_build(cl, opts);
+        if (e == CL_SUCCESS && cached) tllm_cl_cache_store(cl, cache, !cpu);
+    }
+    for (int i = 0; i < n_src; i++) free(disk[i]);
     if (e != CL_SUCCESS) {
         print_build_log(cl);
         return tllm_fail(TLLM_ERR_IO, "opencl: kernels/opencl/ does not build on %s: %s (log above)", cl->name,

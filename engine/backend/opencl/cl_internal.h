@@ -121,6 +121,14 @@ struct tllm_cl {
 /* n floats rounded up to whole 128-byte lines, as `token` lays out its per-layer regions (LINE_PAD) */
 static inline size_t line_pad(size_t n) { return (n + 31) & ~(size_t)31; }
 
+/* cl_cache.c: the built program on disk; cache_path returns 0 when there is no cache */
+int tllm_cl_cache_path(const struct tllm_cl *cl, const char *const *src, int n_src, const char *opts, char *out, size_t cap);
+int tllm_cl_cache_load(struct tllm_cl *cl, const char *path, const char *opts);
+/* 1 if the program was built before (its binary, or the mark of a build that kept none) */
+int tllm_cl_cache_seen(const char *path);
+/* binary: keep the program's binary at path; else only the mark that it was built */
+void tllm_cl_cache_store(const struct tllm_cl *cl, const char *path, int binary);
+
 /* cl_device.c */
 const char *tllm_cl_err_name(cl_int e);
 int tllm_cl_all_devices(cl_device_id *devs, cl_platform_id *plats_of, int max);
