@@ -56,6 +56,7 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     free(tj);
     free(tc);
     if (!rc) rc = tllm_gen_defaults_load(dir, e->m, &e->gd);
+    if (!rc && e->tok) e->m->n_sample = tllm_tok_n_vocab(e->tok); /* before any backend is made */
     return rc;
 }
 

@@ -47,6 +47,32 @@ try:
     if r.returncode == 0:
         ids = json.loads(r.stdout)["ids"]
         check(len(ids) == 3000 and max(ids) < 151665, "sampled %d ids, largest %d" % (len(ids), max(ids)))
+    # greedy never takes a padding row either, on the CPU or a device: a copy of the model whose rows
+    # 151700 and 151701 (past the tokenizer's 151665 ids) score +-65536 x sum(h), so one of them would win
+    import struct
+    pad = os.path.join(tmp, "padmodel")
+    shutil.copytree(model, pad)
+    st = os.path.join(pad, "model.safetensors")
+    raw = bytearray(open(st, "rb").read())
+    hlen = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + hlen])
+    base = 8 + hlen
+    for name, val in (("scales", 0x0000), ("biases", None)):
+        t = hdr["model.embed_tokens." + name]
+        width = t["shape"][1] * 2  # bf16 per group
+        for row, sign in ((151700, 0), (151701, 0x8000)):
+            at = base + t["data_offsets"][0] + row * width
+            word = val if val is not None else (0x4780 | sign)  # bf16 65536, positive then negative
+            raw[at:at + width] = struct.pack("<H", word) * (width // 2)
+    open(st, "wb").write(raw)
+    outs = {}
+    for dev in ("cpu", "opencl:0") if "opencl:0" in run("devices").stdout.decode() else ("cpu",):
+        r = run("generate", "-m", pad, "-p", "Hello", "-n", "8", "--temp", "0", "--json", "--device", dev)
+        ids = json.loads(r.stdout)["ids"] if r.returncode == 0 else []
+        outs[dev] = ids
+        check(r.returncode == 0 and len(ids) == 8 and max(ids) < 151665, "greedy with winning padding rows on %s: %s %s" %
+              (dev, ids, r.stderr.decode()[-200:]))
+    check(len(set(map(tuple, outs.values()))) == 1, "greedy ids differ between CPU and device: %s" % outs)
     # -t past the CPUs this process may use: said, lowered, and it runs
     r = run("generate", "-m", model, "-p", "Hello", "-n", "2", "-t", "1024")
     check(r.returncode == 0 and b"-t 1024: this process may use" in r.stderr, "-t 1024: " + r.stderr.decode()[-300:])

@@ -187,6 +187,7 @@ int tllm_model_load(const char *dir, struct tllm_model **out) {
         tllm_model_free(m);
         return rc;
     }
+    m->n_sample = c->vocab_size;
     *out = m;
     return TLLM_OK;
 }

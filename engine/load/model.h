@@ -34,6 +34,9 @@ struct tllm_model {
     int n_owned;
     struct tllm_qpack *packs;     /* [n_packs] int8-activation copies of the linears (tllm_model_pack) */
     int n_packs;
+    int n_sample;                 /* the lm_head rows that are tokens: vocab, or the tokenizer's ids when the
+                                   * lm_head has padding rows past them (Qwen: 151,665 of 151,936); greedy
+                                   * argmaxes and samplers never pick a row past it */
 };
 
 /* Load DIR/config.json and DIR's safetensors. Errors name the file and the tensor. */

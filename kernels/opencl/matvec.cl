@@ -22,6 +22,14 @@ __kernel void embed(WARGS(0), int cols, __global float *x, __global const int *p
     if (j < cols) x[j] = embed_one(WPASS(0), cols, id, j);
 }
 
+/* -DARGMAX_ROWS=n (the host adds it when the lm_head has padding rows past the tokenizer's ids): the
+ * argmax looks only at rows below n; the logits of every row are still computed */
+#ifdef ARGMAX_ROWS
+#define ARGMAX_ROW_OK(r) ((r) < ARGMAX_ROWS)
+#else
+#define ARGMAX_ROW_OK(r) 1
+#endif
+
 /* The row loop shared by matvec-like kernels: y[r] = W . xs (+ res[r] when add). With best != 0 the
  * group also leaves the largest y[r] and its row (the first on ties) in best[group] for `argmax`. */
 inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const float *x, __local const float *xs,
@@ -49,7 +57,7 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
             y[r] = add ? rv + s : s;
-            if (s > bv) bv = s, bi = r;
+            if (s > bv && ARGMAX_ROW_OK(r)) bv = s, bi = r;
         }
     }
     if (!best) return;
@@ -85,7 +93,7 @@ inline void rows_best(WARGS(0), int rows, int cols, int tpr, __local const float
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
             y[r] = s;
-            if (s > bv) bv = s, bi = r;
+            if (s > bv && ARGMAX_ROW_OK(r)) bv = s, bi = r;
         }
     }
     float2 b = wg_best((float2)(bv, as_float(bi)), red);

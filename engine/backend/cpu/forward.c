@@ -261,7 +261,7 @@ static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *
         for (int j = 0; j < n_out; j++) {
             const float *row = out + (size_t)j * vocab;
             int best = 0;
-            for (int i = 1; i < vocab; i++)
+            for (int i = 1; i < cpu->m->n_sample; i++)
                 if (row[i] > row[best]) best = i;
             argmax[j] = best;
         }

@@ -201,7 +201,9 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
      * FFN_FUSED, ATT_FUSED in kernels/opencl/common.cl) */
     int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
     int fuse_att = nvidia && xq && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s", fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
+    char rows[32] = ""; /* padding rows of the lm_head: never an argmax */
+    if (cl->m->n_sample < c->vocab_size) snprintf(rows, sizeof rows, "-DARGMAX_ROWS=%d", cl->m->n_sample);
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s %s", rows, fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
              nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
              cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     /* a GPU's program is kept as its binary; a CPU device's is not (PoCL builds the kernels it runs as
