@@ -176,6 +176,7 @@ int tllm_session_use_device(struct tllm_session *s, int index, int *fell_back) {
         return TLLM_OK;
     }
     if (rc) return rc;
+    tllm_backend_describe(s->dev, &s->info);
     tllm_ctx_use_device(&s->ctx, s->dev);
     return TLLM_OK;
 }
@@ -193,12 +194,7 @@ void tllm_session_reset(struct tllm_session *s) {
     s->cached.len = 0;
 }
 
-const char *tllm_session_device(const struct tllm_session *s) {
-    struct tllm_session *w = (struct tllm_session *)s; /* the name is kept for the caller */
-    if (!s->dev) return "CPU";
-    tllm_backend_describe(s->dev, &w->info);
-    return w->info.name;
-}
+const char *tllm_session_device(const struct tllm_session *s) { return s->dev ? s->info.name : "CPU"; }
 
 int tllm_session_n_ctx(const struct tllm_session *s) { return s->ctx.n_ctx; }
 int tllm_session_n_cached(const struct tllm_session *s) { return s->ctx.pos; }

@@ -26,7 +26,7 @@ struct tllm_session {
     struct tllm_ctx ctx;           /* the sequence's place in its KV cache */
     struct tllm_backend *dev;      /* the device decoding, or NULL (the CPU) */
     struct tllm_ids cached;        /* the tokens in the KV cache, in order (a prefix of them may be short) */
-    struct tllm_backend_info info; /* for tllm_session_device */
+    struct tllm_backend_info info; /* the device's, made with it: tllm_session_device's name */
 };
 
 /* tllm_engine_open's work once the directory is known (e->dir is not touched) */
