@@ -23,36 +23,6 @@ static int open_unblocked(const char *path, int flags, mode_t mode) {
     return fd;
 }
 
-/* The next line of fp into *buf (without its newline), at most max bytes kept. stop_long: a longer
- * line ends the reading there (a stream may never end it: /dev/zero). */
-static ssize_t read_line(FILE *fp, char **buf, size_t *cap, size_t max, int stop_long, int *too_long, int *eof) {
-    size_t len = 0;
-    int c, any = 0;
-    *too_long = 0;
-    while ((c = getc_unlocked(fp)) != EOF) {
-        any = 1;
-        if (c == '\n') break;
-        if (len >= max) {
-            *too_long = 1;
-            if (stop_long) break;
-            continue;
-        }
-        if (len + 2 > *cap) {
-            size_t nc = *cap ? *cap * 2 : 256;
-            char *nb = realloc(*buf, nc);
-            if (!nb) cli_die("out of memory");
-            *buf = nb, *cap = nc;
-        }
-        (*buf)[len++] = (char)c;
-    }
-    *eof = c == EOF;
-    if (!any) return -1;
-    if (*too_long) len = 0; /* nothing of a refused line is used */
-    if (!*buf && !(*buf = malloc(*cap = 1))) cli_die("out of memory");
-    (*buf)[len] = '\0';
-    return (ssize_t)len;
-}
-
 /* 1, 0 or -1 (blank) for the format a line says: JSONL when its first non-blank byte is '{' */
 static int line_format(const char *p) {
     while (*p == ' ' || *p == '\t' || *p == '\r') p++;
@@ -70,13 +40,14 @@ void batch_in_open(struct batch_in *in, const char *path) {
         if (fd < 0 || !(in->fp = fdopen(fd, "rb"))) cli_die("%s: cannot open: %s", path, strerror(errno));
     }
     struct stat st;
-    in->regular = fstat(fileno(in->fp), &st) == 0 && S_ISREG(st.st_mode);
+    if (fstat(fileno(in->fp), &st) != 0) cli_die("%s: cannot stat: %s", in->name, strerror(errno));
     if (S_ISDIR(st.st_mode)) cli_die("%s: is a directory, not a prompt file", in->name);
+    in->regular = S_ISREG(st.st_mode);
     if (!in->regular) return; /* a pipe or a device is read once, as it comes */
     off_t start = ftello(in->fp);
     ssize_t n;
-    int too_long, eof;
-    while ((n = read_line(in->fp, &in->line, &in->cap, CLI_MAX_PROMPT_LINE, 0, &too_long, &eof)) != -1) {
+    int too_long;
+    while ((n = cli_getline(&in->line, &in->cap, in->fp, CLI_MAX_PROMPT_LINE, 0, &too_long, NULL)) != -1) {
         in->total++;
         if (in->jsonl < 0 && !too_long) in->jsonl = line_format(in->line);
     }
@@ -85,8 +56,7 @@ void batch_in_open(struct batch_in *in, const char *path) {
 
 ssize_t batch_in_next(struct batch_in *in, int *too_long) {
     if (in->stopped) return -1;
-    int eof;
-    ssize_t n = read_line(in->fp, &in->line, &in->cap, CLI_MAX_PROMPT_LINE, !in->regular, too_long, &eof);
+    ssize_t n = cli_getline(&in->line, &in->cap, in->fp, CLI_MAX_PROMPT_LINE, !in->regular, too_long, NULL);
     if (n < 0 && ferror(in->fp)) cli_die("%s: read error: %s", in->name, strerror(errno));
     if (n >= 0 && *too_long && !in->regular) in->stopped = 1;
     if (n >= 0 && !*too_long) {
@@ -124,13 +94,13 @@ static void resume_scan(struct batch_out *out, int force) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
-    int too_long, eof;
+    int too_long, ended;
     long lineno = 0, foreign = 0;
     off_t good_end = 0;
     int torn = 0;
-    while ((n = read_line(fp, &line, &cap, CLI_MAX_PROMPT_LINE, 0, &too_long, &eof)) != -1) {
+    while ((n = cli_getline(&line, &cap, fp, CLI_MAX_PROMPT_LINE, 0, &too_long, &ended)) != -1) {
         lineno++;
-        if (eof) { /* no newline at the end: a record cut short by an interruption, or not ours */
+        if (!ended) { /* no newline at the end: a record cut short by an interruption, or not ours */
             torn = 1;
             break;
         }

@@ -154,25 +154,30 @@ void cli_write_file_atomic(const char *path, const void *data, size_t n) {
     if (cli_write_file(path, data, n, err, sizeof err)) cli_die("%s", err);
 }
 
-ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int *too_long) {
-    size_t len = 0;
+ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int stop_long, int *too_long, int *ended) {
+    size_t len = 0; /* the line's bytes with its newline count against max, as they always have */
     int c = EOF, any = 0;
     *too_long = 0;
+    if (ended) *ended = 0;
     while ((c = getc_unlocked(fp)) != EOF) {
         any = 1;
         if (len >= max) {
             *too_long = 1;
-        } else {
-            if (len + 2 > *cap) {
-                size_t nc = *cap ? *cap * 2 : 256;
-                char *nb = realloc(*buf, nc);
-                if (!nb) cli_die("out of memory");
-                *buf = nb;
-                *cap = nc;
-            }
-            (*buf)[len++] = (char)c;
+            if (stop_long) break;
         }
-        if (c == '\n') break;
+        if (c == '\n') {
+            if (ended) *ended = 1;
+            break;
+        }
+        if (*too_long) continue;
+        if (len + 2 > *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            char *nb = realloc(*buf, nc);
+            if (!nb) cli_die("out of memory");
+            *buf = nb;
+            *cap = nc;
+        }
+        (*buf)[len++] = (char)c;
     }
     if (!any) return -1;
     if (*too_long) len = 0; /* nothing of a line that was refused is used */

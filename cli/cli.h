@@ -36,9 +36,11 @@ void cli_write_file_atomic(const char *path, const void *data, size_t n);
  * on stderr). Dies when a repo id is not in the cache. The result lives until the next call. */
 const char *cli_model_dir(const char *arg);
 
-/* getline() that keeps at most `max` bytes of a line: a longer line is read to its end but not
- * stored (*too_long = 1), so a hostile file cannot make us allocate without bound. -1 at EOF. */
-ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int *too_long);
+/* The next line of fp into *buf, without its newline; -1 at EOF. A line of max bytes or more (its
+ * newline counted) is not kept (*too_long = 1, length 0): it is read to its end, or with stop_long
+ * (a stream that may never end one: /dev/zero) reading stops where it went over. *ended (may be
+ * NULL): a newline ended the line (0: the file ended first, a torn last line). */
+ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int stop_long, int *too_long, int *ended);
 
 /* The model directory's tokenizer.json, or die. */
 struct tllm_tok *cli_load_tokenizer(const char *dir);

@@ -65,7 +65,7 @@ static int run_jsonl(struct tllm_tok *t, const char *path, int special) {
     int errors = 0;
     struct tllm_ids ids = {0};
     int too_long;
-    while ((n = cli_getline(&line, &cap, fp, TOKENIZE_MAX_INPUT, &too_long)) != -1) {
+    while ((n = cli_getline(&line, &cap, fp, TOKENIZE_MAX_INPUT, 0, &too_long, NULL)) != -1) {
         lineno++;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
         struct json_object *o = NULL, *jt;

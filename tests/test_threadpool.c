@@ -24,7 +24,6 @@ static void task(void *arg, int ith, int nth) {
 }
 
 int main(void) {
-    CHECK(tllm_cpus_available() >= 1, "CPUs available");
     CHECK(tllm_threadpool_start(THREADS) == 0 && tllm_threadpool_size() == THREADS, "start %d threads", THREADS);
     struct work *w = calloc(1, sizeof *w);
     for (int t = 0; t < TASKS; t++) tllm_parallel(task, w);

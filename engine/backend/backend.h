@@ -46,7 +46,7 @@ struct tllm_backend_ops {
     int (*step)(struct tllm_backend *b, const struct tllm_batch *batch, float *logits, int32_t *argmax);
     /* Optional (NULL where a step is synchronous): queue a greedy step of one token, whose argmax is
      * kept on the device (so an id < 0 in the next one takes it), and return at once; step_wait gives
-     * the argmax of the oldest queued step; pending counts them (at most `ahead`). */
+     * the argmax of the oldest queued step; pending counts them (the context keeps at most TLLM_GREEDY_AHEAD queued). */
     int (*step_enqueue)(struct tllm_backend *b, const struct tllm_batch *batch);
     int (*step_wait)(struct tllm_backend *b, int32_t *argmax);
     int (*pending)(const struct tllm_backend *b);
@@ -59,9 +59,6 @@ struct tllm_backend_ops {
 
 struct tllm_backend {
     const struct tllm_backend_ops *ops;
-    int max_tokens; /* most tokens one step takes */
-    int ahead;      /* most greedy steps step_enqueue keeps queued (0 without step_enqueue) */
-    int n_ctx;      /* positions its KV cache holds */
 };
 
 /* The CPU: uploads nothing (the weights are mapped), makes a KV cache of n_ctx positions and

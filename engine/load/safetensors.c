@@ -86,13 +86,25 @@ static int parse_entry(const struct tllm_st_file *f, const char *name, struct js
     return TLLM_OK;
 }
 
+struct key_span {
+    const char *p; /* the key's text in the header, escapes as written */
+    size_t len;
+};
+
+static int cmp_key(const void *x, const void *y) {
+    const struct key_span *a = x, *b = y;
+    if (a->len != b->len) return a->len < b->len ? -1 : 1;
+    return memcmp(a->p, b->p, a->len);
+}
+
 /* The header's top-level keys as written (json-c keeps the last of duplicate keys and ends a key at
- * an escaped NUL, so both are looked for in the text): how many there are, and a duplicate or a key
- * with a NUL byte in *bad (a copy of the key's text). Every brace and bracket inside strings is
- * skipped; the text is valid JSON (json-c parsed it). */
-static int scan_keys(const char *h, size_t n, char **bad, int *nul) {
+ * an escaped NUL, so both are looked for in the text): how many there are, and in *bad (a copy of the
+ * key's text) a key with a NUL byte or a duplicate, looked for by sorting when json-c kept fewer keys
+ * (n_parsed) than were written. Braces and brackets inside strings are skipped; the text is valid
+ * JSON (json-c parsed it). */
+static int scan_keys(const char *h, size_t n, int n_parsed, char **bad, int *nul) {
     int depth = 0, count = 0, cap = 0;
-    size_t (*keys)[2] = NULL; /* [start, length] of each key's text */
+    struct key_span *keys = NULL;
     *bad = NULL, *nul = 0;
     for (size_t i = 0; i < n; i++) {
         char c = h[i];
@@ -111,22 +123,23 @@ static int scan_keys(const char *h, size_t n, char **bad, int *nul) {
             if (depth != 1 || j >= n || h[j] != ':') continue; /* a value, or deeper down */
             if (count == cap) {
                 cap = cap ? 2 * cap : 64;
-                size_t (*nk)[2] = realloc(keys, (size_t)cap * sizeof *keys);
+                struct key_span *nk = realloc(keys, (size_t)cap * sizeof *keys);
                 if (!nk) {
                     free(keys);
                     return -1;
                 }
                 keys = nk;
             }
-            keys[count][0] = start, keys[count][1] = i - start;
+            keys[count] = (struct key_span){h + start, i - start};
             count++;
             if (has_nul && !*bad) *bad = strndup(h + start, i - start), *nul = 1;
         }
     }
-    for (int a = 0; a < count && !*bad; a++) /* quadratic only in the number of tensors, once a file */
-        for (int b = a + 1; b < count && !*bad; b++)
-            if (keys[a][1] == keys[b][1] && !memcmp(h + keys[a][0], h + keys[b][0], keys[a][1]))
-                *bad = strndup(h + keys[a][0], keys[a][1]);
+    if (!*bad && count != n_parsed) { /* json-c kept fewer: some key is there twice; sorted, it is a neighbour */
+        qsort(keys, (size_t)count, sizeof *keys, cmp_key);
+        for (int a = 0; a + 1 < count && !*bad; a++)
+            if (!cmp_key(&keys[a], &keys[a + 1])) *bad = strndup(keys[a].p, keys[a].len);
+    }
     free(keys);
     return count;
 }
@@ -250,7 +263,7 @@ static int parse_header(struct tllm_st_file *f) {
     }
     if (!rc) {
         char *bad;
-        int nul, written = scan_keys((const char *)m + 8, (size_t)hlen, &bad, &nul);
+        int nul, written = scan_keys((const char *)m + 8, (size_t)hlen, n, &bad, &nul);
         if (written < 0) rc = tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory", f->path);
         else if (bad && nul) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the key \"%s\" has a NUL byte", f->path, bad);
         else if (bad) rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the key \"%s\" appears twice in the header", f->path, bad);

@@ -83,28 +83,25 @@ static struct tllm_batch batch_of(struct tllm_ctx *ctx, const int32_t *ids, int 
     return b;
 }
 
-/* One token on the device: first bring the device cache up to date with what the CPU computed. */
-static int dev_decode(struct tllm_ctx *ctx, int32_t id, float *logits) {
-    int rc = dev_sync(ctx);
-    if (rc) return rc;
-    struct tllm_batch b = batch_of(ctx, &id, 1);
-    b.out = NULL;
-    if (logits) ctx->step_out[0] = 1, b.out = ctx->step_out;
-    if ((rc = ctx->dev->ops->step(ctx->dev, &b, logits, NULL))) return rc;
-    ctx->dev_valid = ++ctx->pos;
+/* One token on the device when one decodes (its cache first brought up to date with what the CPU
+ * computed), else on the CPU: its logits and/or its argmax, as asked. */
+static int one_token(struct tllm_ctx *ctx, int32_t id, float *logits, int32_t *argmax) {
+    int rc;
+    ctx->chained = 0;
+    struct tllm_backend *b = ctx->dev ? ctx->dev : ctx->cpu;
+    if (ctx->dev && (rc = dev_sync(ctx))) return rc;
+    struct tllm_batch bt = batch_of(ctx, &id, 1);
+    ctx->step_out[0] = logits || argmax;
+    if ((rc = b->ops->step(b, &bt, logits, argmax))) return rc;
+    ctx->pos++;
+    if (ctx->dev) ctx->dev_valid = ctx->pos;
+    else ctx->host_valid = ctx->pos;
     return TLLM_OK;
 }
-
-static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode);
 
 int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
                      enum tllm_logits_mode mode) {
     if (ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "%d greedy steps are still pushed (pop them first)", ctx->n_ahead);
-    return forward_ids(ctx, ids, n, logits, mode);
-}
-
-/* tllm_ctx_forward, which CPU greedy steps also use while earlier ones wait to be popped */
-static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits, enum tllm_logits_mode mode) {
     const struct tllm_config *c = &ctx->m->cfg;
     ctx->chained = 0;
     if (n <= 0) return tllm_fail(TLLM_ERR_ARG, "no tokens to process");
@@ -115,8 +112,8 @@ static int forward_ids(struct tllm_ctx *ctx, const int32_t *ids, int n, float *l
         if (ids[i] < 0 || ids[i] >= c->vocab_size)
             return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", ids[i],
                              c->vocab_size);
-    if (ctx->dev && n == 1 && mode != TLLM_LOGITS_ALL)
-        return dev_decode(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL);
+    if (ctx->dev && n == 1 && mode != TLLM_LOGITS_ALL) /* a decode step */
+        return one_token(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL, NULL);
     if (ctx->dev && ctx->host_valid < ctx->pos) { /* positions the device decoded: the CPU needs them now */
         int rc = ctx->dev->ops->kv_download(ctx->dev, &ctx->kv, ctx->host_valid, ctx->pos);
         if (rc) return rc;
@@ -153,25 +150,6 @@ int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next) {
     return rc ? rc : tllm_ctx_greedy_pop(ctx, next);
 }
 
-/* One token whose argmax is all that is wanted: on the device when one decodes (only the id comes
- * back), else the CPU's logits and their first largest entry. */
-static int argmax_step(struct tllm_ctx *ctx, int32_t id, int32_t *best) {
-    int rc;
-    ctx->chained = 0;
-    struct tllm_backend *b = ctx->cpu;
-    if (ctx->dev) {
-        if ((rc = dev_sync(ctx))) return rc;
-        b = ctx->dev;
-    }
-    struct tllm_batch bt = batch_of(ctx, &id, 1);
-    ctx->step_out[0] = 1;
-    if ((rc = b->ops->step(b, &bt, NULL, best))) return rc;
-    ctx->pos++;
-    if (ctx->dev) ctx->dev_valid = ctx->pos;
-    else ctx->host_valid = ctx->pos;
-    return TLLM_OK;
-}
-
 int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
     const struct tllm_config *c = &ctx->m->cfg;
     if (id >= c->vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, c->vocab_size);
@@ -191,7 +169,7 @@ int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
     }
     if (id < 0) id = ctx->last_argmax;
     int32_t best;
-    if ((rc = argmax_step(ctx, id, &best))) return rc;
+    if ((rc = one_token(ctx, id, NULL, &best))) return rc;
     ctx->ahead[(ctx->ahead_head + ctx->n_ahead++) % TLLM_GREEDY_AHEAD] = ctx->last_argmax = best;
     ctx->chained = 1;
     return TLLM_OK;

@@ -172,7 +172,6 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
     float *logits = malloc((size_t)vocab * sizeof(float));
     if (!logits) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     tllm_sampler_limit(s, ctx->m->n_sample); /* never a padding row of the lm_head */
-    if (tok) tllm_sampler_limit(s, tllm_tok_n_vocab(tok));
     for (int i = 0; i < n_prompt; i++) tllm_sampler_accept(s, prompt[i]);
     double t0 = tllm_now();
     int rc = tllm_ctx_forward(ctx, prompt, n_prompt, logits, TLLM_LOGITS_LAST);

@@ -312,8 +312,6 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     if (!cpu) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     const struct tllm_config *c = &m->cfg;
     cpu->base.ops = &cpu_ops;
-    cpu->base.max_tokens = n_batch;
-    cpu->base.n_ctx = n_ctx;
     cpu->m = m;
     cpu->n_ctx = n_ctx;
     cpu->n_batch = n_batch;

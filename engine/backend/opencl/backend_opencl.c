@@ -80,9 +80,6 @@ int tllm_backend_opencl_init(struct tllm_backend **out, const struct tllm_model 
         return rc;
     }
     b->base.ops = &cl_ops;
-    b->base.max_tokens = 1;
-    b->base.ahead = TLLM_CL_AHEAD;
-    b->base.n_ctx = n_ctx;
     *out = &b->base;
     return TLLM_OK;
 }
