@@ -135,7 +135,7 @@ static int scan_keys(const char *h, size_t n, int n_parsed, char **bad, int *nul
             if (has_nul && !*bad) *bad = strndup(h + start, i - start), *nul = 1;
         }
     }
-    if (!*bad && count != n_parsed) { /* json-c kept fewer: some key is there twice; sorted, it is a neighbour */
+    if (!*bad && count != n_parsed && count > 1) { /* json-c kept fewer: some key is there twice; sorted, it is a neighbour */
         qsort(keys, (size_t)count, sizeof *keys, cmp_key);
         for (int a = 0; a + 1 < count && !*bad; a++)
             if (!cmp_key(&keys[a], &keys[a + 1])) *bad = strndup(keys[a].p, keys[a].len);
@@ -222,6 +222,9 @@ static int parse_header(struct tllm_st_file *f) {
 
     struct json_tokener *tok = json_tokener_new();
     if (!tok) return tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory", f->path);
+    /* Strict, as the format's own (serde_json) reader: no single quotes, bare keys or trailing commas,
+     * which scan_keys below would not see as keys. */
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
     struct json_object *root = json_tokener_parse_ex(tok, (const char *)m + 8, (int)hlen);
     enum json_tokener_error jerr = json_tokener_get_error(tok);
     size_t used = json_tokener_get_parse_end(tok);
