@@ -58,7 +58,7 @@ static void test_int8(const char *dir) {
     struct tllm_ctx ctx;
     CHECK(tllm_ctx_init(&ctx, m, r.n_seq, 16) == TLLM_OK, "ctx");
     for (int p = 0; p < r.n_seq; p++)
-        CHECK(tllm_ctx_forward(&ctx, &r.sequence[p], 1, logits + (size_t)p * vocab, TLLM_LOGITS_LAST) == TLLM_OK, "decode");
+        CHECK(tllm_ctx_decode(&ctx, r.sequence[p], logits + (size_t)p * vocab) == TLLM_OK, "decode");
     check_int8(dir, "decode", &r, logits, TOL_INT8_DECODE_REL_RMS, 1.0);
     tllm_ctx_reset(&ctx);
     CHECK(tllm_ctx_forward(&ctx, r.sequence, r.n_seq, logits, TLLM_LOGITS_ALL) == TLLM_OK, "prefill");
@@ -138,14 +138,13 @@ static void test_model(const char *dir) {
     /* decode: one token at a time */
     tllm_ctx_reset(&ctx);
     for (int p = 0; p < r.n_seq; p++)
-        CHECK(tllm_ctx_forward(&ctx, &r.sequence[p], 1, logits + (size_t)p * vocab,
-                               TLLM_LOGITS_LAST) == TLLM_OK,
-              "decode: %s", tllm_errmsg());
+        CHECK(tllm_ctx_decode(&ctx, r.sequence[p], logits + (size_t)p * vocab) == TLLM_OK, "decode: %s", tllm_errmsg());
     check_logits(dir, "decode", &r, logits);
 
     /* the cache is full now: one more token must be refused, not written past the end */
+    CHECK(tllm_ctx_decode(&ctx, r.sequence[0], logits) == TLLM_ERR_LIMIT, "a token past the context was accepted");
     CHECK(tllm_ctx_forward(&ctx, &r.sequence[0], 1, logits, TLLM_LOGITS_LAST) == TLLM_ERR_LIMIT,
-          "a token past the context was accepted");
+          "a prompt token past the context was accepted");
 
     /* greedy generation from the prompt */
     tllm_ctx_reset(&ctx);
@@ -162,8 +161,7 @@ static void test_model(const char *dir) {
         }
         matched++;
         if (i + 1 < r.n_greedy)
-            CHECK(tllm_ctx_forward(&ctx, &tok, 1, logits, TLLM_LOGITS_LAST) == TLLM_OK, "greedy: %s",
-                  tllm_errmsg());
+            CHECK(tllm_ctx_decode(&ctx, tok, logits) == TLLM_OK, "greedy: %s", tllm_errmsg());
     }
     printf("  greedy   %d/%d tokens equal the reference\n", matched, r.n_greedy);
 

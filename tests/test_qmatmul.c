@@ -156,6 +156,26 @@ static double worst_rel_err(const struct tllm_qweights *w, const float *x, int n
 
 static int int8_cases; /* packed runs whose error shows they really took the integer path */
 
+/* Batch invariance: a token's row is the same bits whether it is multiplied alone or among n tokens,
+ * whatever tile it lands in, with its levels given by its role (the first n2 tokens have two). */
+static void check_packed_invariance(const struct tllm_qpack *p, const float *x, int n) {
+    int cols = p->cols, nb = cols / TLLM_XQ_BLOCK, n2 = n / 3;
+    struct tllm_xq all = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
+                          malloc((size_t)n * nb * 4), n2};
+    float *y = malloc((size_t)n * p->rows * 4), *y1 = malloc((size_t)p->rows * 4);
+    tllm_xq_quantize(&all, x, 0, n);
+    tllm_qpack_matmul(p, &all, y, 0, p->n_blocks);
+    for (int t = 0; t < n; t++) {
+        struct tllm_xq one = {1, cols, all.q + (size_t)t * cols, all.q2 + (size_t)t * cols, all.d + (size_t)t * nb,
+                              all.sum + (size_t)t * nb, t < n2};
+        tllm_qpack_matmul(p, &one, y1, 0, p->n_blocks);
+        CHECK(memcmp(y1, y + (size_t)t * p->rows, (size_t)p->rows * 4) == 0,
+              "packed bits %d rows %d cols %d: token %d of %d (%s) differs from the same token alone", p->bits,
+              p->rows, cols, t, n, t < n2 ? "two levels" : "one level");
+    }
+    free(all.q), free(all.q2), free(all.d), free(all.sum), free(y), free(y1);
+}
+
 /* The int8-activation kernels: the portable one within TOL_INT8_REL of the float reference, and the
  * SIMD one identical to it (same float operations in the same order; the integer dots are exact). */
 static void check_packed(const struct tllm_qweights *w, const float *x, int n, const float *y_ref) {
@@ -165,9 +185,9 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
         return;
     }
     int nb = w->cols / TLLM_XQ_BLOCK;
-    for (int levels = 1; levels <= (n <= TLLM_XQ_L2_MAX_TOKENS ? 2 : 1); levels++) {
+    for (int levels = 1; levels <= 2; levels++) {
     struct tllm_xq xq = {n, w->cols, malloc((size_t)n * w->cols), levels == 2 ? malloc((size_t)n * w->cols) : NULL,
-                         malloc((size_t)n * nb * 4), malloc((size_t)n * nb * 4)};
+                         malloc((size_t)n * nb * 4), malloc((size_t)n * nb * 4), levels == 2 ? n : 0};
     tllm_xq_quantize(&xq, x, 0, n);
     float *y1 = malloc((size_t)n * w->rows * 4), *y2 = malloc((size_t)n * w->rows * 4);
     /* two calls over split block ranges, as two threads would */
@@ -186,6 +206,7 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
     }
     free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(y1), free(y2);
     }
+    check_packed_invariance(&p, x, n);
     tllm_qpack_free(&p);
 }
 

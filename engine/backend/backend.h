@@ -1,7 +1,8 @@
 /* What the forward pass needs from a device: the table every backend fills (as ggml-backend's).
- * The CPU backend (engine/backend/cpu/) runs the Qwen2 forward pass on the thread pool and keeps the
- * host's KV cache; a device backend (engine/backend/opencl/) runs steps on its own copy of the
- * weights and of the cache, which the context keeps in step with the host's by ranges of positions.
+ * The CPU backend (engine/backend/cpu/) runs the Qwen2 forward pass on the thread pool over the
+ * host's paged KV cache (engine/run/kv_cache.h); a device backend (engine/backend/opencl/) runs steps
+ * of one sequence on its own copy of the weights and of the cache, which the context keeps in step
+ * with the host's by ranges of positions.
  * The context (engine/run/context.c) and the generation loop talk to backends only through this. */
 #ifndef TLLM_BACKEND_H
 #define TLLM_BACKEND_H
@@ -10,23 +11,20 @@
 #include <stdio.h>
 
 struct tllm_model;
+struct tllm_kv;
 
-/* The tokens of one step. Each carries its sequence and its position in it, so that one step can mix
- * prefill chunks of some sequences with decode tokens of others; today one sequence runs at a time
- * and the backends refuse a batch that is not one sequence at consecutive positions. */
+/* The tokens of one step. Each carries its sequence and its position in it, so that one step mixes
+ * prefill chunks of some sequences with generated tokens of others. A sequence's tokens are together
+ * and at consecutive positions from where its cache ends (the CPU backend; a device takes one
+ * sequence). The first n_gen tokens are generated ones (one per sequence, decoding): a token's
+ * arithmetic follows its role (kernels/cpu/qpack.h), never what else is in the step. */
 struct tllm_batch {
     int n;              /* tokens in the step */
     const int32_t *id;  /* [n] token ids; id < 0 (greedy steps on a device only): the previous step's argmax */
     const int32_t *pos; /* [n] each token's position in its sequence */
-    const int32_t *seq; /* [n] each token's sequence */
+    const int32_t *seq; /* [n] each token's sequence (its id in the KV cache) */
     const int8_t *out;  /* [n] 1 where the token's logits (or argmax) are wanted, NULL for none */
-};
-
-/* The host's KV cache as the CPU backend keeps it: what a device copies ranges of positions from and to. */
-struct tllm_kv_host {
-    float *key;   /* [n_layers x n_kv_heads x head_dim x n_ctx]: transposed, so q.K^T vectorizes over positions */
-    float *value; /* [n_layers x n_ctx x kv_dim] */
-    int n_ctx;
+    int n_gen;          /* tokens [0, n_gen) are generated tokens */
 };
 
 /* For reports (tllm bench, tllm info) */
@@ -50,9 +48,10 @@ struct tllm_backend_ops {
     int (*step_enqueue)(struct tllm_backend *b, const struct tllm_batch *batch);
     int (*step_wait)(struct tllm_backend *b, int32_t *argmax);
     int (*pending)(const struct tllm_backend *b);
-    /* Device backends: copy cache positions [p0, p1) from the host's cache, or back to it. */
-    int (*kv_upload)(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1);
-    int (*kv_download)(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1);
+    /* Device backends: copy cache positions [p0, p1) from the host, or back to it, as float32 in
+     * kt [n_layers x kv_dim x (p1 - p0)] (keys transposed) and v [n_layers x (p1 - p0) x kv_dim]. */
+    int (*kv_upload)(struct tllm_backend *b, const float *kt, const float *v, int p0, int p1);
+    int (*kv_download)(struct tllm_backend *b, float *kt, float *v, int p0, int p1);
     void (*describe)(const struct tllm_backend *b, struct tllm_backend_info *info);
     void (*free)(struct tllm_backend *b);
 };
@@ -61,9 +60,8 @@ struct tllm_backend {
     const struct tllm_backend_ops *ops;
 };
 
-/* The CPU: uploads nothing (the weights are mapped), makes a KV cache of n_ctx positions and
- * activations for steps of up to n_batch tokens; *kv receives the cache's layout for device backends. */
-int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m, int n_ctx, int n_batch,
-                          struct tllm_kv_host *kv);
+/* The CPU: uploads nothing (the weights are mapped); steps of up to n_batch tokens of the sequences of
+ * kv (which the caller keeps, reserves positions in and commits to). */
+int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m, struct tllm_kv *kv, int n_batch);
 
 #endif

@@ -1,7 +1,7 @@
 /* A sequence's context: where it stands in its KV cache, which backend runs each step (the CPU's
  * for prompts and multi-token steps, a device's for single tokens when one decodes), the two caches
  * kept in step by position ranges, and greedy steps queued ahead. The forward pass itself is the
- * backends' (engine/backend/). */
+ * backends' (engine/backend/); the host's cache is a paged one with a single sequence, 0. */
 #include "engine/run/context.h"
 
 #include <stdlib.h>
@@ -11,6 +11,10 @@
 #include "engine/base/error.h"
 
 int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
+    return tllm_ctx_init_kv(ctx, m, n_ctx, n_batch, TLLM_DT_F32);
+}
+
+int tllm_ctx_init_kv(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch, enum tllm_dtype kv_type) {
     memset(ctx, 0, sizeof *ctx);
     const struct tllm_config *c = &m->cfg;
     if (n_ctx <= 0) n_ctx = c->max_pos;
@@ -19,8 +23,13 @@ int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, i
     ctx->m = m;
     ctx->n_ctx = n_ctx;
     ctx->n_batch = n_batch;
-    int rc = tllm_backend_cpu_init(&ctx->cpu, m, n_ctx, n_batch, &ctx->kv);
-    if (rc) return rc;
+    int seq, rc = tllm_kv_init(&ctx->kv, c->n_layers, c->n_kv_heads, c->head_dim, n_ctx, kv_type, 1);
+    if (!rc) rc = tllm_kv_seq_open(ctx->kv, &seq);
+    if (!rc) rc = tllm_backend_cpu_init(&ctx->cpu, m, ctx->kv, n_batch);
+    if (rc) {
+        tllm_ctx_free(ctx);
+        return rc;
+    }
     ctx->step_pos = malloc((size_t)n_batch * sizeof *ctx->step_pos);
     ctx->step_seq = calloc((size_t)n_batch, sizeof *ctx->step_seq);
     ctx->step_out = malloc((size_t)n_batch);
@@ -33,6 +42,8 @@ int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, i
 
 void tllm_ctx_free(struct tllm_ctx *ctx) {
     tllm_backend_free(ctx->cpu);
+    tllm_kv_free(ctx->kv);
+    free(ctx->stage);
     free(ctx->step_pos);
     free(ctx->step_seq);
     free(ctx->step_out);
@@ -49,15 +60,41 @@ static void drop_ahead(struct tllm_ctx *ctx) {
 
 void tllm_ctx_reset(struct tllm_ctx *ctx) {
     drop_ahead(ctx);
-    ctx->pos = ctx->host_valid = ctx->dev_valid = 0;
+    ctx->pos = ctx->dev_valid = 0;
+    tllm_kv_seq_truncate(ctx->kv, 0, 0);
 }
 
 void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos) {
     drop_ahead(ctx);
     if (pos < 0 || pos >= ctx->pos) return;
     ctx->pos = pos;
-    if (ctx->host_valid > pos) ctx->host_valid = pos;
+    if (ctx->kv->seqs[0].n_tokens > pos) tllm_kv_seq_truncate(ctx->kv, 0, pos);
     if (ctx->dev_valid > pos) ctx->dev_valid = pos;
+}
+
+/* Room for positions [p0, p1) in the staging buffer (keys and values) */
+static int stage_for(struct tllm_ctx *ctx, int p0, int p1, float **kt, float **v) {
+    const struct tllm_config *c = &ctx->m->cfg;
+    size_t half = (size_t)c->n_layers * c->n_kv_heads * c->head_dim * (size_t)(p1 - p0), need = 2 * half;
+    if (need > ctx->n_stage) {
+        float *s = realloc(ctx->stage, need * sizeof *s);
+        if (!s) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        ctx->stage = s, ctx->n_stage = need;
+    }
+    *kt = ctx->stage, *v = ctx->stage + half;
+    return TLLM_OK;
+}
+
+/* Positions the device decoded, brought to the host's cache: the CPU needs them now */
+static int host_sync(struct tllm_ctx *ctx) {
+    int p0 = ctx->kv->seqs[0].n_tokens, p1 = ctx->pos, rc;
+    float *kt = NULL, *v = NULL;
+    if (!ctx->dev || p0 >= p1) return TLLM_OK;
+    if ((rc = stage_for(ctx, p0, p1, &kt, &v)) || (rc = tllm_kv_seq_reserve(ctx->kv, 0, p1)) ||
+        (rc = ctx->dev->ops->kv_download(ctx->dev, kt, v, p0, p1)))
+        return rc;
+    tllm_kv_seq_write(ctx->kv, 0, p0, p1, kt, v);
+    return tllm_kv_seq_commit(ctx->kv, 0, NULL, p1 - p0); /* ids unknown here: those blocks are never shared */
 }
 
 void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev) {
@@ -69,34 +106,53 @@ void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev) {
 /* The device's cache brought up to date with what the CPU computed */
 static int dev_sync(struct tllm_ctx *ctx) {
     if (ctx->dev_valid < ctx->pos) {
-        int rc = ctx->dev->ops->kv_upload(ctx->dev, &ctx->kv, ctx->dev_valid, ctx->pos);
+        float *kt = NULL, *v = NULL;
+        int rc = stage_for(ctx, ctx->dev_valid, ctx->pos, &kt, &v);
         if (rc) return rc;
+        tllm_kv_seq_read(ctx->kv, 0, ctx->dev_valid, ctx->pos, kt, v);
+        if ((rc = ctx->dev->ops->kv_upload(ctx->dev, kt, v, ctx->dev_valid, ctx->pos))) return rc;
         ctx->dev_valid = ctx->pos;
     }
     return TLLM_OK;
 }
 
-/* A step of n tokens of the context's sequence from ctx->pos on; out: which want logits */
-static struct tllm_batch batch_of(struct tllm_ctx *ctx, const int32_t *ids, int n) {
+/* A step of n tokens of the context's sequence from ctx->pos on (n_gen of them generated); out:
+ * which want logits */
+static struct tllm_batch batch_of(struct tllm_ctx *ctx, const int32_t *ids, int n, int n_gen) {
     for (int t = 0; t < n; t++) ctx->step_pos[t] = ctx->pos + t;
-    struct tllm_batch b = {n, ids, ctx->step_pos, ctx->step_seq, ctx->step_out};
+    struct tllm_batch b = {n, ids, ctx->step_pos, ctx->step_seq, ctx->step_out, n_gen};
     return b;
 }
 
-/* One token on the device when one decodes (its cache first brought up to date with what the CPU
- * computed), else on the CPU: its logits and/or its argmax, as asked. */
+/* A step on the CPU: positions reserved, then committed once written */
+static int cpu_step(struct tllm_ctx *ctx, const struct tllm_batch *b, float *logits, int32_t *argmax) {
+    int rc = tllm_kv_seq_reserve(ctx->kv, 0, ctx->pos + b->n);
+    if (!rc) rc = ctx->cpu->ops->step(ctx->cpu, b, logits, argmax);
+    if (!rc) rc = tllm_kv_seq_commit(ctx->kv, 0, b->id, b->n);
+    return rc;
+}
+
+/* One generated token on the device when one decodes (its cache first brought up to date with what
+ * the CPU computed), else on the CPU: its logits and/or its argmax, as asked. */
 static int one_token(struct tllm_ctx *ctx, int32_t id, float *logits, int32_t *argmax) {
     int rc;
     ctx->chained = 0;
-    struct tllm_backend *b = ctx->dev ? ctx->dev : ctx->cpu;
     if (ctx->dev && (rc = dev_sync(ctx))) return rc;
-    struct tllm_batch bt = batch_of(ctx, &id, 1);
+    struct tllm_batch bt = batch_of(ctx, &id, 1, 1);
     ctx->step_out[0] = logits || argmax;
-    if ((rc = b->ops->step(b, &bt, logits, argmax))) return rc;
+    if (ctx->dev) rc = ctx->dev->ops->step(ctx->dev, &bt, logits, argmax);
+    else rc = cpu_step(ctx, &bt, logits, argmax);
+    if (rc) return rc;
     ctx->pos++;
     if (ctx->dev) ctx->dev_valid = ctx->pos;
-    else ctx->host_valid = ctx->pos;
     return TLLM_OK;
+}
+
+int tllm_ctx_decode(struct tllm_ctx *ctx, int32_t id, float *logits) {
+    if (ctx->n_ahead) return tllm_fail(TLLM_ERR_ARG, "%d greedy steps are still pushed (pop them first)", ctx->n_ahead);
+    if (id < 0 || id >= ctx->m->cfg.vocab_size) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", id, ctx->m->cfg.vocab_size);
+    if (ctx->pos >= ctx->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "context full: %d tokens", ctx->pos);
+    return one_token(ctx, id, logits, NULL);
 }
 
 int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
@@ -114,11 +170,8 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
                              c->vocab_size);
     if (ctx->dev && n == 1 && mode != TLLM_LOGITS_ALL) /* a decode step */
         return one_token(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL, NULL);
-    if (ctx->dev && ctx->host_valid < ctx->pos) { /* positions the device decoded: the CPU needs them now */
-        int rc = ctx->dev->ops->kv_download(ctx->dev, &ctx->kv, ctx->host_valid, ctx->pos);
-        if (rc) return rc;
-        ctx->host_valid = ctx->pos;
-    }
+    int rc = host_sync(ctx);
+    if (rc) return rc;
     for (int done = 0; done < n;) {
         int step = n - done < ctx->n_batch ? n - done : ctx->n_batch;
         int last_step = done + step == n;
@@ -131,15 +184,13 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
             smode = TLLM_LOGITS_LAST;
             out = logits;
         }
-        struct tllm_batch b = batch_of(ctx, ids + done, step);
+        struct tllm_batch b = batch_of(ctx, ids + done, step, 0);
         for (int t = 0; t < step; t++)
             ctx->step_out[t] = smode == TLLM_LOGITS_ALL || (smode == TLLM_LOGITS_LAST && t == step - 1);
-        int rc = ctx->cpu->ops->step(ctx->cpu, &b, out, NULL);
-        if (rc) return rc;
+        if ((rc = cpu_step(ctx, &b, out, NULL))) return rc;
         ctx->pos += step;
         done += step;
     }
-    ctx->host_valid = ctx->pos;
     return TLLM_OK;
 }
 
@@ -159,7 +210,7 @@ int tllm_ctx_greedy_push(struct tllm_ctx *ctx, int32_t id) {
     int rc;
     if (ctx->dev && ctx->dev->ops->step_enqueue) {
         if ((rc = dev_sync(ctx))) return rc;
-        struct tllm_batch b = batch_of(ctx, &id, 1);
+        struct tllm_batch b = batch_of(ctx, &id, 1, 1);
         ctx->step_out[0] = 1;
         if ((rc = ctx->dev->ops->step_enqueue(ctx->dev, &b))) return rc;
         ctx->dev_valid = ++ctx->pos;

@@ -1,5 +1,6 @@
-/* An inference context: one sequence's place in its KV cache, the CPU backend that holds that cache
- * and computes prefill, and the device (if any) that decodes, with their caches kept in step. */
+/* An inference context: one sequence in a paged KV cache of its own (engine/run/kv_cache.h), the CPU
+ * backend that computes prefill over it, and the device (if any) that decodes, with their caches kept
+ * in step. Many sequences at once are the scheduler's (engine/run/scheduler.h). */
 #ifndef TLLM_CONTEXT_H
 #define TLLM_CONTEXT_H
 
@@ -7,6 +8,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/load/model.h"
+#include "engine/run/kv_cache.h"
 
 enum tllm_logits_mode {
     TLLM_LOGITS_NONE, /* only fill the KV cache (e.g. all but the last prompt chunk) */
@@ -21,12 +23,13 @@ struct tllm_ctx {
     int n_ctx;          /* KV cache capacity in tokens */
     int n_batch;        /* most tokens one internal forward step handles */
     int pos;            /* tokens in the cache so far */
+    struct tllm_kv *kv; /* the host's cache: one sequence, id 0 (its n_tokens: the positions current there) */
     struct tllm_backend *cpu;  /* the host's backend: prefill, and every step when no device decodes */
-    struct tllm_kv_host kv;    /* its KV cache, which a device's is synced with */
     /* a device decoding single tokens (tllm_ctx_use_device): its own KV cache, synced by position ranges */
     struct tllm_backend *dev;
-    int host_valid;     /* positions [0, host_valid) of the host cache are current */
     int dev_valid;      /* positions [0, dev_valid) of the device cache are current */
+    float *stage;       /* [n_stage floats] a range of positions on its way between the two caches */
+    size_t n_stage;
     int32_t *step_pos;  /* [n_batch] the positions of a step's tokens */
     int32_t *step_seq;  /* [n_batch] their sequence (0: one sequence runs) */
     int8_t *step_out;   /* [n_batch] which of them want logits */
@@ -37,15 +40,18 @@ struct tllm_ctx {
     int chained;         /* the last step was a greedy push, so an id < 0 may follow */
 };
 
-/* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. */
+/* n_ctx <= 0: the model's max_position_embeddings. n_batch <= 0: 512. The cache holds float32 (exact). */
 int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch);
+/* The same with the cache's type: TLLM_DT_F16 (what the front ends default to) or TLLM_DT_F32. */
+int tllm_ctx_init_kv(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch, enum tllm_dtype kv_type);
 void tllm_ctx_free(struct tllm_ctx *ctx);
 /* Forget the sequence (keep the buffers). */
 void tllm_ctx_reset(struct tllm_ctx *ctx);
 /* Drop cached tokens past `pos` (so a new turn can reuse a shared prefix). */
 void tllm_ctx_truncate(struct tllm_ctx *ctx, int pos);
 
-/* Feed n token ids at positions pos..pos+n-1. `logits` receives [vocab] (LAST) or [n x vocab] (ALL).
+/* Feed n prompt token ids at positions pos..pos+n-1 (on a device, one token with LAST or NONE is a
+ * decode step there). `logits` receives [vocab] (LAST) or [n x vocab] (ALL).
  * Fails with TLLM_ERR_LIMIT (cache untouched) when the tokens would not fit, TLLM_ERR_ARG on a bad id. */
 int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *logits,
                      enum tllm_logits_mode mode);
@@ -54,8 +60,11 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
  * cache must have been made for this context's n_ctx. Multi-token steps stay on the CPU threads. */
 void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev);
 
-/* Feed one token and return the argmax of its logits (on the device when one is in use: only the id
- * crosses the bus). */
+/* Feed one generated token (the decode role: kernels/cpu/qpack.h) and get its logits. */
+int tllm_ctx_decode(struct tllm_ctx *ctx, int32_t id, float *logits);
+
+/* Feed one generated token and return the argmax of its logits (on the device when one is in use:
+ * only the id crosses the bus). */
 int tllm_ctx_decode_argmax(struct tllm_ctx *ctx, int32_t id, int32_t *next);
 
 /* Greedy decoding a step ahead (what tllm_generate does for a greedy sampler): push feeds token id at

@@ -191,7 +191,7 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
                 r->finish = TLLM_FINISH_CONTEXT;
                 break;
             }
-            rc = tllm_ctx_forward(ctx, &id, 1, logits, TLLM_LOGITS_LAST);
+            rc = tllm_ctx_decode(ctx, id, logits);
         }
     r->gen_secs = tllm_now() - t0;
     if (!rc && tok && !g.stopped) { /* what was held back is final now */

@@ -1,5 +1,6 @@
 #include "kernels/cpu/ops.h"
 
+#include "engine/base/dtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_avx512.h"
 #include "kernels/cpu/ops_ref.h"
@@ -103,6 +104,12 @@ void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const flo
         tllm_attention_avx512(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
     else
         tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
+}
+
+void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n) {
+    if (tllm_cpu_has_avx512()) tllm_f16_to_f32_row_avx512(src, dst, n);
+    else
+        for (int i = 0; i < n; i++) dst[i] = tllm_f16_to_f32(src[i]);
 }
 
 void tllm_swiglu(float *gate, const float *up, int n) {

@@ -3,6 +3,7 @@
 #define TLLM_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* out = x / rms(x) * weight, over n elements (out may alias x). */
 void tllm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps);
@@ -27,5 +28,8 @@ void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, 
 
 /* gate[i] = silu(gate[i]) * up[i] */
 void tllm_swiglu(float *gate, const float *up, int n);
+
+/* dst[i] = src[i] widened from IEEE half (the KV cache's f16 rows); exact. */
+void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n);
 
 #endif

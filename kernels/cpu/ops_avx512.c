@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "engine/base/dtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_avx512.h"
 #include "kernels/cpu/ops_ref.h" /* where AVX-512 is not compiled */
@@ -157,6 +158,12 @@ TGT void tllm_exp_avx512(float *x, int n) {
     }
 }
 
+TGT void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n) {
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 k = tail_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, k, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, src + i)));
+    }
+}
 
 int tllm_attention_avx512_ok(int head_dim) { return tllm_cpu_has_avx512() && head_dim % 16 == 0 && head_dim <= HD_MAX; }
 #else
@@ -168,5 +175,8 @@ void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, co
 void tllm_swiglu_avx512(float *gate, const float *up, int n) { tllm_swiglu_ref(gate, up, n); }
 void tllm_exp_avx512(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] = expf(x[i]);
+}
+void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n) {
+    for (int i = 0; i < n; i++) dst[i] = tllm_f16_to_f32(src[i]);
 }
 #endif

@@ -4,6 +4,7 @@
 #define TLLM_OPS_AVX512_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* attention needs head_dim % 16 == 0 (tllm_attention_avx512_ok says). */
 int tllm_attention_avx512_ok(int head_dim);
@@ -11,6 +12,7 @@ void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, co
                            const float *v, size_t v_stride, int head_dim, float *scores, float *out,
                            size_t out_stride);
 void tllm_swiglu_avx512(float *gate, const float *up, int n);
-void tllm_exp_avx512(float *x, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
+void tllm_exp_avx512(float *x, int n);
+void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
 
 #endif

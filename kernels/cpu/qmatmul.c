@@ -71,6 +71,10 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
         }
         return;
     }
+    tllm_qmatmul_tiled(w, x, n, y, r0, r1);
+}
+
+void tllm_qmatmul_tiled(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
     float buf[QM_CHUNK];
     for (int r = r0; r < r1; r++) {
         for (int t = 0; t < n; t++) y[(size_t)t * w->rows + r] = 0.0f;

@@ -15,5 +15,8 @@ void tllm_qw_dequant_row_ref(const struct tllm_qweights *w, int r, float *out);
 /* The fastest kernel for this machine; same contract as the reference. */
 void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1);
 void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out);
+/* The multi-token kernel alone (tllm_qmatmul takes one or two tokens through a matrix-vector kernel,
+ * summing in another order): each token's row is the same bits for any n. */
+void tllm_qmatmul_tiled(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1);
 
 #endif

@@ -94,7 +94,7 @@ TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, in
         for (int b = 0; b < nb; b++) {
             const float *xb = x + (size_t)t * xq->cols + b * TLLM_XQ_BLOCK;
             size_t o = (size_t)t * xq->cols + (size_t)b * TLLM_XQ_BLOCK;
-            int8_t *q = xq->q + o, *q2 = xq->q2 ? xq->q2 + o : NULL;
+            int8_t *q = xq->q + o, *q2 = t < xq->n2 ? xq->q2 + o : NULL;
             float amax = 0.0f;
             for (int j = 0; j < TLLM_XQ_BLOCK; j++) {
                 float a = fabsf(xb[j]);

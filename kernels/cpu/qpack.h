@@ -34,14 +34,16 @@ struct tllm_qpack {
 /* Activations of n tokens, quantized per block of 32: x ~ d * q with d = max|x| / 127, or with a
  * second level, x ~ d * (q + q2 / 128): the residual, quantized again. One level is llama.cpp's Q8_1
  * (about 0.5% error per matmul); two levels cost a second vpdpbusd per product and are as good as
- * float32 for practical purposes. Decode, which waits on memory, uses two; prefill uses one. */
-#define TLLM_XQ_L2_MAX_TOKENS 2 /* steps of at most this many tokens get the second level */
+ * float32 for practical purposes. Generated tokens (decode, which waits on memory) get two, prompt
+ * tokens one: a token's levels follow its role, never the size of the step it lands in, so its
+ * results do not depend on what else the step holds. */
 struct tllm_xq {
     int n, cols;     /* cols % 32 == 0 */
     int8_t *q;       /* [n x cols] */
-    int8_t *q2;      /* [n x cols] second level, or NULL (only when n <= TLLM_XQ_L2_MAX_TOKENS) */
+    int8_t *q2;      /* [n2 x cols] second level of the first n2 tokens */
     float *d;        /* [n x cols/32] scale of each block (d / 128 with two levels) */
     float *sum;      /* [n x cols/32] sum of each block's quantized x (the bias term) */
+    int n2;          /* tokens [0, n2) have two levels */
 };
 
 /* 1 if w can be packed: affine, bits 2/4/8, cols a multiple of 32 (every supported group is). */

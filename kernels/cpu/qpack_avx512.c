@@ -13,6 +13,9 @@
 #ifndef TLLM_QPACK_TILE_TOKENS
 #define TLLM_QPACK_TILE_TOKENS 8 /* tokens per tile: 2 x 8 accumulators fit the 32 vector registers */
 #endif
+#ifndef TLLM_QPACK_TILE_TOKENS2
+#define TLLM_QPACK_TILE_TOKENS2 4 /* tokens per tile with two levels (twice the accumulators) */
+#endif
 #ifndef TLLM_QPACK_TILE_BLOCKS
 #define TLLM_QPACK_TILE_BLOCKS 4 /* row blocks whose codes stay in L1/L2 while every token tile passes */
 #endif
@@ -58,12 +61,10 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
         __m512 S = load16(p->scales, p->dtype, so), B = load16(p->biases, p->dtype, so);
         for (int k = 0; k < bpg; k++) {
             const int kb = g * bpg + k;
-            /* SPLIT independent sums per token: one chain of dependent vpdpbusd would make a few-token
-             * tile latency-bound */
             /* SPLIT independent sums per token and level: one chain of dependent vpdpbusd would make a
              * few-token tile latency-bound */
             const int SPLIT = NT * LEVELS == 1 ? 4 : NT * LEVELS <= 3 ? 2 : 1;
-            __m512i dot[8][4], dot2[2][4];
+            __m512i dot[8][4], dot2[8][4];
             for (int t = 0; t < NT; t++)
                 for (int h = 0; h < SPLIT; h++) dot[t][h] = _mm512_setzero_si512();
             for (int t = 0; t < NT && LEVELS == 2; t++)
@@ -117,31 +118,36 @@ typedef void tile_fn(const struct tllm_qpack *, const struct tllm_xq *, float *,
 TILES(2)
 TILES(4)
 TILES(8)
-TILE2(2, 1) TILE2(2, 2) TILE2(4, 1) TILE2(4, 2) TILE2(8, 1) TILE2(8, 2)
+#define TILES2(BITS) TILE2(BITS, 1) TILE2(BITS, 2) TILE2(BITS, 3) TILE2(BITS, 4) TILE2(BITS, 5) TILE2(BITS, 6) TILE2(BITS, 7) TILE2(BITS, 8)
+TILES2(2)
+TILES2(4)
+TILES2(8)
 #define ROW(BITS) {tile_##BITS##_1, tile_##BITS##_2, tile_##BITS##_3, tile_##BITS##_4, tile_##BITS##_5, tile_##BITS##_6, tile_##BITS##_7, tile_##BITS##_8}
 static tile_fn *const tiles[3][8] = {ROW(2), ROW(4), ROW(8)};
-#define ROW2(BITS) {tile2_##BITS##_1, tile2_##BITS##_2}
-static tile_fn *const tiles2[3][2] = {ROW2(2), ROW2(4), ROW2(8)};
+#define ROW2(BITS) {tile2_##BITS##_1, tile2_##BITS##_2, tile2_##BITS##_3, tile2_##BITS##_4, tile2_##BITS##_5, tile2_##BITS##_6, tile2_##BITS##_7, tile2_##BITS##_8}
+static tile_fn *const tiles2[3][8] = {ROW2(2), ROW2(4), ROW2(8)};
 
-#if TLLM_QPACK_TILE_TOKENS > 8 || TLLM_QPACK_TILE_TOKENS < 1
-#error "TLLM_QPACK_TILE_TOKENS must be 1..8"
+#if TLLM_QPACK_TILE_TOKENS > 8 || TLLM_QPACK_TILE_TOKENS < 1 || TLLM_QPACK_TILE_TOKENS2 > 8 || TLLM_QPACK_TILE_TOKENS2 < 1
+#error "TLLM_QPACK_TILE_TOKENS and TLLM_QPACK_TILE_TOKENS2 must be 1..8"
 #endif
 
-void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
-    const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
-    if (x->q2) { /* two levels: decode steps only (TLLM_XQ_L2_MAX_TOKENS) */
-        for (int t0 = 0; t0 < x->n; t0 += 2)
-            for (int b = b0; b < b1; b++) tiles2[bi][x->n - t0 >= 2](p, x, y, b, t0);
-        return;
-    }
-    tile_fn *const *fns = tiles[bi];
+/* Tokens [t_begin, t_end) in tiles of up to `per` tokens, over row blocks [b0, b1) a few at a time */
+static void run_tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1,
+                      tile_fn *const *fns, int t_begin, int t_end, int per) {
     for (int bb = b0; bb < b1; bb += TLLM_QPACK_TILE_BLOCKS) {
         int be = bb + TLLM_QPACK_TILE_BLOCKS < b1 ? bb + TLLM_QPACK_TILE_BLOCKS : b1;
-        for (int t0 = 0; t0 < x->n; t0 += TLLM_QPACK_TILE_TOKENS) {
-            int nt = x->n - t0 < TLLM_QPACK_TILE_TOKENS ? x->n - t0 : TLLM_QPACK_TILE_TOKENS;
+        for (int t0 = t_begin; t0 < t_end; t0 += per) {
+            int nt = t_end - t0 < per ? t_end - t0 : per;
             for (int b = bb; b < be; b++) fns[nt - 1](p, x, y, b, t0);
         }
     }
+}
+
+void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+    int n2 = x->n2 < x->n ? x->n2 : x->n;
+    if (n2 > 0) run_tiles(p, x, y, b0, b1, tiles2[bi], 0, n2, TLLM_QPACK_TILE_TOKENS2);
+    if (n2 < x->n) run_tiles(p, x, y, b0, b1, tiles[bi], n2, x->n, TLLM_QPACK_TILE_TOKENS);
 }
 
 #else

@@ -27,7 +27,7 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                 for (int k = 0; k < bpg; k++) {
                     int kb = g * bpg + k;
                     const int8_t *xq = x->q + (size_t)t * p->cols + (size_t)kb * TLLM_XQ_BLOCK;
-                    const int8_t *xq2 = x->q2 ? x->q2 + (xq - x->q) : NULL;
+                    const int8_t *xq2 = t < x->n2 ? x->q2 + (xq - x->q) : NULL;
                     int32_t dot[16] = {0}, dot2[16] = {0};
                     for (int ch = 0; ch < chunks; ch++, c += 64)
                         for (int m = 0; m < per; m++)

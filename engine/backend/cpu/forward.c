@@ -1,6 +1,7 @@
-/* The CPU backend: the Qwen2 forward pass on the thread pool, and the host's KV cache. Prefill and
- * decode are the same code: a step processes n tokens at once (n = 1 for decode), so every weight is
- * read once per step whatever n is. */
+/* The CPU backend: the Qwen2 forward pass on the thread pool, over the shared paged KV cache
+ * (engine/run/kv_cache.h). Prefill and decode are the same code: a step processes n tokens of any
+ * sequences at once (prefill chunks and generated tokens mixed), so every weight is read once per step
+ * whatever n is; attention runs per sequence over that sequence's blocks. */
 #include "engine/backend/backend.h"
 
 #include <stdatomic.h>
@@ -11,21 +12,31 @@
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
 #include "engine/load/model.h"
+#include "engine/run/kv_cache.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qpack.h"
 
-#define ATT_QUERY_BLOCK 16     /* queries per attention task: heads x query blocks are shared out */
+#define ATT_QUERY_BLOCK 16     /* queries per attention task: (sequence, KV head, query block) tasks are shared out */
 #define LINEAR_PREFILL_CHUNK 4 /* row blocks per grab in multi-token steps */
 #define LINEAR_DECODE_SPLIT 1  /* runs per thread in one-token steps: long runs keep the prefetcher streaming */
+
+/* A stretch of a step's tokens that belong to one sequence, at consecutive positions */
+struct run {
+    int seq, t0, n, pos0;
+};
+
+/* Attention work: queries [q0, q0 + nq) of a run, for the query heads of one KV head */
+struct att_task {
+    int run, kvh, q0, nq;
+};
 
 struct tllm_cpu {
     struct tllm_backend base;
     const struct tllm_model *m;
-    int n_ctx;          /* KV cache capacity in tokens */
+    struct tllm_kv *kv; /* the paged cache every sequence of a step is in (not owned) */
+    int max_len;        /* positions one sequence can have: the cache's capacity */
     int n_batch;        /* most tokens one step handles */
-    float *key_cache;   /* [n_layers x n_kv_heads x head_dim x n_ctx]: transposed, so q.K^T vectorizes over positions */
-    float *value_cache; /* [n_layers x n_ctx x kv_dim] */
     /* activations for up to n_batch tokens */
     float *x;           /* [n_batch x dim] residual stream */
     float *xb;          /* [n_batch x dim] normed input of a sublayer */
@@ -36,17 +47,26 @@ struct tllm_cpu {
     float *proj;        /* [n_batch x dim] o_proj / down_proj output */
     float *hb;          /* [n_batch x ffn_dim] gate, then silu(gate)*up */
     float *hb2;         /* [n_batch x ffn_dim] up */
-    float *scores;      /* [n_scratch x 16 x n_ctx] attention scores, a block of query rows per thread */
     int n_scratch;      /* threads in the pool when the backend was made */
+    float *scores;      /* [n_scratch x 16 x max_len] attention scores, a block of query rows per thread */
+    float *gather;      /* [n_scratch x 2 x head_dim x max_len] a KV head's keys (transposed) and values, float32 and contiguous */
     float *rope_cos;    /* [n_batch x head_dim/2] */
     float *rope_sin;    /* [n_batch x head_dim/2] */
     /* int8 copy of the current matmul input, for packed weights (kernels/cpu/qpack.h) */
     int8_t *xq;         /* [n_batch x max_cols] */
-    int8_t *xq2;        /* [TLLM_XQ_L2_MAX_TOKENS x max_cols] second level for decode steps */
+    int8_t *xq2;        /* [n_batch x max_cols] second level, for generated tokens */
     float *xq_d;        /* [n_batch x max_cols/32] */
     float *xq_sum;      /* [n_batch x max_cols/32] */
     float *logits;      /* [n_logits x vocab], for steps that ask for argmax ids */
     int n_logits;
+    /* the current step */
+    const struct tllm_batch *bt;
+    struct run *runs;   /* [n_batch] */
+    int n_runs;
+    struct att_task *tasks; /* [n_batch x n_kv_heads] */
+    int n_tasks;
+    int *seen;          /* [max_seqs] the step a sequence was last seen in (a sequence is one run) */
+    int stamp;
 };
 
 /* The input of one or more matmuls (q/k/v share one, gate/up another): n rows of cols floats, and
@@ -54,13 +74,13 @@ struct tllm_cpu {
 struct act {
     const float *x; /* [n x cols] */
     int n, cols;
+    int n_gen;      /* the first n_gen tokens are generated ones (tllm_batch.n_gen) */
     struct tllm_xq q;
     int quantized;
 };
 
-static struct act act_of(struct tllm_cpu *cpu, const float *x, int n, int cols) {
-    int8_t *q2 = n <= TLLM_XQ_L2_MAX_TOKENS ? cpu->xq2 : NULL;
-    struct act a = {x, n, cols, {n, cols, cpu->xq, q2, cpu->xq_d, cpu->xq_sum}, 0};
+static struct act act_of(struct tllm_cpu *cpu, const float *x, int n, int cols, int n_gen) {
+    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n_gen}, 0};
     return a;
 }
 
@@ -83,11 +103,19 @@ static void linear_task(void *arg, int ith, int nth) {
         int b0 = atomic_fetch_add_explicit(&la->next, 1, memory_order_relaxed) * la->chunk;
         if (b0 >= n_blocks) return;
         int b1 = b0 + la->chunk < n_blocks ? b0 + la->chunk : n_blocks;
-        if (la->w->pack)
+        if (la->w->pack) {
             tllm_qpack_matmul(la->w->pack, &la->a->q, la->y, b0, b1);
-        else
-            tllm_qmatmul(la->w, la->a->x, la->a->n, la->y, b0 * TLLM_QPACK_ROWS,
-                         b1 * TLLM_QPACK_ROWS < rows ? b1 * TLLM_QPACK_ROWS : rows);
+            continue;
+        }
+        /* float activations: a generated token through the one-token kernel, prompt tokens through the
+         * multi-token one, whatever the step's size (each sums in its own order) */
+        const struct act *a = la->a;
+        int r0 = b0 * TLLM_QPACK_ROWS, r1 = b1 * TLLM_QPACK_ROWS < rows ? b1 * TLLM_QPACK_ROWS : rows;
+        for (int t = 0; t < a->n_gen; t++)
+            tllm_qmatmul(la->w, a->x + (size_t)t * a->cols, 1, la->y + (size_t)t * rows, r0, r1);
+        if (a->n > a->n_gen)
+            tllm_qmatmul_tiled(la->w, a->x + (size_t)a->n_gen * a->cols, a->n - a->n_gen,
+                               la->y + (size_t)a->n_gen * rows, r0, r1);
     }
 }
 
@@ -129,50 +157,101 @@ static void swiglu_task(void *arg, int ith, int nth) {
     if (i0 < i1) tllm_swiglu(a->gate + i0, a->up + i0, (int)(i1 - i0));
 }
 
+/* A KV head's keys (transposed, rows `stride` apart) and values of positions [0, len) of a sequence,
+ * from its blocks into float32 rows, so the attention kernel reads them contiguously; with f16 this is
+ * where they widen. Done once for the query heads that share the KV head. */
+static void gather_kv(const struct tllm_kv *kv, const struct tllm_kv_seq *s, int l, int kvh, int len, float *kt,
+                      size_t stride, float *v) {
+    const int hd = kv->head_dim, B = TLLM_KV_BLOCK;
+    for (int i = 0; i * B < len; i++) {
+        const char *kb = (const char *)tllm_kv_k(kv, l, s->blocks[i]) + (size_t)kvh * hd * B * kv->esize;
+        const char *vb = (const char *)tllm_kv_v(kv, l, s->blocks[i]) + (size_t)kvh * hd * B * kv->esize;
+        int np = len - i * B < B ? len - i * B : B;
+        if (kv->dtype == TLLM_DT_F16) {
+            for (int d = 0; d < hd; d++) tllm_f16_to_f32_row((const uint16_t *)kb + (size_t)d * B, kt + (size_t)d * stride + (size_t)i * B, np);
+            tllm_f16_to_f32_row((const uint16_t *)vb, v + (size_t)i * B * hd, np * hd);
+        } else {
+            for (int d = 0; d < hd; d++) memcpy(kt + (size_t)d * stride + (size_t)i * B, (const float *)kb + (size_t)d * B, (size_t)np * 4);
+            memcpy(v + (size_t)i * B * hd, vb, (size_t)np * hd * 4);
+        }
+    }
+}
+
 struct attn_args {
     struct tllm_cpu *cpu;
-    int l, pos0, n;
+    int l;
 };
 
-/* Causal GQA attention for n new tokens at positions pos0.., whose K/V are already in the cache.
- * Tasks are (head, block of queries), dealt round-robin so the causal triangle's cost evens out. */
+/* Causal GQA attention of every token of the step over its own sequence's cache (its K/V already
+ * written). A query's result depends on its sequence alone: the kernel sums each query's row in the
+ * same order whatever block it is computed in. Tasks (run, KV head, query block) are dealt round-robin
+ * so the causal triangle's cost evens out. */
 static void attention_task(void *arg, int ith, int nth) {
     const struct attn_args *a = arg;
     struct tllm_cpu *cpu = a->cpu;
     if (ith >= cpu->n_scratch) return;
     if (nth > cpu->n_scratch) nth = cpu->n_scratch;
     const struct tllm_config *c = &cpu->m->cfg;
-    int hd = c->head_dim, kv_dim = c->n_kv_heads * hd, q_dim = c->n_heads * hd;
-    int group = c->n_heads / c->n_kv_heads, blocks = (a->n + ATT_QUERY_BLOCK - 1) / ATT_QUERY_BLOCK;
-    float *s = cpu->scores + (size_t)ith * ATT_QUERY_BLOCK * cpu->n_ctx;
-    for (int task = ith; task < c->n_heads * blocks; task += nth) {
-        int h = task % c->n_heads, t0 = task / c->n_heads * ATT_QUERY_BLOCK;
-        int nq = a->n - t0 < ATT_QUERY_BLOCK ? a->n - t0 : ATT_QUERY_BLOCK;
-        const float *kt = cpu->key_cache + ((size_t)a->l * c->n_kv_heads + (size_t)(h / group)) * hd * cpu->n_ctx;
-        const float *vc = cpu->value_cache + (size_t)a->l * cpu->n_ctx * kv_dim + (size_t)(h / group) * hd;
-        tllm_attention(cpu->q + (size_t)t0 * q_dim + (size_t)h * hd, (size_t)q_dim, nq, a->pos0 + t0, kt,
-                       (size_t)cpu->n_ctx, vc, (size_t)kv_dim, hd, s, cpu->att_out + (size_t)t0 * q_dim + (size_t)h * hd,
-                       (size_t)q_dim);
+    const int hd = c->head_dim, q_dim = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
+    float *s = cpu->scores + (size_t)ith * ATT_QUERY_BLOCK * cpu->max_len;
+    float *kt = cpu->gather + (size_t)ith * 2 * hd * cpu->max_len, *v = kt + (size_t)hd * cpu->max_len;
+    for (int task = ith; task < cpu->n_tasks; task += nth) {
+        const struct att_task *at = &cpu->tasks[task];
+        const struct run *r = &cpu->runs[at->run];
+        int pos0 = r->pos0 + at->q0, len = pos0 + at->nq;
+        size_t stride = (size_t)(len + 15) / 16 * 16;
+        gather_kv(cpu->kv, &cpu->kv->seqs[r->seq], a->l, at->kvh, len, kt, stride, v);
+        for (int h = at->kvh * group; h < (at->kvh + 1) * group; h++) {
+            size_t row = (size_t)(r->t0 + at->q0) * q_dim + (size_t)h * hd;
+            tllm_attention(cpu->q + row, (size_t)q_dim, at->nq, pos0, kt, stride, v, (size_t)hd, hd, s,
+                           cpu->att_out + row, (size_t)q_dim);
+        }
     }
 }
 
-static void attention(struct tllm_cpu *cpu, int l, int pos0, int n) {
-    struct attn_args a = {cpu, l, pos0, n};
-    tllm_parallel(attention_task, &a);
+static void attention(struct tllm_cpu *cpu, int l) {
+    struct attn_args a = {cpu, l};
+    if (cpu->n_tasks == 1) attention_task(&a, 0, 1);
+    else tllm_parallel(attention_task, &a);
 }
 
-/* One step of n <= n_batch tokens of one sequence at positions pos0 .. pos0 + n - 1; the final norm
- * and the lm_head for the n_out tokens that `out` marks, their logits in order into `logits`. */
-static void forward_step(struct tllm_cpu *cpu, const int32_t *ids, int n, int pos0, const int8_t *out, int n_out,
-                         float *logits) {
+/* The step's K/V (after RoPE) into each token's block and slot */
+static void write_kv(struct tllm_cpu *cpu, int l) {
+    const struct tllm_kv *kv = cpu->kv;
+    const struct tllm_batch *bt = cpu->bt;
+    const int hd = kv->head_dim, kv_dim = kv->n_kv_heads * hd, B = TLLM_KV_BLOCK;
+    for (int t = 0; t < bt->n; t++) {
+        const struct tllm_kv_seq *s = &kv->seqs[bt->seq[t]];
+        int b = s->blocks[bt->pos[t] / B], o = bt->pos[t] % B;
+        const float *k = cpu->k + (size_t)t * kv_dim, *v = cpu->v + (size_t)t * kv_dim;
+        void *kb = tllm_kv_k(kv, l, b), *vb = tllm_kv_v(kv, l, b);
+        for (int h = 0; h < kv->n_kv_heads; h++)
+            for (int d = 0; d < hd; d++) {
+                size_t ki = ((size_t)h * hd + d) * B + o, vi = ((size_t)h * B + o) * hd + d;
+                if (kv->dtype == TLLM_DT_F16) {
+                    ((uint16_t *)kb)[ki] = tllm_f32_to_f16(k[h * hd + d]);
+                    ((uint16_t *)vb)[vi] = tllm_f32_to_f16(v[h * hd + d]);
+                } else {
+                    ((float *)kb)[ki] = k[h * hd + d];
+                    ((float *)vb)[vi] = v[h * hd + d];
+                }
+            }
+    }
+}
+
+/* One step: the batch's n tokens through every layer, their K/V into the cache; the final norm and
+ * the lm_head for the n_out tokens that `out` marks, their logits in order into `logits`. */
+static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
     const struct tllm_model *m = cpu->m;
     const struct tllm_config *c = &m->cfg;
+    const struct tllm_batch *bt = cpu->bt;
+    const int n = bt->n, n_gen = bt->n_gen;
     int dim = c->dim, hd = c->head_dim, half = hd / 2;
     int q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
 
     for (int t = 0; t < n; t++) {
-        tllm_qw_dequant_row(&m->embed, ids[t], cpu->x + (size_t)t * dim);
-        tllm_rope_tables(pos0 + t, hd, c->rope_theta, cpu->rope_cos + (size_t)t * half,
+        tllm_qw_dequant_row(&m->embed, bt->id[t], cpu->x + (size_t)t * dim);
+        tllm_rope_tables(bt->pos[t], hd, c->rope_theta, cpu->rope_cos + (size_t)t * half,
                          cpu->rope_sin + (size_t)t * half);
     }
 
@@ -182,25 +261,21 @@ static void forward_step(struct tllm_cpu *cpu, const int32_t *ids, int n, int po
         for (int t = 0; t < n; t++)
             tllm_rmsnorm(cpu->xb + (size_t)t * dim, cpu->x + (size_t)t * dim, L->attn_norm, dim,
                          c->norm_eps);
-        struct act a = act_of(cpu, cpu->xb, n, dim);
+        struct act a = act_of(cpu, cpu->xb, n, dim, n_gen);
         linear(&L->wq, &a, cpu->q);
         linear(&L->wk, &a, cpu->k);
         linear(&L->wv, &a, cpu->v);
         add_bias(cpu->q, L->bq, n, q_dim);
         add_bias(cpu->k, L->bk, n, kv_dim);
         add_bias(cpu->v, L->bv, n, kv_dim);
-        float *kt = cpu->key_cache + (size_t)l * cpu->n_ctx * kv_dim;
-        float *vc = cpu->value_cache + ((size_t)l * cpu->n_ctx + pos0) * kv_dim;
         for (int t = 0; t < n; t++) {
             const float *ct = cpu->rope_cos + (size_t)t * half, *st = cpu->rope_sin + (size_t)t * half;
             tllm_rope(cpu->q + (size_t)t * q_dim, c->n_heads, hd, ct, st);
             tllm_rope(cpu->k + (size_t)t * kv_dim, c->n_kv_heads, hd, ct, st);
         }
-        for (int t = 0; t < n; t++) /* keys go in transposed: [kv_head][head_dim][position] */
-            for (int j = 0; j < kv_dim; j++) kt[(size_t)j * cpu->n_ctx + pos0 + t] = cpu->k[(size_t)t * kv_dim + j];
-        memcpy(vc, cpu->v, (size_t)n * kv_dim * sizeof(float));
-        attention(cpu, l, pos0, n);
-        a = act_of(cpu, cpu->att_out, n, q_dim);
+        write_kv(cpu, l);
+        attention(cpu, l);
+        a = act_of(cpu, cpu->att_out, n, q_dim, n_gen);
         linear(&L->wo, &a, cpu->proj);
         for (size_t i = 0; i < (size_t)n * dim; i++) cpu->x[i] += cpu->proj[i];
 
@@ -208,46 +283,78 @@ static void forward_step(struct tllm_cpu *cpu, const int32_t *ids, int n, int po
         for (int t = 0; t < n; t++)
             tllm_rmsnorm(cpu->xb + (size_t)t * dim, cpu->x + (size_t)t * dim, L->ffn_norm, dim,
                          c->norm_eps);
-        a = act_of(cpu, cpu->xb, n, dim);
+        a = act_of(cpu, cpu->xb, n, dim, n_gen);
         linear(&L->w_gate, &a, cpu->hb);
         linear(&L->w_up, &a, cpu->hb2);
         struct swiglu_args sw = {cpu->hb, cpu->hb2, (size_t)n * c->ffn_dim};
         if (n > 1) tllm_parallel(swiglu_task, &sw);
         else swiglu_task(&sw, 0, 1);
-        a = act_of(cpu, cpu->hb, n, c->ffn_dim);
+        a = act_of(cpu, cpu->hb, n, c->ffn_dim, n_gen);
         linear(&L->w_down, &a, cpu->proj);
         for (size_t i = 0; i < (size_t)n * dim; i++) cpu->x[i] += cpu->proj[i];
     }
 
     if (n_out == 0) return;
+    int out_gen = 0; /* wanted rows that are generated tokens: they come first */
     for (int t = 0, j = 0; t < n; t++) /* the wanted tokens' rows, packed */
-        if (out[t]) tllm_rmsnorm(cpu->xb + (size_t)j++ * dim, cpu->x + (size_t)t * dim, m->final_norm, dim, c->norm_eps);
-    struct act a = act_of(cpu, cpu->xb, n_out, dim);
+        if (bt->out[t]) {
+            out_gen += t < n_gen;
+            tllm_rmsnorm(cpu->xb + (size_t)j++ * dim, cpu->x + (size_t)t * dim, m->final_norm, dim, c->norm_eps);
+        }
+    struct act a = act_of(cpu, cpu->xb, n_out, dim, out_gen);
     linear(&m->lm_head, &a, logits);
 }
 
-
-/* Today one sequence at consecutive positions a step (the batch's shape is ready for more). */
-static int check_batch(const struct tllm_cpu *cpu, const struct tllm_batch *bt, int *n_out) {
+/* A step's tokens: each sequence open, one stretch of consecutive positions that starts where its
+ * cache ends and stays inside its reserved blocks; ids in range. Splits the step into runs and
+ * attention tasks. */
+static int plan_batch(struct tllm_cpu *cpu, const struct tllm_batch *bt, int *n_out) {
+    const struct tllm_kv *kv = cpu->kv;
     if (bt->n <= 0 || bt->n > cpu->n_batch)
         return tllm_fail(TLLM_ERR_ARG, "a CPU step of %d tokens (1 to %d)", bt->n, cpu->n_batch);
-    if (bt->pos[0] < 0 || bt->pos[0] + bt->n > cpu->n_ctx)
-        return tllm_fail(TLLM_ERR_LIMIT, "context full: positions %d to %d past %d", bt->pos[0], bt->pos[0] + bt->n - 1, cpu->n_ctx);
+    if (bt->n_gen < 0 || bt->n_gen > bt->n) return tllm_fail(TLLM_ERR_ARG, "a step of %d tokens with %d generated", bt->n, bt->n_gen);
     *n_out = 0;
+    cpu->n_runs = 0;
+    cpu->stamp++;
     for (int t = 0; t < bt->n; t++) {
-        if (bt->pos[t] != bt->pos[0] + t || bt->seq[t] != bt->seq[0])
-            return tllm_fail(TLLM_ERR_UNSUPPORTED, "a CPU step takes one sequence at consecutive positions");
+        int sq = bt->seq[t];
+        if (sq < 0 || sq >= kv->max_seqs || !kv->seqs[sq].open)
+            return tllm_fail(TLLM_ERR_ARG, "token %d of the step: sequence %d is not open in the KV cache", t, sq);
+        const struct tllm_kv_seq *s = &kv->seqs[sq];
+        struct run *r = cpu->n_runs ? &cpu->runs[cpu->n_runs - 1] : NULL;
+        if (r && r->seq == sq) {
+            if (bt->pos[t] != r->pos0 + r->n)
+                return tllm_fail(TLLM_ERR_UNSUPPORTED, "sequence %d: positions of a step must be consecutive", sq);
+            r->n++;
+        } else {
+            if (cpu->seen[sq] == cpu->stamp)
+                return tllm_fail(TLLM_ERR_UNSUPPORTED, "sequence %d: its tokens must be together in a step", sq);
+            cpu->seen[sq] = cpu->stamp;
+            if (bt->pos[t] != s->n_tokens)
+                return tllm_fail(TLLM_ERR_ARG, "sequence %d: a step at position %d, but its cache holds %d", sq, bt->pos[t], s->n_tokens);
+            cpu->runs[cpu->n_runs++] = (struct run){sq, t, 1, bt->pos[t]};
+        }
+        if (bt->pos[t] >= s->n_blocks * TLLM_KV_BLOCK)
+            return tllm_fail(TLLM_ERR_LIMIT, "sequence %d: position %d has no KV block reserved", sq, bt->pos[t]);
         if (bt->id[t] < 0 || bt->id[t] >= cpu->m->cfg.vocab_size)
             return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", bt->id[t], cpu->m->cfg.vocab_size);
         *n_out += bt->out && bt->out[t];
     }
+    cpu->n_tasks = 0;
+    for (int i = 0; i < cpu->n_runs; i++)
+        for (int q0 = 0; q0 < cpu->runs[i].n; q0 += ATT_QUERY_BLOCK)
+            for (int g = 0; g < kv->n_kv_heads; g++) {
+                int nq = cpu->runs[i].n - q0 < ATT_QUERY_BLOCK ? cpu->runs[i].n - q0 : ATT_QUERY_BLOCK;
+                cpu->tasks[cpu->n_tasks++] = (struct att_task){i, g, q0, nq};
+            }
     return TLLM_OK;
 }
 
 static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
     struct tllm_cpu *cpu = (struct tllm_cpu *)b;
-    int n_out, rc = check_batch(cpu, bt, &n_out);
+    int n_out = 0, rc = plan_batch(cpu, bt, &n_out);
     if (rc) return rc;
+    if (!logits && !argmax) n_out = 0;
     int vocab = cpu->m->cfg.vocab_size;
     if (argmax && !logits && n_out > cpu->n_logits) {
         float *l = realloc(cpu->logits, (size_t)n_out * vocab * sizeof(float));
@@ -256,7 +363,9 @@ static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *
         cpu->n_logits = n_out;
     }
     float *out = logits ? logits : cpu->logits;
-    forward_step(cpu, bt->id, bt->n, bt->pos[0], bt->out, n_out, out);
+    cpu->bt = bt;
+    forward_step(cpu, n_out, out);
+    cpu->bt = NULL;
     if (argmax)
         for (int j = 0; j < n_out; j++) {
             const float *row = out + (size_t)j * vocab;
@@ -277,25 +386,14 @@ static void cpu_describe(const struct tllm_backend *b, struct tllm_backend_info 
 
 static void cpu_free(struct tllm_backend *b) {
     struct tllm_cpu *cpu = (struct tllm_cpu *)b;
-    free(cpu->key_cache);
-    free(cpu->value_cache);
-    free(cpu->x);
-    free(cpu->xb);
-    free(cpu->q);
-    free(cpu->k);
-    free(cpu->v);
-    free(cpu->att_out);
-    free(cpu->proj);
-    free(cpu->hb);
-    free(cpu->hb2);
-    free(cpu->scores);
-    free(cpu->rope_cos);
-    free(cpu->rope_sin);
+    float *bufs[] = {cpu->x, cpu->xb, cpu->q, cpu->k, cpu->v, cpu->att_out, cpu->proj, cpu->hb, cpu->hb2,
+                     cpu->scores, cpu->gather, cpu->rope_cos, cpu->rope_sin, cpu->xq_d, cpu->xq_sum, cpu->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(cpu->xq);
     free(cpu->xq2);
-    free(cpu->xq_d);
-    free(cpu->xq_sum);
-    free(cpu->logits);
+    free(cpu->runs);
+    free(cpu->tasks);
+    free(cpu->seen);
     free(cpu);
 }
 
@@ -305,21 +403,22 @@ static const struct tllm_backend_ops cpu_ops = {
     .free = cpu_free,
 };
 
-int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m, int n_ctx, int n_batch,
-                          struct tllm_kv_host *kv) {
+int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m, struct tllm_kv *kv, int n_batch) {
     *out = NULL;
     struct tllm_cpu *cpu = calloc(1, sizeof *cpu);
     if (!cpu) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     const struct tllm_config *c = &m->cfg;
+    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads || kv->head_dim != c->head_dim) {
+        free(cpu);
+        return tllm_fail(TLLM_ERR_ARG, "the KV cache was made for another model's shapes");
+    }
     cpu->base.ops = &cpu_ops;
     cpu->m = m;
-    cpu->n_ctx = n_ctx;
+    cpu->kv = kv;
+    cpu->max_len = kv->n_blocks * TLLM_KV_BLOCK;
     cpu->n_batch = n_batch;
     size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t nb = (size_t)n_batch, half = (size_t)c->head_dim / 2;
-    size_t cache = (size_t)c->n_layers * (size_t)n_ctx * kv_dim;
-    cpu->key_cache = malloc(cache * sizeof(float));
-    cpu->value_cache = malloc(cache * sizeof(float));
+    size_t nb = (size_t)n_batch, half = (size_t)c->head_dim / 2, ml = (size_t)cpu->max_len;
     cpu->x = malloc(nb * c->dim * sizeof(float));
     cpu->xb = malloc(nb * c->dim * sizeof(float));
     cpu->q = malloc(nb * q_dim * sizeof(float));
@@ -330,26 +429,27 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->hb = malloc(nb * c->ffn_dim * sizeof(float));
     cpu->hb2 = malloc(nb * c->ffn_dim * sizeof(float));
     cpu->n_scratch = tllm_threadpool_size();
-    cpu->scores = malloc((size_t)cpu->n_scratch * ATT_QUERY_BLOCK * n_ctx * sizeof(float));
+    cpu->scores = malloc((size_t)cpu->n_scratch * ATT_QUERY_BLOCK * ml * sizeof(float));
+    cpu->gather = malloc((size_t)cpu->n_scratch * 2 * c->head_dim * ml * sizeof(float));
     cpu->rope_cos = malloc(nb * half * sizeof(float));
     cpu->rope_sin = malloc(nb * half * sizeof(float));
     size_t max_cols = (size_t)c->dim;
     if (q_dim > max_cols) max_cols = q_dim;
     if ((size_t)c->ffn_dim > max_cols) max_cols = (size_t)c->ffn_dim;
     cpu->xq = malloc(nb * max_cols);
-    cpu->xq2 = malloc(TLLM_XQ_L2_MAX_TOKENS * max_cols);
+    cpu->xq2 = malloc(nb * max_cols);
     cpu->xq_d = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
     cpu->xq_sum = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
-    if (!cpu->key_cache || !cpu->value_cache || !cpu->x || !cpu->xb || !cpu->q || !cpu->k ||
-        !cpu->v || !cpu->att_out || !cpu->proj || !cpu->hb || !cpu->hb2 || !cpu->scores ||
-        !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 || !cpu->xq_d || !cpu->xq_sum) {
+    cpu->runs = malloc(nb * sizeof *cpu->runs);
+    cpu->tasks = malloc(nb * (size_t)c->n_kv_heads * sizeof *cpu->tasks);
+    cpu->seen = calloc((size_t)kv->max_seqs, sizeof *cpu->seen);
+    if (!cpu->x || !cpu->xb || !cpu->q || !cpu->k || !cpu->v || !cpu->att_out || !cpu->proj || !cpu->hb ||
+        !cpu->hb2 || !cpu->scores || !cpu->gather || !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 ||
+        !cpu->xq_d || !cpu->xq_sum || !cpu->runs || !cpu->tasks || !cpu->seen) {
         cpu_free(&cpu->base);
-        return tllm_fail(TLLM_ERR_NOMEM, "out of memory for a context of %d tokens (KV cache %zu MiB)",
-                         n_ctx, 2 * cache * sizeof(float) >> 20);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory for steps of %d tokens over a cache of %d positions", n_batch,
+                         cpu->max_len);
     }
-    kv->key = cpu->key_cache;
-    kv->value = cpu->value_cache;
-    kv->n_ctx = n_ctx;
     *out = &cpu->base;
     return TLLM_OK;
 }

@@ -36,12 +36,12 @@ static int ocl_step_wait(struct tllm_backend *b, int32_t *argmax) { return tllm_
 
 static int ocl_pending(const struct tllm_backend *b) { return tllm_cl_pending(cl_of(b)); }
 
-static int ocl_kv_upload(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1) {
-    return tllm_cl_kv_upload(cl_of(b), kv->key, kv->value, p0, p1);
+static int ocl_kv_upload(struct tllm_backend *b, const float *kt, const float *v, int p0, int p1) {
+    return tllm_cl_kv_upload(cl_of(b), kt, v, p0, p1);
 }
 
-static int ocl_kv_download(struct tllm_backend *b, const struct tllm_kv_host *kv, int p0, int p1) {
-    return tllm_cl_kv_download(cl_of(b), kv->key, kv->value, p0, p1);
+static int ocl_kv_download(struct tllm_backend *b, float *kt, float *v, int p0, int p1) {
+    return tllm_cl_kv_download(cl_of(b), kt, v, p0, p1);
 }
 
 static void ocl_describe(const struct tllm_backend *b, struct tllm_backend_info *info) {

@@ -175,21 +175,24 @@ int tllm_cl_step_wait(struct tllm_cl *cl, int32_t *next) {
 int tllm_cl_pending(const struct tllm_cl *cl) { return cl->pend_n; }
 
 /* The two caches as rectangles: keys have layers*kv_dim rows of positions, values `layers` rows of
- * positions*kv_dim floats, where a row holds ctx_stride positions on the device and n_ctx on the host. */
+ * positions*kv_dim floats, where a row holds ctx_stride positions on the device and p1 - p0 on the
+ * host (which holds just the range). */
 static int kv_copy(struct tllm_cl *cl, float *key_cache, float *value_cache, int p0, int p1, int up) {
     if (p1 <= p0) return TLLM_OK;
     const struct tllm_config *c = &cl->m->cfg;
     size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim, L = (size_t)c->n_layers;
-    size_t dk = (size_t)cl->ctx_stride * 4, hk = (size_t)cl->n_ctx * 4; /* row pitches: device, host */
+    if (p0 < 0 || p1 > cl->n_ctx) return tllm_fail(TLLM_ERR_LIMIT, "opencl: positions %d to %d outside the cache of %d", p0, p1, cl->n_ctx);
+    size_t dk = (size_t)cl->ctx_stride * 4, hk = (size_t)(p1 - p0) * 4; /* row pitches: device, host */
     size_t ko[3] = {(size_t)p0 * 4, 0, 0}, kr[3] = {(size_t)(p1 - p0) * 4, L * kv_dim, 1};
     size_t vo[3] = {(size_t)p0 * kv_dim * 4, 0, 0}, vr[3] = {(size_t)(p1 - p0) * kv_dim * 4, L, 1};
+    size_t ho[3] = {0, 0, 0};
     if (up) {
-        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->kt, CL_FALSE, ko, ko, kr, dk, 0, hk, 0, key_cache, 0, NULL, NULL));
-        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->vc, CL_TRUE, vo, vo, vr, dk * kv_dim, 0, hk * kv_dim, 0, value_cache, 0,
+        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->kt, CL_FALSE, ko, ho, kr, dk, 0, hk, 0, key_cache, 0, NULL, NULL));
+        CL_TRY(clEnqueueWriteBufferRect(cl->q, cl->vc, CL_TRUE, vo, ho, vr, dk * kv_dim, 0, hk * kv_dim, 0, value_cache, 0,
                                         NULL, NULL));
     } else {
-        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->kt, CL_FALSE, ko, ko, kr, dk, 0, hk, 0, key_cache, 0, NULL, NULL));
-        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->vc, CL_TRUE, vo, vo, vr, dk * kv_dim, 0, hk * kv_dim, 0, value_cache, 0,
+        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->kt, CL_FALSE, ko, ho, kr, dk, 0, hk, 0, key_cache, 0, NULL, NULL));
+        CL_TRY(clEnqueueReadBufferRect(cl->q, cl->vc, CL_TRUE, vo, ho, vr, dk * kv_dim, 0, hk * kv_dim, 0, value_cache, 0,
                                        NULL, NULL));
     }
     return TLLM_OK;
