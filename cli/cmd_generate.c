@@ -11,6 +11,7 @@
 #include "engine/base/json_util.h"
 #include "cli/batch_io.h"
 #include "cli/session.h"
+#include "engine/run/scheduler.h"
 
 static const char usage[] =
     "usage: tllm generate [-m MODEL] -p TEXT [-n 256] [--chat] [--system S] [--json] [options]\n"
@@ -26,7 +27,15 @@ static const char usage[] =
     "                         seed, stop); one JSON line per input line, flushed as it is done. A re-run\n"
     "                         with the same -o skips the ids already there. FILE - is standard input.\n"
     "  -o, --output OUT       the records (default: standard output); one writer at a time; a file with\n"
-    "                         lines that are not tllm records is refused unless --force\n";
+    "                         lines that are not tllm records is refused unless --force\n"
+    "  -np, --parallel N      batch: answer up to N prompts at once (default 16), each record written as\n"
+    "                         it finishes (so not in input order; each keeps its id); -c sizes the KV cache\n"
+    "                         they share (default: 1024 positions a prompt, at least 4096); CPU only\n"
+    "  -b, --batch-size N     batch: tokens per step at most, prompt chunks included (default 512)\n";
+
+/* Prompts at once in batch mode: on 2 to 16 cores, 16 sequences read each weight once for 16 tokens
+ * (docs/performance.md measures it) and their caches stay small */
+#define DEFAULT_PARALLEL 16
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
@@ -120,79 +129,167 @@ static int check_id(struct json_object *id, const char *key, struct json_object 
     return 0;
 }
 
-static int run_batch(struct cli_session *s, const char *file, const char *out_path, int force, const struct cli_sampling *cs,
-                     int max_new, int chat, const char *system) {
+/* What a batch run carries: the files, the counters, and (parallel) the scheduler */
+struct batch {
+    struct cli_session *s;
     struct batch_in in;
     struct batch_out out;
-    batch_in_open(&in, file);
-    if (in.regular && in.total == 0) cli_die("%s: the prompt file is empty", file);
-    batch_out_open(&out, out_path, &in, force);
-    struct json_object *seen = json_object_new_object(); /* id -> the line that has it */
-    int progress = isatty(STDERR_FILENO);
-    long lineno = 0, answered = 0, skipped = 0, errors = 0;
-    size_t gen_tokens = 0;
-    double t_start = tllm_now(), gen_time = 0;
-    struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
-    ssize_t n;
-    int too_long;
-    while (!interrupted && (n = batch_in_next(&in, &too_long)) != -1) {
-        lineno++;
-        struct cli_prompt_line bl;
-        cli_prompt_line_parse(&bl, in.line, (size_t)n, in.jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
-        if (too_long) snprintf(bl.err, sizeof bl.err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
-        struct tllm_ids prompt = {0};
-        const char *key = json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN);
-        char id_err[320] = "";
-        /* ids already answered are skipped before any work on them */
-        if (json_object_object_get_ex(out.done, key, NULL)) {
-            skipped++;
-            json_object_object_add(seen, key, json_object_new_int64(lineno));
-        } else {
-            if (check_id(bl.id, key, seen, lineno, id_err, sizeof id_err)) {
-            } else if (bl.err[0]) {
-            } else if (bl.n_msgs) {
-                if (cli_encode_chat(s, bl.msgs, bl.n_msgs, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
-            } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
-                snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
-            }
-            struct tllm_gen_result r;
-            if (id_err[0] || bl.err[0]) {
-                error_record(&out, bl.id, id_err[0] ? id_err : bl.err, in.name, lineno);
-                errors++;
-            } else if (run_one(s, &bl.sp, &prompt, bl.max_new, bl.stop, bl.n_stop, stop_if_interrupted, &r)) {
-                error_record(&out, bl.id, tllm_errmsg(), in.name, lineno);
-                errors++;
-                tllm_gen_result_free(&r);
-            } else {
-                if (r.finish != TLLM_FINISH_INTERRUPTED) { /* an interrupted line is redone on resume */
-                    struct json_object *rec = result_json(&r, bl.id, 0);
-                    batch_out_emit(&out, rec);
-                    json_object_put(rec);
-                    answered++;
-                    gen_tokens += r.ids.len;
-                    gen_time += r.gen_secs;
-                }
-                tllm_gen_result_free(&r);
-            }
-        }
-        if (progress) {
-            double el = tllm_now() - t_start, per = lineno > skipped ? el / (double)(lineno - skipped) : 0;
-            if (in.total)
-                fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, in.total,
-                        gen_time > 0 ? (double)gen_tokens / gen_time : 0, per * (double)(in.total - lineno));
-            else
-                fprintf(stderr, "\r[%ld] %.1f tok/s   ", lineno, gen_time > 0 ? (double)gen_tokens / gen_time : 0);
-        }
-        tllm_ids_free(&prompt);
-        cli_prompt_line_free(&bl);
+    struct tllm_sched *sched; /* NULL: one prompt at a time on the session's context (a device decodes) */
+    long answered, skipped, errors;
+    size_t gen_tokens;
+    double t_start, gen_time;
+};
+
+/* The line a request came from, until its record is written */
+struct job {
+    struct json_object *id;
+    long lineno;
+};
+
+static void record_result(struct batch *b, struct json_object *id, struct tllm_gen_result *r) {
+    if (r->finish == TLLM_FINISH_INTERRUPTED) return; /* an interrupted line is redone on resume */
+    struct json_object *rec = result_json(r, id, 0);
+    batch_out_emit(&b->out, rec);
+    json_object_put(rec);
+    b->answered++;
+    b->gen_tokens += r->ids.len;
+    b->gen_time += r->gen_secs;
+}
+
+/* The scheduler's done callback: the record is written as the request finishes */
+static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_gen_result *r) {
+    struct batch *b = arg;
+    struct job *j = user;
+    if (rc) {
+        error_record(&b->out, j->id, msg ? msg : tllm_errmsg(), b->in.name, j->lineno);
+        b->errors++;
+    } else
+        record_result(b, j->id, r);
+    json_object_put(j->id);
+    free(j);
+}
+
+static int batch_cb(const char *text, size_t len, void *user) {
+    (void)text, (void)len, (void)user;
+    return interrupted;
+}
+
+/* One prompt: run now (one at a time) or queued to the scheduler */
+static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_ids *prompt, long lineno) {
+    struct cli_session *s = b->s;
+    if (!b->sched) {
+        struct tllm_gen_result r;
+        if (run_one(s, &bl->sp, prompt, bl->max_new, bl->stop, bl->n_stop, stop_if_interrupted, &r)) {
+            error_record(&b->out, bl->id, tllm_errmsg(), b->in.name, lineno);
+            b->errors++;
+        } else
+            record_result(b, bl->id, &r);
+        tllm_gen_result_free(&r);
+        return;
     }
-    int stopped = in.stopped;
-    batch_in_close(&in);
-    batch_out_close(&out);
+    struct job *j = malloc(sizeof *j);
+    if (!j) cli_die("out of memory");
+    j->id = json_object_get(bl->id), j->lineno = lineno;
+    struct tllm_sched_req rq = {.prompt = prompt->data, .n_prompt = (int)prompt->len, .sampling = bl->sp,
+                                .max_new = bl->max_new, .stop = bl->stop, .n_stop = bl->n_stop, .eos = s->gd->eos,
+                                .n_eos = s->gd->n_eos, .skip_special = 1, .cb = batch_cb, .user = j};
+    if (tllm_sched_submit(b->sched, &rq)) cli_die_lib();
+}
+
+static void show_progress(struct batch *b, long lineno) {
+    double el = tllm_now() - b->t_start;
+    long done = b->answered + b->errors;
+    if (b->sched) { /* many at once: what is done, and the tokens of all per second of wall time */
+        struct tllm_sched_stats st;
+        tllm_sched_stats(b->sched, &st);
+        long total = b->in.total ? b->in.total - b->skipped : 0;
+        if (total) fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, %d running   ", done, total, el > 0 ? (double)st.gen_tokens / el : 0,
+                           tllm_sched_running(b->sched));
+        else fprintf(stderr, "\r[%ld] %.1f tok/s, %d running   ", done, el > 0 ? (double)st.gen_tokens / el : 0,
+                     tllm_sched_running(b->sched));
+        return;
+    }
+    double per = lineno > b->skipped ? el / (double)(lineno - b->skipped) : 0;
+    if (b->in.total)
+        fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, b->in.total,
+                b->gen_time > 0 ? (double)b->gen_tokens / b->gen_time : 0, per * (double)(b->in.total - lineno));
+    else
+        fprintf(stderr, "\r[%ld] %.1f tok/s   ", lineno, b->gen_time > 0 ? (double)b->gen_tokens / b->gen_time : 0);
+}
+
+static int run_batch(struct cli_session *s, const char *file, const char *out_path, int force, const struct cli_sampling *cs,
+                     int max_new, int chat, const char *system, const struct tllm_sched_params *sp) {
+    struct batch b = {.s = s};
+    batch_in_open(&b.in, file);
+    if (b.in.regular && b.in.total == 0) cli_die("%s: the prompt file is empty", file);
+    batch_out_open(&b.out, out_path, &b.in, force);
+    if (sp && tllm_sched_init(&b.sched, s->m, s->tok, sp, on_done, &b)) cli_die_lib();
+    struct json_object *seen = json_object_new_object(); /* id -> the line that has it */
+    int progress = isatty(STDERR_FILENO), eof = 0;
+    long lineno = 0;
+    b.t_start = tllm_now();
+    struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
+    while (!interrupted) {
+        /* read while the scheduler's queue is short (a file of any length costs a few lines' memory) */
+        while (!eof && !interrupted && (!b.sched || tllm_sched_waiting(b.sched) < sp->n_parallel)) {
+            int too_long;
+            ssize_t n = batch_in_next(&b.in, &too_long);
+            if (n == -1) {
+                eof = 1;
+                break;
+            }
+            lineno++;
+            struct cli_prompt_line bl;
+            cli_prompt_line_parse(&bl, b.in.line, (size_t)n, b.in.jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
+            if (too_long) snprintf(bl.err, sizeof bl.err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
+            struct tllm_ids prompt = {0};
+            const char *key = json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN);
+            char id_err[320] = "";
+            /* ids already answered are skipped before any work on them */
+            if (json_object_object_get_ex(b.out.done, key, NULL)) {
+                b.skipped++;
+                json_object_object_add(seen, key, json_object_new_int64(lineno));
+            } else {
+                if (check_id(bl.id, key, seen, lineno, id_err, sizeof id_err)) {
+                } else if (bl.err[0]) {
+                } else if (bl.n_msgs) {
+                    if (cli_encode_chat(s, bl.msgs, bl.n_msgs, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
+                } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
+                    snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
+                }
+                if (id_err[0] || bl.err[0]) {
+                    error_record(&b.out, bl.id, id_err[0] ? id_err : bl.err, b.in.name, lineno);
+                    b.errors++;
+                } else
+                    run_prompt(&b, &bl, &prompt, lineno);
+            }
+            tllm_ids_free(&prompt);
+            cli_prompt_line_free(&bl);
+            if (progress && !b.sched) show_progress(&b, lineno);
+        }
+        if (!b.sched || (eof && !tllm_sched_waiting(b.sched) && !tllm_sched_running(b.sched))) break;
+        if (tllm_sched_step(b.sched)) cli_die_lib(); /* the records written so far stand; a re-run resumes */
+        if (progress) show_progress(&b, lineno);
+    }
+    if (b.sched) {
+        struct tllm_sched_stats st;
+        tllm_sched_stats(b.sched, &st);
+        if (getenv("TLLM_SCHED_STATS")) /* for tests: what was computed and what was found cached */
+            fprintf(stderr, "%stllm: steps %lld, prompt tokens computed %lld, reused %lld, generated %lld\n",
+                    progress ? "\n" : "", st.steps, st.prompt_tokens, st.reused_tokens, st.gen_tokens);
+        int n_free, n_total;
+        tllm_sched_kv_blocks(b.sched, &n_free, &n_total);
+        if (!interrupted && n_free != n_total) cli_die("internal error: %d KV blocks still held after the run", n_total - n_free);
+        tllm_sched_drop_all(b.sched); /* interrupted: the requests in flight are redone on resume */
+        tllm_sched_free(b.sched);
+    }
+    int stopped = b.in.stopped;
+    batch_in_close(&b.in);
+    batch_out_close(&b.out);
     json_object_put(seen);
     if (lineno == 0 && !interrupted) cli_die("%s: the prompt file is empty", file);
-    fprintf(stderr, "%stllm: %ld answered, %ld already done, %ld errors%s\n", progress ? "\n" : "", answered, skipped,
-            errors, interrupted ? " (interrupted: run again with the same -o to resume)" : "");
+    fprintf(stderr, "%stllm: %ld answered, %ld already done, %ld errors%s\n", progress ? "\n" : "", b.answered, b.skipped,
+            b.errors, interrupted ? " (interrupted: run again with the same -o to resume)" : "");
     if (stopped) cli_die("%s: line %ld is longer than %u bytes and has no end in sight: the rest is not read", file, lineno,
                          CLI_MAX_PROMPT_LINE);
     return interrupted ? 130 : 0;
@@ -202,7 +299,7 @@ int cmd_generate(int argc, char **argv) {
     struct cli_model_opts mo = {0};
     struct cli_sampling cs = {0};
     const char *prompt = NULL, *ids_s = NULL, *prompts = NULL, *out = NULL, *system = NULL;
-    int max_new = 256, chat = 0, json = 0, force = 0;
+    int max_new = 256, chat = 0, json = 0, force = 0, parallel = 0, n_batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_model_opt(argc, argv, &i, &mo) || cli_sampling_opt(argc, argv, &i, &cs)) continue;
@@ -215,6 +312,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--system")) system = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--force")) force = 1;
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) parallel = (int)cli_int(a, cli_value(argc, argv, &i), 1, 4096);
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 16);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("%s\n%s\n%s", usage, cli_model_opts_help, cli_sampling_help);
             return 0;
@@ -222,11 +321,19 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!!prompt + !!ids_s + !!prompts != 1) cli_die("generate: give one of -p TEXT, --prompt-ids LIST, --prompts FILE");
     if (out && !prompts) cli_die("generate: -o is for batch mode (--prompts FILE)");
+    if (parallel && !prompts) cli_die("generate: --parallel is for batch mode (--prompts FILE)");
     struct cli_session s;
+    int kv_size = mo.n_ctx; /* with many sequences -c sizes the shared cache, which may pass one sequence's maximum */
+    if (prompts) mo.n_ctx = 0;
     cli_session_open(&s, &mo, !ids_s);
     signal(SIGINT, on_sigint);
     if (prompts) {
-        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system);
+        if (!parallel) parallel = DEFAULT_PARALLEL;
+        struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch, .kv_tokens = kv_size,
+                                       .kv_type = mo.kv_type && !strcmp(mo.kv_type, "f32") ? TLLM_DT_F32 : TLLM_DT_F16};
+        if (s.dev) fprintf(stderr, "tllm: %s decodes one prompt at a time (--parallel runs on the CPU; --device cpu for it)\n",
+                           cli_session_backend(&s));
+        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, s.dev ? NULL : &sp);
         cli_session_close(&s);
         return rc;
     }

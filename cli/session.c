@@ -12,7 +12,9 @@ const char cli_model_opts_help[] =
     "                         Face repo id (owner/name[@rev]) in the local cache ($HF_HOME, ~/.cache/huggingface);\n"
     "                         default: $TLLM_MODEL, else the bundled demo model (models/tllm-man-demo)\n"
     "  -t, --threads N        CPU threads (default: physical cores)\n"
-    "  -c, --ctx-size N       context length in tokens (default: min(model maximum, 4096))\n"
+    "  -c, --ctx-size N       context length in tokens (default: min(model maximum, 4096)); with\n"
+    "                         --parallel, the KV cache's positions shared by all sequences (--kv-size)\n"
+    "  --kv-type T            the KV cache's elements: f16 (default; half the memory) or f32 (exact)\n"
     "  --quantize BITS        quantize a bf16/f16 checkpoint on load (2, 4, 8) [--group-size 64]\n"
     "  --no-template          plain prompts even where the checkpoint has a chat template\n"
     "  --exact                float32 activations in every matmul (default: int8 activations against packed\n"
@@ -38,11 +40,15 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
     const char *a = argv[*i];
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) o->dir = cli_value(argc, argv, i);
     else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o->threads = (int)cli_int(a, cli_value(argc, argv, i), 1, 1024);
-    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) o->n_ctx = (int)cli_int(a, cli_value(argc, argv, i), 1, 1 << 24);
+    else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size") || !strcmp(a, "--kv-size")) o->n_ctx = (int)cli_int(a, cli_value(argc, argv, i), 1, 1 << 24);
     else if (!strcmp(a, "--quantize")) o->quantize_bits = (int)cli_int(a, cli_value(argc, argv, i), 2, 8);
     else if (!strcmp(a, "--group-size")) o->quantize_group = (int)cli_int(a, cli_value(argc, argv, i), 32, 128);
     else if (!strcmp(a, "--no-template")) o->no_template = 1;
     else if (!strcmp(a, "--exact")) o->exact = 1;
+    else if (!strcmp(a, "--kv-type")) {
+        o->kv_type = cli_value(argc, argv, i);
+        if (strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32")) cli_die("--kv-type: '%s' is not f16 or f32", o->kv_type);
+    }
     else if (!strcmp(a, "--device")) o->device = cli_value(argc, argv, i);
     else return 0;
     return 1;
@@ -109,7 +115,7 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     if (!e->tok && need_tok) cli_die("%s: no tokenizer.json (use --prompt-ids with checkpoints that have no tokenizer)", o->dir);
     if (o->n_ctx > e->m->cfg.max_pos)
         cli_die("-c %d: longer than the model's max_position_embeddings (%d)", o->n_ctx, e->m->cfg.max_pos);
-    struct tllm_session_params sp = {.n_ctx = o->n_ctx, .device = "cpu"};
+    struct tllm_session_params sp = {.n_ctx = o->n_ctx, .device = "cpu", .kv_type = o->kv_type};
     if (tllm_session_open(e, &sp, &s->ss)) cli_die_lib();
     s->e = e;
     s->m = e->m;

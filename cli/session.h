@@ -17,6 +17,7 @@ struct cli_model_opts {
     int no_template;    /* --no-template */
     int exact;          /* --exact: float32 activations everywhere (no packed int8 kernels) */
     const char *device; /* --device cpu|opencl|opencl:N|auto (NULL = auto) */
+    const char *kv_type; /* --kv-type f16|f32 (NULL = f16) */
 };
 
 /* Sampling flags given on the command line (each overrides generation_config.json). */

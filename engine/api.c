@@ -151,7 +151,12 @@ int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *p
     if (!s) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     s->e = e;
     int n_ctx = p->n_ctx ? p->n_ctx : (max < DEFAULT_N_CTX ? max : DEFAULT_N_CTX);
-    if ((rc = tllm_ctx_init(&s->ctx, e->m, n_ctx, 0))) {
+    enum tllm_dtype kv_type = TLLM_DT_F16;
+    if (p->kv_type && (rc = tllm_kv_type_parse(p->kv_type, &kv_type))) {
+        free(s);
+        return rc;
+    }
+    if ((rc = tllm_ctx_init_kv(&s->ctx, e->m, n_ctx, 0, kv_type))) {
         free(s);
         return rc;
     }

@@ -112,6 +112,7 @@ struct tllm_session_params {
     const char *device; /* "cpu", "opencl", "opencl:N" or "auto" (NULL: auto: a GPU when there is one
                          * and it starts, else the CPU; a device named must start or the open fails);
                          * the prompt is processed on the CPU threads either way */
+    const char *kv_type; /* the KV cache's element type: "f16" (NULL: the default) or "f32" (exact) */
 };
 
 int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *params, struct tllm_session **out);

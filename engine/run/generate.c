@@ -77,22 +77,15 @@ static size_t stop_holdback(const char *text, size_t len, const char *const *sto
     return hold;
 }
 
-/* What the generation loop carries from token to token */
-struct gen {
-    struct tllm_tok *tok;
-    struct tllm_sampler *s;
-    const struct tllm_gen_params *p;
-    tllm_gen_cb cb;
-    void *user;
-    struct tllm_gen_result *r;
-    struct tllm_tok_stream ts;
-    size_t emitted;
-    int stopped;
-};
+void tllm_gen_stream_init(struct tllm_gen_stream *g, struct tllm_tok *tok, struct tllm_sampler *s,
+                          const struct tllm_gen_params *p, tllm_gen_cb cb, void *user, struct tllm_gen_result *r) {
+    memset(g, 0, sizeof *g);
+    g->tok = tok, g->s = s, g->p = p, g->cb = cb, g->user = user, g->r = r;
+    r->finish = TLLM_FINISH_LENGTH;
+    if (tok) tllm_tok_stream_init(&g->ts, tok, p->skip_special);
+}
 
-/* Takes generated token id: its text out through the callback, held back while it may be the start
- * of a stop string. *done (with r->finish) when generation ends at it. */
-static int take_token(struct gen *g, int32_t id, int *done) {
+int tllm_gen_stream_take(struct tllm_gen_stream *g, int32_t id, int *done) {
     const struct tllm_gen_params *p = g->p;
     struct tllm_gen_result *r = g->r;
     int rc, n_stop = g->tok ? p->n_stop : 0;
@@ -136,12 +129,12 @@ static int take_token(struct gen *g, int32_t id, int *done) {
  * read token k + 1 back (its argmax stays on the device), so the device never waits for the host's
  * round trip, detokenizing or callback. Feeds exactly the tokens the one-step loop would: a step
  * queued for a token that ends generation (EOS, a stop string, an interruption) is dropped. */
-static int generate_ahead(struct tllm_ctx *ctx, struct gen *g, int32_t id) {
+static int generate_ahead(struct tllm_ctx *ctx, struct tllm_gen_stream *g, int32_t id) {
     const struct tllm_gen_params *p = g->p;
     int rc = TLLM_OK, done = 0, ahead = 0; /* ahead: the step feeding id is queued already */
     while (!rc) {
         if (p->max_new >= 0 && (int)g->r->ids.len >= p->max_new) break;
-        if ((rc = take_token(g, id, &done)) || done) break;
+        if ((rc = tllm_gen_stream_take(g, id, &done)) || done) break;
         if (!ahead) {
             if (ctx->pos >= ctx->n_ctx) {
                 g->r->finish = TLLM_FINISH_CONTEXT;
@@ -176,17 +169,17 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
     double t0 = tllm_now();
     int rc = tllm_ctx_forward(ctx, prompt, n_prompt, logits, TLLM_LOGITS_LAST);
     r->prompt_secs = tllm_now() - t0;
-    struct gen g = {.tok = tok, .s = s, .p = p, .cb = cb, .user = user, .r = r};
-    if (tok) tllm_tok_stream_init(&g.ts, tok, p->skip_special);
+    struct tllm_gen_stream g;
+    tllm_gen_stream_init(&g, tok, s, p, cb, user, r);
     t0 = tllm_now();
-    r->finish = TLLM_FINISH_LENGTH;
     if (!rc && tllm_ctx_queues_ahead(ctx) && tllm_sampler_is_greedy(s)) rc = generate_ahead(ctx, &g, tllm_sampler_sample(s, logits));
     else
         while (!rc) {
             if (p->max_new >= 0 && (int)r->ids.len >= p->max_new) break;
             int32_t id = tllm_sampler_sample(s, logits);
             int done;
-            if ((rc = take_token(&g, id, &done)) || done) break;
+            if ((rc = tllm_gen_stream_take(&g, id, &done)) || done) break;
+            if (p->max_new >= 0 && (int)r->ids.len >= p->max_new) break; /* the last token is never fed */
             if (ctx->pos >= ctx->n_ctx) {
                 r->finish = TLLM_FINISH_CONTEXT;
                 break;
@@ -194,11 +187,18 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
             rc = tllm_ctx_decode(ctx, id, logits);
         }
     r->gen_secs = tllm_now() - t0;
-    if (!rc && tok && !g.stopped) { /* what was held back is final now */
-        rc = tllm_tok_stream_flush(&g.ts, &r->text);
-        if (!rc && r->text.len > g.emitted && cb) cb(r->text.data + g.emitted, r->text.len - g.emitted, user);
+    if (!rc) rc = tllm_gen_stream_end(&g);
+    free(logits);
+    return rc;
+}
+
+int tllm_gen_stream_end(struct tllm_gen_stream *g) {
+    struct tllm_gen_result *r = g->r;
+    int rc = TLLM_OK;
+    if (g->tok && !g->stopped) { /* what was held back is final now */
+        rc = tllm_tok_stream_flush(&g->ts, &r->text);
+        if (!rc && r->text.len > g->emitted && g->cb) g->cb(r->text.data + g->emitted, r->text.len - g->emitted, g->user);
     }
     if (!rc && !r->text.data) rc = tllm_buf_append(&r->text, "", 0);
-    free(logits);
     return rc;
 }

@@ -8,8 +8,7 @@
 #include "engine/run/context.h"
 #include "engine/run/sampler.h"
 #include "engine/tllm.h" /* enum tllm_finish, tllm_gen_cb */
-
-struct tllm_tok;
+#include "tokenizer/tokenizer.h"
 
 #define TLLM_MAX_EOS 8
 
@@ -40,6 +39,30 @@ struct tllm_gen_result {
     double prompt_secs, gen_secs;
 };
 
+
+/* The end of one sequence's generation, token by token (tllm_generate's, and the scheduler's for each
+ * of its sequences): EOS, stop strings, the text streamed through the callback without splitting a
+ * UTF-8 character or showing a stop string, and the finish reason. */
+struct tllm_gen_stream {
+    struct tllm_tok *tok;   /* NULL: ids only */
+    struct tllm_sampler *s; /* told each token taken (penalties) */
+    const struct tllm_gen_params *p;
+    tllm_gen_cb cb;
+    void *user;
+    struct tllm_gen_result *r;
+    struct tllm_tok_stream ts;
+    size_t emitted;         /* bytes of r->text given to the callback */
+    int stopped;            /* a stop string was found */
+};
+
+/* r->finish starts as TLLM_FINISH_LENGTH. */
+void tllm_gen_stream_init(struct tllm_gen_stream *g, struct tllm_tok *tok, struct tllm_sampler *s,
+                          const struct tllm_gen_params *p, tllm_gen_cb cb, void *user, struct tllm_gen_result *r);
+/* Take a generated id: *done (with r->finish) when generation ends at it (EOS, a stop string, the
+ * callback asking to stop). The max_new limit and the context are the caller's. */
+int tllm_gen_stream_take(struct tllm_gen_stream *g, int32_t id, int *done);
+/* Generation ended: the text held back is final (and given to the callback). */
+int tllm_gen_stream_end(struct tllm_gen_stream *g);
 
 /* Feed `prompt` after what ctx already holds, then generate. tok may be NULL (ids only; the text
  * stays empty and stop strings are ignored). Fails (TLLM_ERR_LIMIT) if the prompt does not fit. */

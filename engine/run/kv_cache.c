@@ -13,6 +13,13 @@ static void *map_zero(size_t bytes) {
     return p == MAP_FAILED ? NULL : p;
 }
 
+int tllm_kv_type_parse(const char *name, enum tllm_dtype *out) {
+    if (!strcmp(name, "f16")) *out = TLLM_DT_F16;
+    else if (!strcmp(name, "f32")) *out = TLLM_DT_F32;
+    else return tllm_fail(TLLM_ERR_ARG, "KV cache type '%s': f16 or f32", name);
+    return TLLM_OK;
+}
+
 int tllm_kv_init(struct tllm_kv **out, int n_layers, int n_kv_heads, int head_dim, int n_tokens,
                  enum tllm_dtype dtype, int max_seqs) {
     *out = NULL;
@@ -168,22 +175,24 @@ static int grow(int32_t **p, int *cap, int need) {
 
 int tllm_kv_seq_reuse(struct tllm_kv *kv, int seq, const int32_t *ids, int n) {
     struct tllm_kv_seq *s = &kv->seqs[seq];
-    if (s->n_tokens || s->n_blocks) return 0;
-    int max_blocks = (n - 1) / TLLM_KV_BLOCK, parent = -1, got = 0;
-    uint32_t parent_gen = 0;
-    if (max_blocks <= 0 || grow(&s->blocks, &s->cap_blocks, max_blocks) ||
+    int max_blocks = (n - 1) / TLLM_KV_BLOCK, i = s->n_tokens / TLLM_KV_BLOCK;
+    if (s->n_tokens % TLLM_KV_BLOCK || i >= max_blocks || grow(&s->blocks, &s->cap_blocks, max_blocks) ||
         grow(&s->tokens, &s->cap_tokens, max_blocks * TLLM_KV_BLOCK))
-        return 0; /* nothing reused: the prefix is computed instead */
-    for (; got < max_blocks; got++) {
-        int b = find_block(kv, parent, parent_gen, ids + (size_t)got * TLLM_KV_BLOCK);
+        return s->n_tokens; /* nothing (more) reused: the rest is computed */
+    int parent = i ? s->blocks[i - 1] : -1, start = s->n_tokens;
+    uint32_t parent_gen = i ? kv->meta[parent].gen : 0;
+    for (; i < max_blocks; i++) {
+        int b = find_block(kv, parent, parent_gen, ids + (size_t)i * TLLM_KV_BLOCK);
         if (b < 0) break;
         hold_block(kv, b);
-        s->blocks[s->n_blocks++] = b;
+        if (i < s->n_blocks) release_block(kv, s->blocks[i]); /* reserved and never written */
+        else s->n_blocks++;
+        s->blocks[i] = b;
         parent = b, parent_gen = kv->meta[b].gen;
     }
-    s->n_tokens = got * TLLM_KV_BLOCK;
-    memcpy(s->tokens, ids, (size_t)s->n_tokens * sizeof *ids);
-    kv->reused_tokens += s->n_tokens;
+    s->n_tokens = i * TLLM_KV_BLOCK;
+    memcpy(s->tokens + start, ids + start, (size_t)(s->n_tokens - start) * sizeof *ids);
+    kv->reused_tokens += s->n_tokens - start;
     return s->n_tokens;
 }
 

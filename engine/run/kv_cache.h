@@ -54,6 +54,9 @@ struct tllm_kv {
     long long reused_tokens;       /* positions a lookup found cached instead of being computed */
 };
 
+/* "f16" or "f32" (the front ends' --kv-type) */
+int tllm_kv_type_parse(const char *name, enum tllm_dtype *out);
+
 /* A cache of n_tokens positions (rounded up to whole blocks) for up to max_seqs sequences. dtype:
  * TLLM_DT_F16 (the default of the front ends) or TLLM_DT_F32 (exact). Pages are committed as they
  * are first written, so an unused capacity costs address space only. */
@@ -68,8 +71,10 @@ static inline int tllm_kv_blocks_for(int n_tokens) { return (n_tokens + TLLM_KV_
 int tllm_kv_seq_open(struct tllm_kv *kv, int *seq);
 /* Give back every block of the sequence and close it. */
 void tllm_kv_seq_close(struct tllm_kv *kv, int seq);
-/* Attach the cached blocks that hold a prefix of ids (an empty sequence only): whole blocks, and never
- * the last token (its logits must be computed). Returns the positions now cached: start there. */
+/* Attach the cached blocks that hold ids further on, from where the sequence stands (whose positions
+ * so far hold the first of ids, and end at a block's end): whole blocks, and never the last token (its
+ * logits must be computed); a block reserved there and not yet written is given back. Returns the
+ * positions now cached: compute from there. */
 int tllm_kv_seq_reuse(struct tllm_kv *kv, int seq, const int32_t *ids, int n);
 /* Make positions [0, n) of the sequence writable: blocks allocated, and a partly kept block that
  * another sequence shares copied first. TLLM_ERR_LIMIT (nothing changed) when blocks run out. */

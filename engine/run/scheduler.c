@@ -1,0 +1,370 @@
+/* Continuous batching over the paged KV cache (scheduler.h). */
+#include "engine/run/scheduler.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend/registry.h"
+#include "engine/base/clock.h"
+#include "engine/base/error.h"
+#include "engine/run/kv_cache.h"
+
+/* A request as queued: its own copies of everything it points to */
+struct req {
+    int32_t *prompt;
+    int n_prompt;
+    struct tllm_sampler_params sampling;
+    struct tllm_gen_params gp; /* eos and stop point into the copies below */
+    int32_t *eos;
+    char **stop;
+    tllm_gen_cb cb;
+    void *user;
+    struct req *next;
+};
+
+/* A running request */
+struct seq {
+    struct req *rq;
+    int active;
+    long serial;       /* admission order */
+    int kv;            /* its sequence in the KV cache */
+    int n_done;        /* positions in the cache */
+    int decoding;      /* the prompt is in: `next` goes in as a generated token */
+    int32_t next;
+    int max_new;       /* < 0: until n_ctx */
+    struct tllm_sampler smp;
+    struct tllm_gen_result r;
+    struct tllm_gen_stream g;
+    int lead;          /* a slot prefilling the same first `common` tokens, admitted before: wait for its blocks */
+    long lead_serial;
+    int common;
+    double t_admit, t_first;
+};
+
+struct tllm_sched {
+    const struct tllm_model *m;
+    struct tllm_tok *tok;
+    struct tllm_sched_params p;
+    int n_ctx;                 /* positions one sequence may reach */
+    tllm_sched_done_fn done;
+    void *arg;
+    struct tllm_kv *kv;
+    struct tllm_backend *cpu;
+    struct seq *seqs;          /* [n_parallel] slots */
+    int *order;                /* [n_parallel] the active slots, in admission order */
+    int n_running;
+    long serial;
+    struct req *head, *tail;
+    int n_waiting;
+    /* one step */
+    int32_t *ids, *pos, *sq;   /* [n_batch] */
+    int8_t *out;               /* [n_batch] */
+    int *row_slot;             /* [n_parallel] the slot of each logits row */
+    int *tok_slot;             /* [n_batch] the slot of each token */
+    float *logits;             /* [n_parallel x vocab] */
+    struct tllm_sched_stats st;
+};
+
+static void req_free(struct req *q) {
+    if (!q) return;
+    free(q->prompt);
+    free(q->eos);
+    for (int i = 0; q->stop && i < q->gp.n_stop; i++) free(q->stop[i]);
+    free(q->stop);
+    free(q);
+}
+
+int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct tllm_tok *tok,
+                    const struct tllm_sched_params *p, tllm_sched_done_fn done, void *arg) {
+    *out = NULL;
+    if (p->n_parallel < 1 || p->n_parallel > 4096) return tllm_fail(TLLM_ERR_ARG, "%d sequences at once (1 to 4096)", p->n_parallel);
+    struct tllm_sched *s = calloc(1, sizeof *s);
+    if (!s) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    const struct tllm_config *c = &m->cfg;
+    s->m = m, s->tok = tok, s->p = *p, s->done = done, s->arg = arg;
+    if (s->p.n_batch <= 0) s->p.n_batch = 512;
+    if (s->p.n_batch < s->p.n_parallel) s->p.n_batch = s->p.n_parallel; /* every decoding sequence fits a step */
+    if (s->p.kv_tokens <= 0) s->p.kv_tokens = s->p.n_parallel * 1024 > 4096 ? s->p.n_parallel * 1024 : 4096;
+    s->n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : c->max_pos;
+    int rc = tllm_kv_init(&s->kv, c->n_layers, c->n_kv_heads, c->head_dim, s->p.kv_tokens, s->p.kv_type, s->p.n_parallel);
+    if (!rc) {
+        if (s->n_ctx > s->kv->n_blocks * TLLM_KV_BLOCK) s->n_ctx = s->kv->n_blocks * TLLM_KV_BLOCK;
+        rc = tllm_backend_cpu_init(&s->cpu, m, s->kv, s->p.n_batch);
+    }
+    size_t nb = (size_t)s->p.n_batch, np = (size_t)s->p.n_parallel;
+    if (!rc) {
+        s->seqs = calloc(np, sizeof *s->seqs);
+        s->order = malloc(np * sizeof *s->order);
+        s->ids = malloc(nb * sizeof *s->ids);
+        s->pos = malloc(nb * sizeof *s->pos);
+        s->sq = malloc(nb * sizeof *s->sq);
+        s->out = malloc(nb);
+        s->row_slot = malloc(np * sizeof *s->row_slot);
+        s->tok_slot = malloc(nb * sizeof *s->tok_slot);
+        s->logits = malloc(np * (size_t)c->vocab_size * sizeof *s->logits);
+        if (!s->seqs || !s->order || !s->ids || !s->pos || !s->sq || !s->out || !s->row_slot || !s->tok_slot || !s->logits)
+            rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    if (rc) {
+        tllm_sched_free(s);
+        return rc;
+    }
+    *out = s;
+    return TLLM_OK;
+}
+
+/* A running request ends: its blocks go back (the full ones stay findable), then its done callback. */
+static void retire(struct tllm_sched *s, int slot, int rc, const char *msg, int call) {
+    struct seq *q = &s->seqs[slot];
+    tllm_kv_seq_close(s->kv, q->kv);
+    if (!rc && call) {
+        rc = tllm_gen_stream_end(&q->g);
+        if (rc) msg = tllm_errmsg();
+    }
+    if (q->t_first > 0) q->r.gen_secs = tllm_now() - q->t_first;
+    if (call) s->done(s->arg, q->rq->user, rc, msg, rc ? NULL : &q->r);
+    tllm_gen_result_free(&q->r);
+    tllm_sampler_free(&q->smp);
+    req_free(q->rq);
+    memset(q, 0, sizeof *q);
+    int j = 0;
+    for (int i = 0; i < s->n_running; i++)
+        if (s->order[i] != slot) s->order[j++] = s->order[i];
+    s->n_running = j;
+}
+
+void tllm_sched_drop_all(struct tllm_sched *s) {
+    while (s->n_running) retire(s, s->order[0], TLLM_OK, NULL, 0);
+    while (s->head) {
+        struct req *q = s->head;
+        s->head = q->next;
+        req_free(q);
+    }
+    s->tail = NULL;
+    s->n_waiting = 0;
+}
+
+void tllm_sched_free(struct tllm_sched *s) {
+    if (!s) return;
+    if (s->seqs) tllm_sched_drop_all(s);
+    tllm_backend_free(s->cpu);
+    tllm_kv_free(s->kv);
+    free(s->seqs);
+    free(s->order);
+    free(s->ids);
+    free(s->pos);
+    free(s->sq);
+    free(s->out);
+    free(s->row_slot);
+    free(s->tok_slot);
+    free(s->logits);
+    free(s);
+}
+
+int tllm_sched_submit(struct tllm_sched *s, const struct tllm_sched_req *r) {
+    struct req *q = calloc(1, sizeof *q);
+    if (!q) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    q->n_prompt = r->n_prompt > 0 ? r->n_prompt : 0;
+    q->prompt = malloc((size_t)q->n_prompt * sizeof *q->prompt + 1);
+    q->eos = malloc((size_t)r->n_eos * sizeof *q->eos + 1);
+    q->stop = calloc((size_t)r->n_stop + 1, sizeof *q->stop);
+    int ok = q->prompt && q->eos && q->stop;
+    for (int i = 0; ok && i < r->n_stop; i++) ok = (q->stop[i] = strdup(r->stop[i])) != NULL;
+    q->gp.n_stop = r->n_stop;
+    if (!ok) {
+        req_free(q);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    if (q->n_prompt) memcpy(q->prompt, r->prompt, (size_t)q->n_prompt * sizeof *q->prompt);
+    if (r->n_eos) memcpy(q->eos, r->eos, (size_t)r->n_eos * sizeof *q->eos);
+    q->sampling = r->sampling;
+    q->gp.max_new = r->max_new;
+    q->gp.eos = q->eos, q->gp.n_eos = r->n_eos;
+    q->gp.stop = (const char *const *)q->stop;
+    q->gp.skip_special = r->skip_special;
+    q->cb = r->cb, q->user = r->user;
+    if (s->tail) s->tail->next = q;
+    else s->head = q;
+    s->tail = q;
+    s->n_waiting++;
+    return TLLM_OK;
+}
+
+/* Positions a request can take: its prompt and every generated token but the last (never fed) */
+static int positions_for(const struct tllm_sched *s, const struct req *q) {
+    if (q->gp.max_new < 0) return s->n_ctx;
+    long n = (long)q->n_prompt + (q->gp.max_new > 1 ? q->gp.max_new - 1 : 0);
+    return n < s->n_ctx ? (int)n : s->n_ctx;
+}
+
+/* The earlier-admitted sequence still prefilling whose prompt begins like q's for the most whole
+ * blocks beyond what q found cached: q waits for those blocks instead of computing them too. */
+static void find_lead(struct tllm_sched *s, int slot) {
+    struct seq *q = &s->seqs[slot];
+    q->lead = -1;
+    for (int i = 0; i < s->n_running; i++) {
+        const struct seq *o = &s->seqs[s->order[i]];
+        if (o->decoding || s->order[i] == slot) continue;
+        int n = o->rq->n_prompt < q->rq->n_prompt - 1 ? o->rq->n_prompt : q->rq->n_prompt - 1, c = 0;
+        while (c < n && o->rq->prompt[c] == q->rq->prompt[c]) c++;
+        c = c / TLLM_KV_BLOCK * TLLM_KV_BLOCK;
+        if (c > q->n_done && c > q->common) q->lead = s->order[i], q->lead_serial = o->serial, q->common = c;
+    }
+}
+
+static void admit(struct tllm_sched *s) {
+    const struct tllm_config *c = &s->m->cfg;
+    while (s->head && s->n_running < s->p.n_parallel) {
+        struct req *rq = s->head;
+        char msg[300] = "";
+        int erc = TLLM_ERR_LIMIT;
+        for (int i = 0; i < rq->n_prompt && !msg[0]; i++)
+            if (rq->prompt[i] < 0 || rq->prompt[i] >= c->vocab_size)
+                snprintf(msg, sizeof msg, "token id %d is out of range [0, %d)", rq->prompt[i], c->vocab_size), erc = TLLM_ERR_ARG;
+        if (msg[0]) {
+        } else if (!rq->n_prompt)
+            snprintf(msg, sizeof msg, "the prompt is empty"), erc = TLLM_ERR_ARG;
+        else if (rq->n_prompt > s->n_ctx)
+            snprintf(msg, sizeof msg, "the prompt (%d tokens) does not fit in a sequence's context (%d tokens)", rq->n_prompt, s->n_ctx);
+        int slot = 0, kvs = -1, need = positions_for(s, rq);
+        if (!msg[0] && tllm_kv_blocks_for(need) > s->kv->n_blocks)
+            snprintf(msg, sizeof msg, "the request needs %d KV positions; the cache has %d", need, s->kv->n_blocks * TLLM_KV_BLOCK);
+        if (!msg[0]) {
+            while (s->seqs[slot].active) slot++;
+            if (tllm_kv_seq_open(s->kv, &kvs)) snprintf(msg, sizeof msg, "%s", tllm_errmsg());
+        }
+        if (!msg[0]) {
+            int reused = tllm_kv_seq_reuse(s->kv, kvs, rq->prompt, rq->n_prompt);
+            if (tllm_kv_seq_blocks_needed(s->kv, kvs, need) > tllm_kv_n_free(s->kv)) {
+                tllm_kv_seq_close(s->kv, kvs); /* waits for blocks: requests are admitted in order */
+                s->kv->reused_tokens -= reused;
+                return;
+            }
+            if (tllm_kv_seq_reserve(s->kv, kvs, need)) snprintf(msg, sizeof msg, "%s", tllm_errmsg());
+            struct seq *q = &s->seqs[slot];
+            memset(q, 0, sizeof *q);
+            if (!msg[0] && tllm_sampler_init(&q->smp, &rq->sampling, c->vocab_size))
+                snprintf(msg, sizeof msg, "%s", tllm_errmsg()), erc = TLLM_ERR_ARG;
+            if (msg[0]) tllm_kv_seq_close(s->kv, kvs);
+            else {
+                q->rq = rq, q->active = 1, q->serial = ++s->serial, q->kv = kvs, q->n_done = reused;
+                q->max_new = rq->gp.max_new;
+                tllm_sampler_limit(&q->smp, s->m->n_sample);
+                for (int i = 0; i < rq->n_prompt; i++) tllm_sampler_accept(&q->smp, rq->prompt[i]);
+                q->r.n_prompt = rq->n_prompt;
+                tllm_gen_stream_init(&q->g, s->tok, &q->smp, &rq->gp, rq->cb, rq->user, &q->r);
+                q->t_admit = tllm_now();
+                s->st.reused_tokens += reused;
+                s->order[s->n_running++] = slot;
+                find_lead(s, slot);
+            }
+        }
+        s->head = rq->next;
+        if (!s->head) s->tail = NULL;
+        s->n_waiting--;
+        if (msg[0]) {
+            s->done(s->arg, rq->user, erc, msg, NULL);
+            req_free(rq);
+        }
+    }
+}
+
+/* A prefilling sequence sits this step out while the sequence it shares a prefix with has not yet
+ * written the next block it would compute. */
+static int waits_for_lead(struct tllm_sched *s, struct seq *q) {
+    if (q->lead < 0) return 0;
+    const struct seq *o = &s->seqs[q->lead];
+    if (!o->active || o->serial != q->lead_serial || q->n_done + TLLM_KV_BLOCK > q->common) {
+        q->lead = -1;
+        return 0;
+    }
+    return o->n_done < q->n_done + TLLM_KV_BLOCK;
+}
+
+/* After a sequence's logits: sample, take the token, and end it or queue the token for the next step */
+static void advance(struct tllm_sched *s, int slot, float *logits) {
+    struct seq *q = &s->seqs[slot];
+    if (!q->decoding) {
+        q->decoding = 1;
+        q->t_first = tllm_now();
+        q->r.prompt_secs = q->t_first - q->t_admit;
+    }
+    if (q->max_new >= 0 && (int)q->r.ids.len >= q->max_new) {
+        retire(s, slot, TLLM_OK, NULL, 1);
+        return;
+    }
+    int32_t id = tllm_sampler_sample(&q->smp, logits);
+    int done, rc = tllm_gen_stream_take(&q->g, id, &done);
+    s->st.gen_tokens++;
+    if (rc) retire(s, slot, rc, tllm_errmsg(), 1);
+    else if (done || (q->max_new >= 0 && (int)q->r.ids.len >= q->max_new)) /* the last token is never fed */
+        retire(s, slot, TLLM_OK, NULL, 1);
+    else if (q->n_done >= s->n_ctx) {
+        q->r.finish = TLLM_FINISH_CONTEXT;
+        retire(s, slot, TLLM_OK, NULL, 1);
+    } else
+        q->next = id;
+}
+
+int tllm_sched_step(struct tllm_sched *s) {
+    admit(s);
+    int n = 0, n_rows = 0;
+    /* generated tokens first (the batch's n_gen), then prompt chunks within the budget */
+    for (int i = 0; i < s->n_running; i++) {
+        struct seq *q = &s->seqs[s->order[i]];
+        if (!q->decoding) continue;
+        s->ids[n] = q->next, s->pos[n] = q->n_done, s->sq[n] = q->kv, s->out[n] = 1, s->tok_slot[n] = s->order[i];
+        s->row_slot[n_rows++] = s->order[i];
+        n++;
+    }
+    int n_gen = n;
+    for (int i = 0; i < s->n_running && n < s->p.n_batch; i++) {
+        struct seq *q = &s->seqs[s->order[i]];
+        if (q->decoding) continue;
+        int before = q->n_done;
+        q->n_done = tllm_kv_seq_reuse(s->kv, q->kv, q->rq->prompt, q->rq->n_prompt);
+        s->st.reused_tokens += q->n_done - before;
+        if (waits_for_lead(s, q)) continue;
+        int k = q->rq->n_prompt - q->n_done;
+        if (k > s->p.n_batch - n) k = s->p.n_batch - n;
+        for (int j = 0; j < k; j++, n++) {
+            s->ids[n] = q->rq->prompt[q->n_done + j], s->pos[n] = q->n_done + j, s->sq[n] = q->kv;
+            s->out[n] = 0, s->tok_slot[n] = s->order[i];
+        }
+        if (q->n_done + k == q->rq->n_prompt) {
+            s->out[n - 1] = 1;
+            s->row_slot[n_rows++] = s->order[i];
+        }
+    }
+    if (n == 0) return TLLM_OK;
+    struct tllm_batch b = {n, s->ids, s->pos, s->sq, s->out, n_gen};
+    double t0 = tllm_now();
+    int rc = s->cpu->ops->step(s->cpu, &b, s->logits, NULL);
+    s->st.step_secs += tllm_now() - t0;
+    if (rc) {
+        for (int i = 0; i < s->n_running;) retire(s, s->order[i], rc, NULL, 0);
+        return rc;
+    }
+    s->st.steps++;
+    s->st.prompt_tokens += n - n_gen;
+    for (int t = 0; t < n;) { /* each sequence's tokens are written: commit them */
+        int t1 = t;
+        while (t1 < n && s->sq[t1] == s->sq[t]) t1++;
+        struct seq *q = &s->seqs[s->tok_slot[t]];
+        if ((rc = tllm_kv_seq_commit(s->kv, q->kv, s->ids + t, t1 - t))) return rc;
+        q->n_done += t1 - t;
+        t = t1;
+    }
+    for (int j = 0; j < n_rows; j++) advance(s, s->row_slot[j], s->logits + (size_t)j * s->m->cfg.vocab_size);
+    return TLLM_OK;
+}
+
+int tllm_sched_waiting(const struct tllm_sched *s) { return s->n_waiting; }
+int tllm_sched_running(const struct tllm_sched *s) { return s->n_running; }
+void tllm_sched_stats(const struct tllm_sched *s, struct tllm_sched_stats *st) { *st = s->st; }
+
+void tllm_sched_kv_blocks(const struct tllm_sched *s, int *n_free, int *n_total) {
+    *n_free = tllm_kv_n_free(s->kv);
+    *n_total = s->kv->n_blocks;
+}

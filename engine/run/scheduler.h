@@ -1,0 +1,72 @@
+/* Continuous batching: many requests through one model and one paged KV cache (engine/run/kv_cache.h).
+ * Requests wait in a queue; each step admits new ones while there are sequence slots and KV blocks,
+ * feeds every decoding sequence's next token plus chunks of prompts up to a token budget (chunked
+ * prefill, so running sequences keep decoding), samples each sequence with its own sampler, and
+ * retires the finished ones. A prompt whose beginning is cached (another request's system prompt,
+ * few-shot examples) starts after it; a request that shares a prefix with one being prefilled waits
+ * for that prefix and reuses it rather than computing it again.
+ *
+ * A sequence's tokens do not depend on what runs beside it: every token's arithmetic follows its
+ * role (engine/backend/backend.h), and a request is admitted only with the KV blocks its prompt and
+ * its max_new tokens can take, so it is never preempted and recomputed. */
+#ifndef TLLM_SCHEDULER_H
+#define TLLM_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "engine/base/dtype.h"
+#include "engine/run/generate.h"
+
+struct tllm_sched_params {
+    int n_parallel;    /* sequences at once (>= 1) */
+    int n_batch;       /* tokens per step at most: generated tokens plus prompt chunks (0: 512) */
+    int kv_tokens;     /* positions of the shared KV cache (0: 1024 per sequence, at least 4096) */
+    enum tllm_dtype kv_type; /* TLLM_DT_F16 or TLLM_DT_F32 */
+    int n_ctx;         /* positions one sequence may reach (0: the model's max_position_embeddings) */
+};
+
+struct tllm_sched_req {
+    const int32_t *prompt;  /* copied */
+    int n_prompt;
+    struct tllm_sampler_params sampling;
+    int max_new;            /* < 0: until the sequence's context is full */
+    const char *const *stop; /* copied */
+    int n_stop;
+    const int32_t *eos;     /* copied */
+    int n_eos;
+    int skip_special;
+    tllm_gen_cb cb;         /* optional: the text as it comes; nonzero stops the request (interrupted) */
+    void *user;             /* given back to cb and to the done callback */
+};
+
+/* A request ended: rc TLLM_OK and its result (freed after the call), or an error and its message (the
+ * request could not run: a prompt too long for the cache, a bad sampler setting). */
+typedef void (*tllm_sched_done_fn)(void *arg, void *user, int rc, const char *msg, struct tllm_gen_result *r);
+
+struct tllm_sched_stats {
+    long long steps;
+    long long prompt_tokens;   /* prompt positions computed */
+    long long reused_tokens;   /* prompt positions found in the cache instead */
+    long long gen_tokens;      /* tokens generated */
+    double step_secs;          /* time inside forward steps */
+};
+
+struct tllm_sched;
+
+int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct tllm_tok *tok,
+                    const struct tllm_sched_params *p, tllm_sched_done_fn done, void *arg);
+void tllm_sched_free(struct tllm_sched *s);
+/* Queue a request (only TLLM_ERR_NOMEM fails here; bad requests are reported through done). */
+int tllm_sched_submit(struct tllm_sched *s, const struct tllm_sched_req *req);
+/* One step: admissions, one forward pass, sampling, retirements (done callbacks run inside). Fails
+ * only when the engine does (then every running request is dropped without its done callback). */
+int tllm_sched_step(struct tllm_sched *s);
+int tllm_sched_waiting(const struct tllm_sched *s);
+int tllm_sched_running(const struct tllm_sched *s);
+/* Drop every request, waiting and running, without their done callbacks (an interruption). */
+void tllm_sched_drop_all(struct tllm_sched *s);
+void tllm_sched_stats(const struct tllm_sched *s, struct tllm_sched_stats *st);
+/* KV blocks that no sequence holds, of all the cache has */
+void tllm_sched_kv_blocks(const struct tllm_sched *s, int *n_free, int *n_total);
+
+#endif
