@@ -87,8 +87,25 @@ static void prompt_of(struct json_object *o, struct cli_prompt_line *pl) {
         pl->text = json_object_get_string(pr);
         pl->text_len = (size_t)json_object_get_string_len(pr);
         if (pl->text_len == 0) snprintf(pl->err, sizeof pl->err, "the prompt is empty");
+    } else if (pr && json_object_is_type(pr, json_type_array)) { /* token ids, as OpenAI's completions take */
+        int n = (int)json_object_array_length(pr);
+        if (n == 0) {
+            snprintf(pl->err, sizeof pl->err, "the prompt is empty");
+            return;
+        }
+        if (!(pl->ids = malloc((size_t)n * sizeof *pl->ids))) {
+            snprintf(pl->err, sizeof pl->err, "out of memory");
+            return;
+        }
+        for (int k = 0; k < n && !pl->err[0]; k++) {
+            struct json_object *e = json_object_array_get_idx(pr, (size_t)k);
+            int64_t v = json_object_is_type(e, json_type_int) ? json_object_get_int64(e) : -1;
+            if (v < 0 || v > INT32_MAX) snprintf(pl->err, sizeof pl->err, "\"prompt\" item %d is not a token id", k);
+            pl->ids[k] = (int32_t)v;
+        }
+        pl->n_ids = n;
     } else if (pr) {
-        snprintf(pl->err, sizeof pl->err, "\"prompt\" must be a string");
+        snprintf(pl->err, sizeof pl->err, "\"prompt\" must be a string or a list of token ids");
     } else {
         snprintf(pl->err, sizeof pl->err, "expected a string \"prompt\" or a \"messages\" list");
     }
@@ -129,5 +146,6 @@ void cli_prompt_line_free(struct cli_prompt_line *pl) {
     json_object_put(pl->id);
     json_object_put(pl->obj);
     free(pl->msgs);
+    free(pl->ids);
     memset(pl, 0, sizeof *pl);
 }

@@ -5,6 +5,7 @@
 
 #include <json-c/json.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/run/sampler.h"
 #include "tokenizer/chat.h"
@@ -23,6 +24,8 @@ struct cli_prompt_line {
     size_t text_len;
     struct tllm_chat_msg *msgs;  /* or "messages" (n_msgs > 0) */
     int n_msgs;
+    int32_t *ids;                /* or "prompt" as token ids (n_ids > 0); owned */
+    int n_ids;
     struct json_object *obj;     /* the parsed JSONL line that the strings point into; owned */
     char err[256];               /* why the line cannot run ("" when it can) */
 };
