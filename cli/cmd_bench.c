@@ -9,15 +9,20 @@
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
 #include "cli/session.h"
+#include "cli/bench_batched.h"
 
 static const char usage[] =
     "usage: tllm bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-r 5] [-t 1,2] [-o md|json|csv] [--step-sync] [--quantize BITS]\n"
+    "       tllm bench -np 1,4,16 [-p 128] [-n 128] [-r 5] [-t LIST] [-o md|json|csv] [--kv-type f16|f32]\n"
     "  -p LIST   prompt lengths to prefill (pp tests; 0 skips)\n"
     "  -n LIST   tokens to decode (tg tests; 0 skips)\n"
     "  -d LIST   depths: tokens already in the context (prefilled, not timed) before each test\n"
     "  -r N      repetitions of each test after one warm-up (default 5)\n"
     "  -t LIST   thread counts (default: physical cores)\n"
     "  -o FMT    md (default), json (llama-bench's field names) or csv\n"
+    "  -np LIST  sequences at once (as llama-batched-bench): B prompts of -p tokens prefilled together,\n"
+    "            then -n greedy tokens for each; columns PP, TG, B, S_PP, S_TG (aggregate decode t/s), S\n"
+    "            (CPU; times are the mean of -r runs after a warm-up)\n"
     "  --step-sync  tg: wait for each token before the next step (what a sampler on the host needs;\n"
     "            by default the device runs a step ahead, as greedy generation does)\n"
     "Tokenization and sampling are not timed: pp tests feed random token ids, tg tests greedy ones.\n";
@@ -77,10 +82,12 @@ static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
 int cmd_bench(int argc, char **argv) {
     struct cli_model_opts mo = {0};
     int pp[16] = {512}, n_pp = 1, tg[16] = {128}, n_tg = 1, th[16] = {0}, n_th = 1, dp[16] = {0}, n_dp = 1, reps = 5, sync = 0;
+    int par[16], n_par = 0, pp_set = 0;
     const char *fmt = "md";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) parse_list(a, cli_value(argc, argv, &i), pp, &n_pp, 0);
+        if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) parse_list(a, cli_value(argc, argv, &i), pp, &n_pp, 0), pp_set = 1;
+        else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) parse_list(a, cli_value(argc, argv, &i), par, &n_par, 1);
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) parse_list(a, cli_value(argc, argv, &i), tg, &n_tg, 0);
         else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) parse_list(a, cli_value(argc, argv, &i), dp, &n_dp, 0);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) parse_list(a, cli_value(argc, argv, &i), th, &n_th, 1);
@@ -98,6 +105,18 @@ int cmd_bench(int argc, char **argv) {
     }
     if (th[0] == 0) th[0] = tllm_physical_cores();
     for (int i = 0; i < n_th; i++) th[i] = cli_threads(th[i]);
+    if (n_par) {
+        if (!pp_set) pp[0] = 128; /* llama-batched-bench's usual prompt */
+        mo.threads = th[0];
+        mo.n_ctx = 1;
+        struct cli_session s;
+        cli_session_open(&s, &mo, 0);
+        const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
+        bench_batched(s.m, name, mo.kv_type && !strcmp(mo.kv_type, "f32") ? TLLM_DT_F32 : TLLM_DT_F16, pp, n_pp, tg, n_tg, par,
+                      n_par, th, n_th, reps, fmt);
+        cli_session_close(&s);
+        return 0;
+    }
     int max_len = 1, max_depth = 0;
     for (int i = 0; i < n_pp; i++) max_len = pp[i] > max_len ? pp[i] : max_len;
     for (int i = 0; i < n_tg; i++) max_len = tg[i] > max_len ? tg[i] : max_len;

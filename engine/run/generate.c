@@ -135,6 +135,7 @@ static int generate_ahead(struct tllm_ctx *ctx, struct tllm_gen_stream *g, int32
     while (!rc) {
         if (p->max_new >= 0 && (int)g->r->ids.len >= p->max_new) break;
         if ((rc = tllm_gen_stream_take(g, id, &done)) || done) break;
+        if (p->max_new >= 0 && (int)g->r->ids.len >= p->max_new) break; /* the last token is never fed */
         if (!ahead) {
             if (ctx->pos >= ctx->n_ctx) {
                 g->r->finish = TLLM_FINISH_CONTEXT;
@@ -144,7 +145,7 @@ static int generate_ahead(struct tllm_ctx *ctx, struct tllm_gen_stream *g, int32
         }
         /* the step feeding the next token, queued before that token is read: needed unless the
          * token ends generation, which the next take finds out */
-        ahead = (p->max_new < 0 || (int)g->r->ids.len < p->max_new) && ctx->pos < ctx->n_ctx;
+        ahead = (p->max_new < 0 || (int)g->r->ids.len + 1 < p->max_new) && ctx->pos < ctx->n_ctx;
         if (ahead && (rc = tllm_ctx_greedy_push(ctx, -1))) break;
         rc = tllm_ctx_greedy_pop(ctx, &id);
     }
