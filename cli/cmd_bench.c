@@ -22,7 +22,8 @@ static const char usage[] =
     "  -o FMT    md (default), json (llama-bench's field names) or csv\n"
     "  -np LIST  sequences at once (as llama-batched-bench): B prompts of -p tokens prefilled together,\n"
     "            then -n greedy tokens for each; columns PP, TG, B, S_PP, S_TG (aggregate decode t/s), S\n"
-    "            (CPU; times are the mean of -r runs after a warm-up)\n"
+    "            (CPU; --fast-decode unless --precise-decode, as batch generation; times are the mean\n"
+    "            of -r runs after a warm-up)\n"
     "  --step-sync  tg: wait for each token before the next step (what a sampler on the host needs;\n"
     "            by default the device runs a step ahead, as greedy generation does)\n"
     "Tokenization and sampling are not timed: pp tests feed random token ids, tg tests greedy ones.\n";
@@ -111,6 +112,7 @@ int cmd_bench(int argc, char **argv) {
         mo.n_ctx = 1;
         struct cli_session s;
         cli_session_open(&s, &mo, 0);
+        if (!mo.decode_levels) s.m->decode_levels = 1; /* as batch generation's default */
         const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
         bench_batched(s.m, name, mo.kv_type && !strcmp(mo.kv_type, "f32") ? TLLM_DT_F32 : TLLM_DT_F16, pp, n_pp, tg, n_tg, par,
                       n_par, th, n_th, reps, fmt);

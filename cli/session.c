@@ -19,6 +19,9 @@ const char cli_model_opts_help[] =
     "  --no-template          plain prompts even where the checkpoint has a chat template\n"
     "  --exact                float32 activations in every matmul (default: int8 activations against packed\n"
     "                         quantized weights, as llama.cpp does; see README: Performance)\n"
+    "  --precise-decode, --fast-decode   generated tokens' int8 activations in two levels (as good as\n"
+    "                         float32: free for one sequence, 1.4x the time of a step of many; the default\n"
+    "                         but for batch files and bench -np) or in one, as prompt tokens' (llama.cpp's)\n"
     "  --device D             cpu, opencl (first GPU, else first device), opencl:N (tllm devices), or\n"
     "                         auto (default: OpenCL when a GPU is there); decode runs there, prefill on the CPU\n";
 
@@ -45,6 +48,8 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
     else if (!strcmp(a, "--group-size")) o->quantize_group = (int)cli_int(a, cli_value(argc, argv, i), 32, 128);
     else if (!strcmp(a, "--no-template")) o->no_template = 1;
     else if (!strcmp(a, "--exact")) o->exact = 1;
+    else if (!strcmp(a, "--precise-decode")) o->decode_levels = 2;
+    else if (!strcmp(a, "--fast-decode")) o->decode_levels = 1;
     else if (!strcmp(a, "--kv-type")) {
         o->kv_type = cli_value(argc, argv, i);
         if (strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32")) cli_die("--kv-type: '%s' is not f16 or f32", o->kv_type);
@@ -108,7 +113,7 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     memset(s, 0, sizeof *s);
     double t0 = tllm_now();
     struct tllm_engine_params ep = {.threads = o->threads ? cli_threads(o->threads) : 0, .quantize_bits = o->quantize_bits,
-                                    .group_size = o->quantize_group, .exact = o->exact, .no_template = o->no_template};
+                                    .group_size = o->quantize_group, .exact = o->exact, .fast_decode = o->decode_levels == 1, .no_template = o->no_template};
     struct tllm_engine *e = calloc(1, sizeof *e);
     if (!e || !(e->dir = strdup(o->dir))) cli_die("out of memory");
     if (tllm_engine_load(e, o->dir, &ep)) cli_die_lib();

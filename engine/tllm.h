@@ -71,6 +71,9 @@ struct tllm_engine_params {
     int quantize_bits;  /* quantize a bf16/f16 checkpoint as it loads: 2, 4 or 8; 0: as stored */
     int group_size;     /* of that quantization; 0: 64 */
     int exact;          /* float32 activations in every matmul (transformers' numbers; slower) */
+    int fast_decode;    /* generated tokens' int8 activations in one level, as prompt tokens' (llama.cpp's
+                         * precision): steps of many sequences take about 0.7x the time. Default: two
+                         * levels, as good as float32 and free for one sequence (decode waits on memory) */
     int no_template;    /* ignore the checkpoint's chat template (plain prompts) */
 };
 

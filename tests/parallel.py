@@ -73,7 +73,8 @@ for m in sorted(os.listdir(os.path.join(DATA, "models"))):
     lines = [{"id": "ref", "prompt": p}] + [{"id": f"v{k}", "prompt": p[: 4 + k] + p[-k:]} for k in range(1, 12)]
     prompts = put(f"{m}.jsonl", lines)
     n = str(len(ref["greedy_ids"]))
-    for path, extra in (("default", []), ("exact", ["--exact", "--kv-type", "f32", "--repeat-penalty", "1"])):
+    for path, extra in (("default", []), ("precise-decode", ["--precise-decode"]),
+                        ("exact", ["--exact", "--kv-type", "f32", "--repeat-penalty", "1"])):
         r1, o1 = generate(d, prompts, 1, ["-n", n] + extra)
         r8, o8 = generate(d, prompts, 8, ["-n", n] + extra)
         ok = r1.returncode == 0 and r8.returncode == 0

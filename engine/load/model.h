@@ -37,6 +37,8 @@ struct tllm_model {
     int n_sample;                 /* the lm_head rows that are tokens: vocab, or the tokenizer's ids when the
                                    * lm_head has padding rows past them (Qwen: 151,665 of 151,936); greedy
                                    * argmaxes and samplers never pick a row past it */
+    int decode_levels;            /* int8 levels of generated tokens' activations: 2 (as float32; free for
+                                   * one sequence) or 1 (as prompt tokens: faster steps of many) */
 };
 
 /* Load DIR/config.json and DIR's safetensors. Errors name the file and the tensor. */

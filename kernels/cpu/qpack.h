@@ -34,9 +34,10 @@ struct tllm_qpack {
 /* Activations of n tokens, quantized per block of 32: x ~ d * q with d = max|x| / 127, or with a
  * second level, x ~ d * (q + q2 / 128): the residual, quantized again. One level is llama.cpp's Q8_1
  * (about 0.5% error per matmul); two levels cost a second vpdpbusd per product and are as good as
- * float32 for practical purposes. Generated tokens (decode, which waits on memory) get two, prompt
- * tokens one: a token's levels follow its role, never the size of the step it lands in, so its
- * results do not depend on what else the step holds. */
+ * float32 for practical purposes, and cost twice the integer work: free for one generated token (decode
+ * waits on memory), 1.4x the time of a step of many. A token's levels follow its role (generated
+ * tokens have two unless --fast-decode), never the size of the step it lands in, so its results do
+ * not depend on what else the step holds. */
 struct tllm_xq {
     int n, cols;     /* cols % 32 == 0 */
     int8_t *q;       /* [n x cols] */

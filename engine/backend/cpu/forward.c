@@ -80,7 +80,8 @@ struct act {
 };
 
 static struct act act_of(struct tllm_cpu *cpu, const float *x, int n, int cols, int n_gen) {
-    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n_gen}, 0};
+    int n2 = cpu->m->decode_levels == 1 ? 0 : n_gen;
+    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n2}, 0};
     return a;
 }
 
