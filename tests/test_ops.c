@@ -83,11 +83,29 @@ static void test_swiglu(void) {
     CHECK(worst <= TOL_SWIGLU, "swiglu: relative error %.3g", worst);
 }
 
+/* The first maximum, as the scalar loop finds it: ties, NaN, the tail, every length up to a few vectors */
+static void test_argmax(void) {
+    enum { N = 100 };
+    float x[N];
+    unsigned seed = 5;
+    for (int n = 1; n <= N; n++)
+        for (int trial = 0; trial < 4; trial++) {
+            for (int i = 0; i < n; i++) x[i] = (float)(int)(8.0f * frand(&seed)); /* few values: many ties */
+            if (trial == 1) x[n / 2] = NAN;
+            if (trial == 2)
+                for (int i = 0; i < n; i++) x[i] = NAN;
+            if (trial == 3) x[n - 1] = 100.0f; /* the maximum in the tail */
+            int want = tllm_argmax_ref(x, n), got = tllm_argmax_avx512(x, n);
+            CHECK(got == want, "argmax n %d trial %d: %d, not %d", n, trial, got, want);
+        }
+}
+
 int main(void) {
     test_attention("portable", tllm_attention_portable);
     test_attention("dispatch", tllm_attention);
     if (tllm_cpu_has_avx512()) {
         test_attention("avx512", tllm_attention_avx512);
+        test_argmax();
         test_exp();
         test_swiglu();
     } else {

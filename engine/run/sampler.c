@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/base/error.h"
+#include "kernels/cpu/ops.h"
 
 struct tllm_sampler_params tllm_sampler_defaults(void) {
     return (struct tllm_sampler_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
@@ -115,12 +116,7 @@ int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits) {
     const struct tllm_sampler_params *p = &s->p;
     apply_penalties(s, logits);
     int V = s->vocab;
-    if (p->temperature <= 0.0f || p->top_k == 1) { /* greedy: first maximum */
-        int32_t best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+    if (p->temperature <= 0.0f || p->top_k == 1) return tllm_argmax(logits, V); /* greedy: the first maximum */
     struct tllm_sampler_cand *c = s->cands;
     float inv_t = 1.0f / p->temperature;
     for (int i = 0; i < V; i++) c[i] = (struct tllm_sampler_cand){i, logits[i] * inv_t};

@@ -106,6 +106,10 @@ void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const flo
         tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
 }
 
+int tllm_argmax(const float *x, int n) {
+    return tllm_cpu_has_avx512() ? tllm_argmax_avx512(x, n) : tllm_argmax_ref(x, n);
+}
+
 void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n) {
     if (tllm_cpu_has_avx512()) tllm_f16_to_f32_row_avx512(src, dst, n);
     else

@@ -29,6 +29,9 @@ void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, 
 /* gate[i] = silu(gate[i]) * up[i] */
 void tllm_swiglu(float *gate, const float *up, int n);
 
+/* The index of the first maximum of x[0..n) (NaN never wins; n >= 1): greedy sampling of a logits row. */
+int tllm_argmax(const float *x, int n);
+
 /* dst[i] = src[i] widened from IEEE half (the KV cache's f16 rows); exact. */
 void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n);
 

@@ -158,6 +158,26 @@ TGT void tllm_exp_avx512(float *x, int n) {
     }
 }
 
+/* Each lane keeps the first maximum of its elements (strictly greater replaces, so NaN never does);
+ * then the largest of the lanes' maxima, and of the lanes that hold it, the lowest index: the scalar
+ * loop's answer. */
+TGT int tllm_argmax_avx512(const float *x, int n) {
+    __m512 mx = _mm512_set1_ps(x[0]);
+    __m512i idx = _mm512_setzero_si512(), cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    for (int i = 0; i < n; i += 16, cur = _mm512_add_epi32(cur, step)) {
+        __mmask16 k = tail_mask(n - i);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        __mmask16 gt = _mm512_mask_cmp_ps_mask(k, v, mx, _CMP_GT_OQ);
+        mx = _mm512_mask_mov_ps(mx, gt, v);
+        idx = _mm512_mask_mov_epi32(idx, gt, cur);
+    }
+    float best = _mm512_reduce_max_ps(mx);
+    __mmask16 at = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(best), _CMP_EQ_OQ);
+    if (!at) return 0; /* every element NaN */
+    return _mm512_mask_reduce_min_epi32(at, idx);
+}
+
 TGT void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n) {
     for (int i = 0; i < n; i += 16) {
         __mmask16 k = tail_mask(n - i);
@@ -179,4 +199,5 @@ void tllm_exp_avx512(float *x, int n) {
 void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n) {
     for (int i = 0; i < n; i++) dst[i] = tllm_f16_to_f32(src[i]);
 }
+int tllm_argmax_avx512(const float *x, int n) { return tllm_argmax_ref(x, n); }
 #endif

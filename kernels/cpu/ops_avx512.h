@@ -13,6 +13,7 @@ void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, co
                            size_t out_stride);
 void tllm_swiglu_avx512(float *gate, const float *up, int n);
 void tllm_exp_avx512(float *x, int n);
+int tllm_argmax_avx512(const float *x, int n);
 void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
 
 #endif

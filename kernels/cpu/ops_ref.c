@@ -26,6 +26,13 @@ void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const
     }
 }
 
+int tllm_argmax_ref(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
 void tllm_softmax(float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;

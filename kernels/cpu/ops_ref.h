@@ -9,6 +9,9 @@
 void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                         const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
 
+/* As tllm_argmax (ops.h) */
+int tllm_argmax_ref(const float *x, int n);
+
 /* In-place softmax over n elements. */
 void tllm_softmax(float *x, int n);
 

@@ -85,12 +85,16 @@ static struct act act_of(struct tllm_cpu *cpu, const float *x, int n, int cols, 
     return a;
 }
 
+#define LINEAR_MAX_W 3 /* weights that share one input and one dispatch (q/k/v; gate/up) */
+
 struct linear_args {
-    const struct tllm_qweights *w;
+    int nw;
+    const struct tllm_qweights *w[LINEAR_MAX_W];
+    float *y[LINEAR_MAX_W];
+    int chunk[LINEAR_MAX_W];   /* row blocks per grab, per weight */
+    int first[LINEAR_MAX_W + 1]; /* the weights' chunks, numbered one after another */
     struct act *a;
-    float *y;
-    int chunk;       /* row blocks per grab */
-    atomic_int next; /* the next chunk not yet taken */
+    atomic_int next;           /* the next chunk not yet taken */
 };
 
 /* Threads take chunks of 16-row blocks from a shared counter rather than a fixed share: on a shared
@@ -99,13 +103,15 @@ struct linear_args {
 static void linear_task(void *arg, int ith, int nth) {
     (void)ith, (void)nth;
     struct linear_args *la = arg;
-    const int rows = la->w->rows, n_blocks = (rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
     for (;;) {
-        int b0 = atomic_fetch_add_explicit(&la->next, 1, memory_order_relaxed) * la->chunk;
-        if (b0 >= n_blocks) return;
-        int b1 = b0 + la->chunk < n_blocks ? b0 + la->chunk : n_blocks;
-        if (la->w->pack) {
-            tllm_qpack_matmul(la->w->pack, &la->a->q, la->y, b0, b1);
+        int c = atomic_fetch_add_explicit(&la->next, 1, memory_order_relaxed), i = 0;
+        if (c >= la->first[la->nw]) return;
+        while (c >= la->first[i + 1]) i++;
+        const struct tllm_qweights *w = la->w[i];
+        const int rows = w->rows, n_blocks = (rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
+        int b0 = (c - la->first[i]) * la->chunk[i], b1 = b0 + la->chunk[i] < n_blocks ? b0 + la->chunk[i] : n_blocks;
+        if (w->pack) {
+            tllm_qpack_matmul(w->pack, &la->a->q, la->y[i], b0, b1);
             continue;
         }
         /* float activations: a generated token through the one-token kernel, prompt tokens through the
@@ -113,10 +119,10 @@ static void linear_task(void *arg, int ith, int nth) {
         const struct act *a = la->a;
         int r0 = b0 * TLLM_QPACK_ROWS, r1 = b1 * TLLM_QPACK_ROWS < rows ? b1 * TLLM_QPACK_ROWS : rows;
         for (int t = 0; t < a->n_gen; t++)
-            tllm_qmatmul(la->w, a->x + (size_t)t * a->cols, 1, la->y + (size_t)t * rows, r0, r1);
+            tllm_qmatmul(w, a->x + (size_t)t * a->cols, 1, la->y[i] + (size_t)t * rows, r0, r1);
         if (a->n > a->n_gen)
-            tllm_qmatmul_tiled(la->w, a->x + (size_t)a->n_gen * a->cols, a->n - a->n_gen,
-                               la->y + (size_t)a->n_gen * rows, r0, r1);
+            tllm_qmatmul_tiled(w, a->x + (size_t)a->n_gen * a->cols, a->n - a->n_gen,
+                               la->y[i] + (size_t)a->n_gen * rows, r0, r1);
     }
 }
 
@@ -126,18 +132,29 @@ static void quantize_task(void *arg, int ith, int nth) {
     if (t0 < t1) tllm_xq_quantize(&a->q, a->x, t0, t1);
 }
 
-/* y[n x rows] = x[n x cols] . W^T, rows split over the thread pool. */
-static void linear(const struct tllm_qweights *w, struct act *a, float *y) {
-    if (w->pack && !a->quantized) {
+/* y_i[n x rows_i] = x[n x cols] . W_i^T for nw weights of one input, their rows split over the thread
+ * pool in one dispatch (each dispatch ends in a barrier, which a decode step pays per matmul). */
+static void linears(struct act *a, int nw, const struct tllm_qweights *const *w, float *const *y) {
+    int packed = 0;
+    for (int i = 0; i < nw; i++) packed |= w[i]->pack != NULL;
+    if (packed && !a->quantized) {
         if (a->n >= 4) tllm_parallel(quantize_task, a);
         else tllm_xq_quantize(&a->q, a->x, 0, a->n);
         a->quantized = 1;
     }
-    int n_blocks = (w->rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS, nth = tllm_threadpool_size();
-    int chunk = a->n > 1 ? LINEAR_PREFILL_CHUNK : (n_blocks + nth * LINEAR_DECODE_SPLIT - 1) / (nth * LINEAR_DECODE_SPLIT);
-    struct linear_args la = {w, a, y, chunk > 0 ? chunk : 1, 0};
+    struct linear_args la = {.nw = nw, .a = a};
+    int nth = tllm_threadpool_size();
+    for (int i = 0; i < nw; i++) {
+        int n_blocks = (w[i]->rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
+        int chunk = a->n > 1 ? LINEAR_PREFILL_CHUNK : (n_blocks + nth * LINEAR_DECODE_SPLIT - 1) / (nth * LINEAR_DECODE_SPLIT);
+        la.w[i] = w[i], la.y[i] = y[i], la.chunk[i] = chunk > 0 ? chunk : 1;
+        la.first[i + 1] = la.first[i] + (n_blocks + la.chunk[i] - 1) / la.chunk[i];
+    }
+    atomic_init(&la.next, 0);
     tllm_parallel(linear_task, &la);
 }
+
+static void linear(const struct tllm_qweights *w, struct act *a, float *y) { linears(a, 1, &w, &y); }
 
 static void add_bias(float *y, const float *b, int n, int dim) {
     for (int t = 0; t < n; t++)
@@ -263,9 +280,7 @@ static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
             tllm_rmsnorm(cpu->xb + (size_t)t * dim, cpu->x + (size_t)t * dim, L->attn_norm, dim,
                          c->norm_eps);
         struct act a = act_of(cpu, cpu->xb, n, dim, n_gen);
-        linear(&L->wq, &a, cpu->q);
-        linear(&L->wk, &a, cpu->k);
-        linear(&L->wv, &a, cpu->v);
+        linears(&a, 3, (const struct tllm_qweights *const[]){&L->wq, &L->wk, &L->wv}, (float *const[]){cpu->q, cpu->k, cpu->v});
         add_bias(cpu->q, L->bq, n, q_dim);
         add_bias(cpu->k, L->bk, n, kv_dim);
         add_bias(cpu->v, L->bv, n, kv_dim);
@@ -285,8 +300,7 @@ static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
             tllm_rmsnorm(cpu->xb + (size_t)t * dim, cpu->x + (size_t)t * dim, L->ffn_norm, dim,
                          c->norm_eps);
         a = act_of(cpu, cpu->xb, n, dim, n_gen);
-        linear(&L->w_gate, &a, cpu->hb);
-        linear(&L->w_up, &a, cpu->hb2);
+        linears(&a, 2, (const struct tllm_qweights *const[]){&L->w_gate, &L->w_up}, (float *const[]){cpu->hb, cpu->hb2});
         struct swiglu_args sw = {cpu->hb, cpu->hb2, (size_t)n * c->ffn_dim};
         if (n > 1) tllm_parallel(swiglu_task, &sw);
         else swiglu_task(&sw, 0, 1);
@@ -368,13 +382,7 @@ static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *
     forward_step(cpu, n_out, out);
     cpu->bt = NULL;
     if (argmax)
-        for (int j = 0; j < n_out; j++) {
-            const float *row = out + (size_t)j * vocab;
-            int best = 0;
-            for (int i = 1; i < cpu->m->n_sample; i++)
-                if (row[i] > row[best]) best = i;
-            argmax[j] = best;
-        }
+        for (int j = 0; j < n_out; j++) argmax[j] = tllm_argmax(out + (size_t)j * vocab, cpu->m->n_sample);
     return TLLM_OK;
 }
 
