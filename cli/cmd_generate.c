@@ -276,12 +276,13 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
         if (tllm_sched_step(b.sched)) cli_die_lib(); /* the records written so far stand; a re-run resumes */
         if (progress) show_progress(&b, lineno);
     }
+    char work[200] = "";
     if (b.sched) {
         struct tllm_sched_stats st;
         tllm_sched_stats(b.sched, &st);
-        if (getenv("TLLM_SCHED_STATS")) /* for tests: what was computed and what was found cached */
-            fprintf(stderr, "%stllm: steps %lld, prompt tokens computed %lld, reused %lld, generated %lld\n",
-                    progress ? "\n" : "", st.steps, st.prompt_tokens, st.reused_tokens, st.gen_tokens);
+        double el = tllm_now() - b.t_start;
+        snprintf(work, sizeof work, "; prompt tokens computed %lld, reused %lld (cached prefixes), generated %lld (%.1f tok/s)",
+                 st.prompt_tokens, st.reused_tokens, st.gen_tokens, el > 0 ? (double)st.gen_tokens / el : 0);
         tllm_sched_drop_all(b.sched); /* interrupted: the requests in flight are redone on resume */
         int n_free, n_total; /* every block is back, whatever ended the run (tests rely on this check) */
         tllm_sched_kv_blocks(b.sched, &n_free, &n_total);
@@ -293,8 +294,8 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     batch_out_close(&b.out);
     json_object_put(seen);
     if (lineno == 0 && !interrupted) cli_die("%s: the prompt file is empty", file);
-    fprintf(stderr, "%stllm: %ld answered, %ld already done, %ld errors%s\n", progress ? "\n" : "", b.answered, b.skipped,
-            b.errors, interrupted ? " (interrupted: run again with the same -o to resume)" : "");
+    fprintf(stderr, "%stllm: %ld answered, %ld already done, %ld errors%s%s\n", progress ? "\n" : "", b.answered, b.skipped,
+            b.errors, work, interrupted ? " (interrupted: run again with the same -o to resume)" : "");
     if (stopped) cli_die("%s: line %ld is longer than %u bytes and has no end in sight: the rest is not read", file, lineno,
                          CLI_MAX_PROMPT_LINE);
     return interrupted ? 130 : 0;

@@ -54,12 +54,12 @@ def answers(path):
 def generate(model, prompts, np, extra=(), name=None):
     out = os.path.join(T, name or f"out-{os.getpid()}-{time.monotonic_ns()}.jsonl")
     r = run(["generate", "-m", model, "--prompts", prompts, "-o", out, "-np", str(np), "--temp", "0", "-t", "2"] +
-            list(extra), env_extra={"TLLM_SCHED_STATS": "1"})
+            list(extra))
     return r, out
 
 
 def stats(r):
-    m = re.search(r"prompt tokens computed (\d+), reused (\d+), generated (\d+)", r.stderr)
+    m = re.search(r"prompt tokens computed (\d+), reused (\d+) \(cached prefixes\), generated (\d+)", r.stderr)
     return tuple(int(x) for x in m.groups()) if m else None
 
 

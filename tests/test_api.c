@@ -141,6 +141,12 @@ static void test_text(const char *demo) {
     struct tllm_session_params big = {.n_ctx = 1 << 30};
     CHECK(tllm_session_open(e, &big, &bad) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "max_position_embeddings"),
           "n_ctx too large: %s", tllm_errmsg());
+    struct tllm_session_params q8 = {.kv_type = "q8"};
+    CHECK(tllm_session_open(e, &q8, &bad) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "'q8'") && !bad, "bad KV type: %s",
+          tllm_errmsg());
+    struct tllm_session_params f32 = {.kv_type = "f32"};
+    CHECK(tllm_session_open(e, &f32, &bad) == TLLM_OK && bad, "an f32 KV cache: %s", tllm_errmsg());
+    tllm_session_free(bad);
     CHECK(tllm_session_complete(s, "", &p, NULL, NULL, NULL, NULL) == TLLM_ERR_ARG, "empty prompt");
     struct tllm_chat_msg odd = {"narrator", "x"};
     CHECK(tllm_session_chat(s, &odd, 1, &p, NULL, NULL, NULL, NULL) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "narrator"),
