@@ -114,16 +114,16 @@ int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct 
     return TLLM_OK;
 }
 
-/* A running request ends: its blocks go back (the full ones stay findable), then its done callback. */
-static void retire(struct tllm_sched *s, int slot, int rc, const char *msg, int call) {
+/* A running request ends: its blocks go back (the full ones stay findable), then its done callback
+ * (dropped: as interrupted). */
+static void retire(struct tllm_sched *s, int slot, int rc, const char *msg, int dropped) {
     struct seq *q = &s->seqs[slot];
     tllm_kv_seq_close(s->kv, q->kv);
-    if (!rc && call) {
-        rc = tllm_gen_stream_end(&q->g);
-        if (rc) msg = tllm_errmsg();
-    }
+    if (dropped) q->r.finish = TLLM_FINISH_INTERRUPTED;
+    else if (!rc && (rc = tllm_gen_stream_end(&q->g)))
+        msg = tllm_errmsg();
     if (q->t_first > 0) q->r.gen_secs = tllm_now() - q->t_first;
-    if (call) s->done(s->arg, q->rq->user, rc, msg, rc ? NULL : &q->r);
+    s->done(s->arg, q->rq->user, rc, msg, rc ? NULL : &q->r);
     tllm_gen_result_free(&q->r);
     tllm_sampler_free(&q->smp);
     req_free(q->rq);
@@ -135,10 +135,12 @@ static void retire(struct tllm_sched *s, int slot, int rc, const char *msg, int 
 }
 
 void tllm_sched_drop_all(struct tllm_sched *s) {
-    while (s->n_running) retire(s, s->order[0], TLLM_OK, NULL, 0);
+    while (s->n_running) retire(s, s->order[0], TLLM_OK, NULL, 1);
     while (s->head) {
         struct req *q = s->head;
+        struct tllm_gen_result r = {.finish = TLLM_FINISH_INTERRUPTED, .n_prompt = q->n_prompt};
         s->head = q->next;
+        s->done(s->arg, q->user, TLLM_OK, NULL, &r);
         req_free(q);
     }
     s->tail = NULL;
@@ -291,18 +293,18 @@ static void advance(struct tllm_sched *s, int slot, float *logits) {
         q->r.prompt_secs = q->t_first - q->t_admit;
     }
     if (q->max_new >= 0 && (int)q->r.ids.len >= q->max_new) {
-        retire(s, slot, TLLM_OK, NULL, 1);
+        retire(s, slot, TLLM_OK, NULL, 0);
         return;
     }
     int32_t id = tllm_sampler_sample(&q->smp, logits);
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
-    if (rc) retire(s, slot, rc, tllm_errmsg(), 1);
+    if (rc) retire(s, slot, rc, tllm_errmsg(), 0);
     else if (done || (q->max_new >= 0 && (int)q->r.ids.len >= q->max_new)) /* the last token is never fed */
-        retire(s, slot, TLLM_OK, NULL, 1);
+        retire(s, slot, TLLM_OK, NULL, 0);
     else if (q->n_done >= s->n_ctx) {
         q->r.finish = TLLM_FINISH_CONTEXT;
-        retire(s, slot, TLLM_OK, NULL, 1);
+        retire(s, slot, TLLM_OK, NULL, 0);
     } else
         q->next = id;
 }
@@ -343,8 +345,10 @@ int tllm_sched_step(struct tllm_sched *s) {
     int rc = s->cpu->ops->step(s->cpu, &b, s->logits, NULL);
     s->st.step_secs += tllm_now() - t0;
     if (rc) {
-        for (int i = 0; i < s->n_running;) retire(s, s->order[i], rc, NULL, 0);
-        return rc;
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", tllm_errmsg());
+        tllm_sched_drop_all(s); /* their callbacks may call into the engine: the message is kept */
+        return tllm_fail(rc, "%s", msg);
     }
     s->st.steps++;
     s->st.prompt_tokens += n - n_gen;
@@ -352,7 +356,10 @@ int tllm_sched_step(struct tllm_sched *s) {
         int t1 = t;
         while (t1 < n && s->sq[t1] == s->sq[t]) t1++;
         struct seq *q = &s->seqs[s->tok_slot[t]];
-        if ((rc = tllm_kv_seq_commit(s->kv, q->kv, s->ids + t, t1 - t))) return rc;
+        if ((rc = tllm_kv_seq_commit(s->kv, q->kv, s->ids + t, t1 - t))) {
+            tllm_sched_drop_all(s);
+            return tllm_fail(rc, "out of memory");
+        }
         q->n_done += t1 - t;
         t = t1;
     }

@@ -39,8 +39,10 @@ struct tllm_sched_req {
     void *user;             /* given back to cb and to the done callback */
 };
 
-/* A request ended: rc TLLM_OK and its result (freed after the call), or an error and its message (the
- * request could not run: a prompt too long for the cache, a bad sampler setting). */
+/* A request ended, called exactly once for every request submitted: rc TLLM_OK and its result (freed
+ * after the call; finish TLLM_FINISH_INTERRUPTED when it was dropped or its stream callback stopped
+ * it), or an error and its message (it could not run: a prompt too long for the cache, a bad sampler
+ * setting). */
 typedef void (*tllm_sched_done_fn)(void *arg, void *user, int rc, const char *msg, struct tllm_gen_result *r);
 
 struct tllm_sched_stats {
@@ -59,11 +61,11 @@ void tllm_sched_free(struct tllm_sched *s);
 /* Queue a request (only TLLM_ERR_NOMEM fails here; bad requests are reported through done). */
 int tllm_sched_submit(struct tllm_sched *s, const struct tllm_sched_req *req);
 /* One step: admissions, one forward pass, sampling, retirements (done callbacks run inside). Fails
- * only when the engine does (then every running request is dropped without its done callback). */
+ * only when the engine does (then every request, running or waiting, is dropped). */
 int tllm_sched_step(struct tllm_sched *s);
 int tllm_sched_waiting(const struct tllm_sched *s);
 int tllm_sched_running(const struct tllm_sched *s);
-/* Drop every request, waiting and running, without their done callbacks (an interruption). */
+/* Drop every request, waiting and running: each done callback says interrupted. */
 void tllm_sched_drop_all(struct tllm_sched *s);
 void tllm_sched_stats(const struct tllm_sched *s, struct tllm_sched_stats *st);
 /* KV blocks that no sequence holds, of all the cache has */
