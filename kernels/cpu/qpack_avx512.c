@@ -58,7 +58,9 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS;
-        __m512 S = load16(p->scales, p->dtype, so), B = load16(p->biases, p->dtype, so);
+        __m512 f[8];    /* the group's sum of dot * d, per token */
+        float ssum[8];  /* and of its blocks' x sums: scale and bias are applied once a group */
+        for (int t = 0; t < NT; t++) f[t] = _mm512_setzero_ps(), ssum[t] = 0.0f;
         for (int k = 0; k < bpg; k++) {
             const int kb = g * bpg + k;
             /* SPLIT independent sums per token and level: one chain of dependent vpdpbusd would make a
@@ -91,10 +93,15 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 }
             }
             for (int t = 0; t < NT; t++) {
-                __m512 sd = _mm512_mul_ps(S, _mm512_set1_ps(xd[(size_t)t * nb + kb]));
-                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t][0]), sd, acc[t]);
-                acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(xs[(size_t)t * nb + kb]), acc[t]);
+                __m512 dt = _mm512_set1_ps(xd[(size_t)t * nb + kb]);
+                f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t][0]), dt, f[t]);
+                ssum[t] += xs[(size_t)t * nb + kb];
             }
+        }
+        __m512 S = load16(p->scales, p->dtype, so), B = load16(p->biases, p->dtype, so);
+        for (int t = 0; t < NT; t++) {
+            acc[t] = _mm512_fmadd_ps(f[t], S, acc[t]);
+            acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(ssum[t]), acc[t]);
         }
     }
     int n_out = p->rows - b * TLLM_QPACK_ROWS;

@@ -24,6 +24,7 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                 size_t so = ((size_t)b * ng + g) * R;
                 load_vec16(p->scales, p->dtype, so, sc);
                 load_vec16(p->biases, p->dtype, so, bi);
+                float f[16] = {0}, ssum = 0.0f; /* the group's sum of dot * d, and of the blocks' x sums */
                 for (int k = 0; k < bpg; k++) {
                     int kb = g * bpg + k;
                     const int8_t *xq = x->q + (size_t)t * p->cols + (size_t)kb * TLLM_XQ_BLOCK;
@@ -40,10 +41,13 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                     if (xq2)
                         for (int i = 0; i < R; i++) dot[i] = dot[i] * 128 + dot2[i];
                     float d = x->d[(size_t)t * nb + kb], s = x->sum[(size_t)t * nb + kb];
-                    for (int i = 0; i < R; i++) {
-                        acc[i] = fmaf((float)dot[i], sc[i] * d, acc[i]);
-                        acc[i] = fmaf(bi[i], s, acc[i]);
-                    }
+                    for (int i = 0; i < R; i++) f[i] = fmaf((float)dot[i], d, f[i]);
+                    ssum += s;
+                }
+                /* scale and bias once a group: sum_j (s q_j + b) x_j = s sum_k d_k dot_k + b sum_k sum_k(x) */
+                for (int i = 0; i < R; i++) {
+                    acc[i] = fmaf(f[i], sc[i], acc[i]);
+                    acc[i] = fmaf(bi[i], ssum, acc[i]);
                 }
             }
             int n_out = p->rows - b * R < R ? p->rows - b * R : R;
