@@ -99,6 +99,9 @@ static int host_sync(struct tllm_ctx *ctx) {
 
 void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev) {
     drop_ahead(ctx);
+    /* what the old device decoded comes home first; if it cannot, the sequence ends where the host's
+     * cache does (a shorter context, never a stale one) */
+    if (ctx->dev && ctx->dev != dev && host_sync(ctx)) ctx->pos = ctx->kv->seqs[0].n_tokens;
     ctx->dev = dev;
     ctx->dev_valid = 0;
 }
