@@ -114,7 +114,7 @@ int cmd_bench(int argc, char **argv) {
         cli_session_open(&s, &mo, 0);
         if (!mo.decode_levels) s.m->decode_levels = 1; /* as batch generation's default */
         const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
-        bench_batched(s.m, name, mo.kv_type && !strcmp(mo.kv_type, "f32") ? TLLM_DT_F32 : TLLM_DT_F16, pp, n_pp, tg, n_tg, par,
+        bench_batched(s.m, name, cli_kv_dtype(&mo), pp, n_pp, tg, n_tg, par,
                       n_par, th, n_th, reps, fmt);
         cli_session_close(&s);
         return 0;

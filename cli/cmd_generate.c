@@ -337,7 +337,7 @@ int cmd_generate(int argc, char **argv) {
         if (!parallel) parallel = DEFAULT_PARALLEL;
         if (!mo.decode_levels) s.m->decode_levels = 1; /* a throughput job: --fast-decode unless told otherwise */
         struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch, .kv_tokens = kv_size,
-                                       .kv_type = mo.kv_type && !strcmp(mo.kv_type, "f32") ? TLLM_DT_F32 : TLLM_DT_F16};
+                                       .kv_type = cli_kv_dtype(&mo)};
         if (s.dev) fprintf(stderr, "tllm: %s decodes one prompt at a time (--parallel runs on the CPU; --device cpu for it)\n",
                            cli_session_backend(&s));
         int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, s.dev ? NULL : &sp);

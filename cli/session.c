@@ -5,6 +5,7 @@
 
 #include "cli/cli.h"
 #include "engine/base/error.h"
+#include "engine/run/kv_cache.h"
 
 const char cli_model_opts_help[] =
     "model options:\n"
@@ -51,8 +52,9 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
     else if (!strcmp(a, "--precise-decode")) o->decode_levels = 2;
     else if (!strcmp(a, "--fast-decode")) o->decode_levels = 1;
     else if (!strcmp(a, "--kv-type")) {
+        enum tllm_dtype t;
         o->kv_type = cli_value(argc, argv, i);
-        if (strcmp(o->kv_type, "f16") && strcmp(o->kv_type, "f32")) cli_die("--kv-type: '%s' is not f16 or f32", o->kv_type);
+        if (tllm_kv_type_parse(o->kv_type, &t)) cli_die("--kv-type: %s", tllm_errmsg());
     }
     else if (!strcmp(a, "--device")) o->device = cli_value(argc, argv, i);
     else return 0;
@@ -137,6 +139,12 @@ void cli_session_attach_device(struct cli_session *s) {
 }
 
 const char *cli_session_backend(const struct cli_session *s) { return tllm_session_device(s->ss); }
+
+enum tllm_dtype cli_kv_dtype(const struct cli_model_opts *o) {
+    enum tllm_dtype t = TLLM_DT_F16;
+    if (o->kv_type) tllm_kv_type_parse(o->kv_type, &t); /* checked when the option was read */
+    return t;
+}
 
 void cli_session_close(struct cli_session *s) {
     tllm_session_free(s->ss);

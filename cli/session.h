@@ -58,6 +58,9 @@ void cli_session_attach_device(struct cli_session *s);
 /* "CPU" or "OpenCL <device name>" */
 const char *cli_session_backend(const struct cli_session *s);
 
+/* --kv-type as the KV cache's element type (TLLM_DT_F16 when not given) */
+enum tllm_dtype cli_kv_dtype(const struct cli_model_opts *o);
+
 /* generation_config.json defaults with the command line's overrides applied. */
 struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, const struct cli_sampling *c);
 

@@ -27,10 +27,9 @@ def check(name, cond, detail=""):
         print(f"FAIL {name}: {detail}")
 
 
-def run(args, timeout=300, env_extra=None):
+def run(args, timeout=300):
     env = dict(os.environ)
     env.pop("TLLM_MODEL", None)
-    env.update(env_extra or {})
     return subprocess.run([TLLM] + args, capture_output=True, text=True, env=env, timeout=timeout)
 
 

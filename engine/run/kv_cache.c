@@ -192,7 +192,6 @@ int tllm_kv_seq_reuse(struct tllm_kv *kv, int seq, const int32_t *ids, int n) {
     }
     s->n_tokens = i * TLLM_KV_BLOCK;
     memcpy(s->tokens + start, ids + start, (size_t)(s->n_tokens - start) * sizeof *ids);
-    kv->reused_tokens += s->n_tokens - start;
     return s->n_tokens;
 }
 

@@ -50,8 +50,6 @@ struct tllm_kv {
     int *buckets, n_buckets;       /* hash of (parent, tokens) -> chain of blocks */
     struct tllm_kv_seq *seqs;      /* [max_seqs] */
     int max_seqs;
-    /* statistics */
-    long long reused_tokens;       /* positions a lookup found cached instead of being computed */
 };
 
 /* "f16" or "f32" (the front ends' --kv-type) */

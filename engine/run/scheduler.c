@@ -32,7 +32,6 @@ struct seq {
     int n_done;        /* positions in the cache */
     int decoding;      /* the prompt is in: `next` goes in as a generated token */
     int32_t next;
-    int max_new;       /* < 0: until n_ctx */
     struct tllm_sampler smp;
     struct tllm_gen_result r;
     struct tllm_gen_stream g;
@@ -240,7 +239,6 @@ static void admit(struct tllm_sched *s) {
             int reused = tllm_kv_seq_reuse(s->kv, kvs, rq->prompt, rq->n_prompt);
             if (tllm_kv_seq_blocks_needed(s->kv, kvs, need) > tllm_kv_n_free(s->kv)) {
                 tllm_kv_seq_close(s->kv, kvs); /* waits for blocks: requests are admitted in order */
-                s->kv->reused_tokens -= reused;
                 return;
             }
             if (tllm_kv_seq_reserve(s->kv, kvs, need)) snprintf(msg, sizeof msg, "%s", tllm_errmsg());
@@ -251,7 +249,6 @@ static void admit(struct tllm_sched *s) {
             if (msg[0]) tllm_kv_seq_close(s->kv, kvs);
             else {
                 q->rq = rq, q->active = 1, q->serial = ++s->serial, q->kv = kvs, q->n_done = reused;
-                q->max_new = rq->gp.max_new;
                 tllm_sampler_limit(&q->smp, s->m->n_sample);
                 for (int i = 0; i < rq->n_prompt; i++) tllm_sampler_accept(&q->smp, rq->prompt[i]);
                 q->r.n_prompt = rq->n_prompt;
@@ -292,7 +289,7 @@ static void advance(struct tllm_sched *s, int slot, float *logits) {
         q->t_first = tllm_now();
         q->r.prompt_secs = q->t_first - q->t_admit;
     }
-    if (q->max_new >= 0 && (int)q->r.ids.len >= q->max_new) {
+    if (q->rq->gp.max_new >= 0 && (int)q->r.ids.len >= q->rq->gp.max_new) {
         retire(s, slot, TLLM_OK, NULL, 0);
         return;
     }
@@ -300,7 +297,7 @@ static void advance(struct tllm_sched *s, int slot, float *logits) {
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
     if (rc) retire(s, slot, rc, tllm_errmsg(), 0);
-    else if (done || (q->max_new >= 0 && (int)q->r.ids.len >= q->max_new)) /* the last token is never fed */
+    else if (done || (q->rq->gp.max_new >= 0 && (int)q->r.ids.len >= q->rq->gp.max_new)) /* the last token is never fed */
         retire(s, slot, TLLM_OK, NULL, 0);
     else if (q->n_done >= s->n_ctx) {
         q->r.finish = TLLM_FINISH_CONTEXT;

@@ -243,17 +243,15 @@ static void write_kv(struct tllm_cpu *cpu, int l) {
         int b = s->blocks[bt->pos[t] / B], o = bt->pos[t] % B;
         const float *k = cpu->k + (size_t)t * kv_dim, *v = cpu->v + (size_t)t * kv_dim;
         void *kb = tllm_kv_k(kv, l, b), *vb = tllm_kv_v(kv, l, b);
-        for (int h = 0; h < kv->n_kv_heads; h++)
-            for (int d = 0; d < hd; d++) {
-                size_t ki = ((size_t)h * hd + d) * B + o, vi = ((size_t)h * B + o) * hd + d;
-                if (kv->dtype == TLLM_DT_F16) {
-                    ((uint16_t *)kb)[ki] = tllm_f32_to_f16(k[h * hd + d]);
-                    ((uint16_t *)vb)[vi] = tllm_f32_to_f16(v[h * hd + d]);
-                } else {
-                    ((float *)kb)[ki] = k[h * hd + d];
-                    ((float *)vb)[vi] = v[h * hd + d];
-                }
-            }
+        for (int h = 0; h < kv->n_kv_heads; h++) {
+            size_t k0 = (size_t)h * hd * B + o, v0 = ((size_t)h * B + o) * hd; /* key d at k0 + d * B, value d at v0 + d */
+            const float *kh = k + h * hd, *vh = v + h * hd;
+            if (kv->dtype == TLLM_DT_F16)
+                for (int d = 0; d < hd; d++)
+                    ((uint16_t *)kb)[k0 + (size_t)d * B] = tllm_f32_to_f16(kh[d]), ((uint16_t *)vb)[v0 + d] = tllm_f32_to_f16(vh[d]);
+            else
+                for (int d = 0; d < hd; d++) ((float *)kb)[k0 + (size_t)d * B] = kh[d], ((float *)vb)[v0 + d] = vh[d];
+        }
     }
 }
 
