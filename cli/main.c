@@ -12,6 +12,9 @@ static const struct {
 } commands[] = {
     {"chat", cmd_chat, "chat with a model (interactive, readline)"},
     {"generate", cmd_generate, "generate text from a prompt, or from a file of prompts to JSONL"},
+#ifdef TLLM_HAVE_SERVER
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (chat/completions, completions, models)"},
+#endif
     {"bench", cmd_bench, "prefill and decode speed, llama-bench style"},
     {"bench-matvec", cmd_bench_matvec, "the decode matvec alone at real shapes, in GB/s"},
     {"devices", cmd_devices, "list OpenCL devices for --device opencl:N"},

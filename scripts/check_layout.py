@@ -10,7 +10,7 @@ import re
 import sys
 
 root = sys.argv[1] if len(sys.argv) > 1 else "."
-DIRS = ["engine", "kernels", "tokenizer", "cli", "tests", "scripts"]
+DIRS = ["engine", "kernels", "tokenizer", "server", "cli", "tests", "scripts"]
 files = []
 for d in DIRS:
     for dp, _, fs in os.walk(os.path.join(root, d)):

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config libjson-c-dev libpcre2-dev libutf8proc-dev libreadline-dev
-      ocl-icd-opencl-dev opencl-headers pocl-opencl-icd python3
+      ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libmicrohttpd-dev python3 python3-venv
       clang libclang-rt-dev valgrind)  # the test command's fuzzing (libFuzzer) and valgrind runs
 missing=()
 for p in "${PKGS[@]}"; do

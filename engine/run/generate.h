@@ -36,6 +36,7 @@ struct tllm_gen_result {
     struct tllm_buf text;  /* generated text (stop string excluded) */
     enum tllm_finish finish;
     int n_prompt;
+    int n_reused;          /* of the prompt's tokens, found in the KV cache (the scheduler's runs) */
     double prompt_secs, gen_secs;
 };
 

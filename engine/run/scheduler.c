@@ -1,6 +1,7 @@
 /* Continuous batching over the paged KV cache (scheduler.h). */
 #include "engine/run/scheduler.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,8 @@ struct req {
     char **stop;
     tllm_gen_cb cb;
     void *user;
+    void (*on_token)(void *user, int32_t id, float logprob, const int32_t *top_ids, const float *top_lps, int n_top);
+    int top_logprobs;
     struct req *next;
 };
 
@@ -62,6 +65,7 @@ struct tllm_sched {
     int *row_slot;             /* [n_parallel] the slot of each logits row */
     int *tok_slot;             /* [n_batch] the slot of each token */
     float *logits;             /* [n_parallel x vocab] */
+    float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
     struct tllm_sched_stats st;
 };
 
@@ -133,6 +137,26 @@ static void retire(struct tllm_sched *s, int slot, int rc, const char *msg, int 
     s->n_running = j;
 }
 
+int tllm_sched_cancel(struct tllm_sched *s, void *user) {
+    for (int i = 0; i < s->n_running; i++)
+        if (s->seqs[s->order[i]].rq->user == user) {
+            retire(s, s->order[i], TLLM_OK, NULL, 1);
+            return 1;
+        }
+    for (struct req **pp = &s->head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        struct req *q = *pp;
+        if (q->user != user) continue;
+        *pp = q->next;
+        if (s->tail == q) s->tail = prev;
+        s->n_waiting--;
+        struct tllm_gen_result r = {.finish = TLLM_FINISH_INTERRUPTED, .n_prompt = q->n_prompt};
+        s->done(s->arg, q->user, TLLM_OK, NULL, &r);
+        req_free(q);
+        return 1;
+    }
+    return 0;
+}
+
 void tllm_sched_drop_all(struct tllm_sched *s) {
     while (s->n_running) retire(s, s->order[0], TLLM_OK, NULL, 1);
     while (s->head) {
@@ -160,6 +184,7 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->row_slot);
     free(s->tok_slot);
     free(s->logits);
+    free(s->raw);
     free(s);
 }
 
@@ -185,6 +210,8 @@ int tllm_sched_submit(struct tllm_sched *s, const struct tllm_sched_req *r) {
     q->gp.stop = (const char *const *)q->stop;
     q->gp.skip_special = r->skip_special;
     q->cb = r->cb, q->user = r->user;
+    q->on_token = r->on_token;
+    q->top_logprobs = r->top_logprobs < 0 ? 0 : r->top_logprobs > TLLM_SCHED_MAX_TOP ? TLLM_SCHED_MAX_TOP : r->top_logprobs;
     if (s->tail) s->tail->next = q;
     else s->head = q;
     s->tail = q;
@@ -252,6 +279,7 @@ static void admit(struct tllm_sched *s) {
                 tllm_sampler_limit(&q->smp, s->m->n_sample);
                 for (int i = 0; i < rq->n_prompt; i++) tllm_sampler_accept(&q->smp, rq->prompt[i]);
                 q->r.n_prompt = rq->n_prompt;
+                q->r.n_reused = reused;
                 tllm_gen_stream_init(&q->g, s->tok, &q->smp, &rq->gp, rq->cb, rq->user, &q->r);
                 q->t_admit = tllm_now();
                 s->st.reused_tokens += reused;
@@ -281,6 +309,24 @@ static int waits_for_lead(struct tllm_sched *s, struct seq *q) {
     return o->n_done < q->n_done + TLLM_KV_BLOCK;
 }
 
+/* The log-softmax of a row's first n logits at `id`, and its `k` best ids and values (best first) */
+static float log_probs(const float *x, int n, int32_t id, int k, int32_t *top_ids, float *top_lps) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)(x[i] - mx));
+    float lse = mx + (float)log(sum);
+    int m = 0; /* insertion into a sorted list of at most k: k is small */
+    for (int i = 0; i < n && k > 0; i++) {
+        if (m == k && x[i] <= top_lps[m - 1]) continue;
+        int j = m < k ? m++ : m - 1;
+        while (j > 0 && top_lps[j - 1] < x[i]) top_lps[j] = top_lps[j - 1], top_ids[j] = top_ids[j - 1], j--;
+        top_lps[j] = x[i], top_ids[j] = i;
+    }
+    for (int j = 0; j < m; j++) top_lps[j] -= lse;
+    return x[id] - lse;
+}
+
 /* After a sequence's logits: sample, take the token, and end it or queue the token for the next step */
 static void advance(struct tllm_sched *s, int slot, float *logits) {
     struct seq *q = &s->seqs[slot];
@@ -293,9 +339,25 @@ static void advance(struct tllm_sched *s, int slot, float *logits) {
         retire(s, slot, TLLM_OK, NULL, 0);
         return;
     }
+    int n_vocab = s->m->cfg.vocab_size;
+    if (q->rq->on_token) { /* sampling changes the row (penalties): logprobs come from it as it was */
+        if (!s->raw && !(s->raw = malloc((size_t)n_vocab * sizeof *s->raw))) {
+            retire(s, slot, TLLM_ERR_NOMEM, "out of memory", 0);
+            return;
+        }
+        memcpy(s->raw, logits, (size_t)n_vocab * sizeof *s->raw);
+    }
     int32_t id = tllm_sampler_sample(&q->smp, logits);
+    size_t kept = q->r.ids.len;
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
+    if (!rc && q->rq->on_token && q->r.ids.len > kept) {
+        int32_t top_ids[TLLM_SCHED_MAX_TOP];
+        float top_lps[TLLM_SCHED_MAX_TOP];
+        int k = q->rq->top_logprobs, n = s->m->n_sample < n_vocab ? s->m->n_sample : n_vocab;
+        float lp = log_probs(s->raw, n, id, k, top_ids, top_lps);
+        q->rq->on_token(q->rq->user, id, lp, top_ids, top_lps, k < n ? k : n);
+    }
     if (rc) retire(s, slot, rc, tllm_errmsg(), 0);
     else if (done || (q->rq->gp.max_new >= 0 && (int)q->r.ids.len >= q->rq->gp.max_new)) /* the last token is never fed */
         retire(s, slot, TLLM_OK, NULL, 0);
@@ -324,6 +386,7 @@ int tllm_sched_step(struct tllm_sched *s) {
         int before = q->n_done;
         q->n_done = tllm_kv_seq_reuse(s->kv, q->kv, q->rq->prompt, q->rq->n_prompt);
         s->st.reused_tokens += q->n_done - before;
+        q->r.n_reused += q->n_done - before;
         if (waits_for_lead(s, q)) continue;
         int k = q->rq->n_prompt - q->n_done;
         if (k > s->p.n_batch - n) k = s->p.n_batch - n;

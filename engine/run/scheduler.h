@@ -17,6 +17,8 @@
 #include "engine/base/dtype.h"
 #include "engine/run/generate.h"
 
+#define TLLM_SCHED_MAX_TOP 20 /* top_logprobs at most (OpenAI's limit) */
+
 struct tllm_sched_params {
     int n_parallel;    /* sequences at once (>= 1) */
     int n_batch;       /* tokens per step at most: generated tokens plus prompt chunks (0: 512) */
@@ -36,7 +38,12 @@ struct tllm_sched_req {
     int n_eos;
     int skip_special;
     tllm_gen_cb cb;         /* optional: the text as it comes; nonzero stops the request (interrupted) */
-    void *user;             /* given back to cb and to the done callback */
+    void *user;             /* given back to cb, on_token and the done callback; also names it to cancel */
+    /* optional: each generated token that is kept (EOS is not) with its log probability under the
+     * model's own distribution (log-softmax of the logits, before penalties and temperature, as OpenAI's
+     * and vLLM's logprobs) and, when top_logprobs > 0, the most likely alternatives (at most 20) */
+    void (*on_token)(void *user, int32_t id, float logprob, const int32_t *top_ids, const float *top_lps, int n_top);
+    int top_logprobs;
 };
 
 /* A request ended, called exactly once for every request submitted: rc TLLM_OK and its result (freed
@@ -65,6 +72,9 @@ int tllm_sched_submit(struct tllm_sched *s, const struct tllm_sched_req *req);
 int tllm_sched_step(struct tllm_sched *s);
 int tllm_sched_waiting(const struct tllm_sched *s);
 int tllm_sched_running(const struct tllm_sched *s);
+/* End the request submitted with `user` (waiting or running) now, as interrupted, its blocks given
+ * back; 0 when there is none (it has ended already). */
+int tllm_sched_cancel(struct tllm_sched *s, void *user);
 /* Drop every request, waiting and running: each done callback says interrupted. */
 void tllm_sched_drop_all(struct tllm_sched *s);
 void tllm_sched_stats(const struct tllm_sched *s, struct tllm_sched_stats *st);

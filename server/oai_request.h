@@ -1,0 +1,49 @@
+/* An OpenAI request body (POST /v1/chat/completions, /v1/completions) read into what the engine
+ * takes, every field checked: a wrong type or a value out of range is a message naming the field
+ * (OpenAI's error "param"), never a crash. Fields the server does not use are ignored, as OpenAI's
+ * own server ignores unknown ones; those it cannot honour (n > 1, several prompts, echo) are refused. */
+#ifndef TLLM_OAI_REQUEST_H
+#define TLLM_OAI_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/tllm.h" /* struct tllm_sampler_params, struct tllm_chat_msg */
+
+#define OAI_MAX_STOP 16
+#define OAI_MAX_MESSAGES 4096
+
+enum oai_kind { OAI_CHAT, OAI_COMPLETION };
+
+/* which sampling fields the request set (the others keep the server's defaults) */
+enum {
+    OAI_SET_TEMP = 1, OAI_SET_TOPK = 2, OAI_SET_TOPP = 4, OAI_SET_MINP = 8, OAI_SET_REP = 16,
+    OAI_SET_PRES = 32, OAI_SET_FREQ = 64, OAI_SET_SEED = 128
+};
+
+struct oai_request {
+    enum oai_kind kind;
+    struct tllm_chat_msg *msgs; /* chat: [n_msgs], role and content owned */
+    int n_msgs;
+    char *prompt;               /* completion: the text (NULL when given as token ids) */
+    size_t prompt_len;
+    int32_t *prompt_ids;        /* completion: token ids, [n_prompt_ids] */
+    int n_prompt_ids;
+    int max_tokens;             /* -1: not given (until the context is full) */
+    struct tllm_sampler_params sp; /* the fields `set` names */
+    unsigned set;
+    char *stop[OAI_MAX_STOP];
+    int n_stop;
+    int stream, include_usage;
+    int logprobs;               /* token log probabilities asked for */
+    int top_logprobs;           /* alternatives per token (chat's top_logprobs, completion's logprobs N) */
+    char *model;                /* NULL: not given */
+};
+
+/* Parse body[0..len). 0, or -1 with the message in err and the offending field in *param (NULL when
+ * the body as a whole is wrong). r is freeable either way. */
+int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *body, size_t len, char *err, size_t cap,
+                      const char **param);
+void oai_request_free(struct oai_request *r);
+
+#endif
