@@ -345,7 +345,7 @@ static struct srv_job *make_job(struct srv_server *s, const struct oai_request *
     for (int i = 0; i < n_stop; i++) j->stop[i] = strdup(rq->n_stop ? rq->stop[i] : s->p.stop[i]);
     j->rq = (struct tllm_sched_req){.prompt = j->prompt, .n_prompt = 0, .sampling = sp, .max_new = rq->max_tokens,
                                     .stop = (const char *const *)j->stop, .n_stop = n_stop, .eos = s->p.gd->eos,
-                                    .n_eos = s->p.gd->n_eos, .skip_special = 1, .top_logprobs = rq->top_logprobs};
+                                    .n_eos = rq->ignore_eos ? 0 : s->p.gd->n_eos, .skip_special = 1, .top_logprobs = rq->top_logprobs};
     j->logprobs = rq->logprobs;
     for (int i = 0; i < n_stop; i++)
         if (!j->stop[i]) {

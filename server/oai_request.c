@@ -225,7 +225,7 @@ static int parse_body(struct parse *p, struct oai_request *r, struct json_object
     if ((rc = get_int(p, root, "n", 1, 1 << 20, &i)) < 0) return -1;
     if (rc && i != 1) return fail(p, "n", "one choice per request ('n' must be 1)");
     if (parse_sampling(p, r, root) || parse_stop(p, r, root)) return -1;
-    if (get_bool(p, root, "stream", &r->stream) < 0) return -1;
+    if (get_bool(p, root, "stream", &r->stream) < 0 || get_bool(p, root, "ignore_eos", &r->ignore_eos) < 0) return -1;
     struct json_object *so = field(root, "stream_options");
     if (so && !json_object_is_type(so, json_type_object)) return fail(p, "stream_options", "'stream_options' must be an object");
     if (so && get_bool(p, so, "include_usage", &r->include_usage) < 0) return -1;

@@ -35,6 +35,7 @@ struct oai_request {
     char *stop[OAI_MAX_STOP];
     int n_stop;
     int stream, include_usage;
+    int ignore_eos;             /* go on past EOS (llama-server's and vLLM's field: benchmarks use it) */
     int logprobs;               /* token log probabilities asked for */
     int top_logprobs;           /* alternatives per token (chat's top_logprobs, completion's logprobs N) */
     char *model;                /* NULL: not given */
