@@ -164,7 +164,11 @@ case("-t 0", ["generate", "-m", DEMO, "-p", "x", "-t", "0"], 1, "tllm: -t: 0 is 
 case("-c not a number", ["chat", "-m", DEMO, "-c", "4k"], 1, "tllm: -c: '4k' is not an integer")
 case("unknown flag", ["generate", "-m", DEMO, "-p", "x", "--tempp", "0"], 1,
      "tllm: generate: unknown option '--tempp' (see tllm generate --help)")
-case("unknown command", ["serve"], 1, "tllm: unknown command 'serve' (tllm --help lists them)")
+case("unknown command", ["srve"], 1, "tllm: unknown command 'srve' (tllm --help lists them)")
+case("serve: a port out of range", ["serve", "-m", DEMO, "--port", "70000"], 1, "tllm: --port: 70000 is out of range [0, 65535]")
+case("serve: no key file", ["serve", "-m", DEMO, "--api-key-file", os.path.join(T, "nokey")], 1,
+     "tllm: --api-key-file {T}/nokey: No such file or directory")
+case("serve: unknown flag", ["serve", "--bogus"], 1, "tllm: serve: unknown option '--bogus' (see tllm serve --help)")
 case("invalid UTF-8 in -p", ["generate", "-m", DEMO, "-p", b"caf\xe9".decode("utf-8", "surrogateescape")], 1,
      "tllm: -p: the prompt is not valid UTF-8 (byte 4; is the file in another encoding?)")
 
