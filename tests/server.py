@@ -409,8 +409,17 @@ finally:
 check(rc == 0 and "stopped" in srv.stderr(), "SIGTERM: exit %s: %s" % (rc, srv.stderr()[-300:]))
 
 # ---- busy: one sequence, no queue: a second request gets 503; SIGTERM lets the running one finish ----
-srv = Server("-np", "1", "--max-queue", "0", "--quiet")
+srv = Server("-np", "1", "--max-queue", "0", "--quiet", "--timeout", "1")
 try:
+    # a connection that sends nothing is closed after --timeout
+    idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    t0 = time.time()
+    try:
+        closed = idle.recv(1) == b""
+    except OSError:
+        closed = True
+    check(closed and time.time() - t0 < 8, "an idle connection is closed after --timeout 1 (%.1f s)" % (time.time() - t0))
+    idle.close()
     res = {}
     t = threading.Thread(target=lambda: res.update(r=srv.post(
         "/v1/chat/completions", chat(user("What does ls do?"), max_tokens=600, ignore_eos=True), key=None)))
