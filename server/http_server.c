@@ -42,6 +42,7 @@ struct conn {
     struct tllm_buf body;
     int too_large;
     double t0;
+    char who[64];              /* the client's address, for the log */
 };
 
 /* ---- small helpers ---- */
@@ -124,14 +125,17 @@ static void answer_id(struct srv_server *s, const char *prefix, char *out, size_
     snprintf(out, cap, "%s-%08x%08llx", prefix, r, n);
 }
 
-static void log_request(const struct srv_server *s, struct MHD_Connection *c, const char *method, const char *url,
-                        unsigned status, const struct srv_job *j, double t0) {
-    if (s->p.quiet) return;
-    char who[64] = "?";
+static void client_address(struct MHD_Connection *c, char *who, size_t cap) {
+    snprintf(who, cap, "?");
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (ci && ci->client_addr) getnameinfo(ci->client_addr, ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                                                                                   : sizeof(struct sockaddr_in),
-                                          who, sizeof who, NULL, 0, NI_NUMERICHOST);
+    if (ci && ci->client_addr)
+        getnameinfo(ci->client_addr, ci->client_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in),
+                    who, (socklen_t)cap, NULL, 0, NI_NUMERICHOST);
+}
+
+static void log_request(const struct srv_server *s, const char *who, const char *method, const char *url, unsigned status,
+                        const struct srv_job *j, double t0) {
+    if (s->p.quiet) return;
     if (j)
         fprintf(stderr, "tllm serve: %s %s %s %u: %d prompt tokens (%d cached), %d generated, %s, %.2f s\n", who, method, url,
                 status, j->n_prompt, j->n_reused, j->n_generated, j->cancelled ? "cancelled" : tllm_finish_name(j->finish),
@@ -392,7 +396,7 @@ struct stream {
     size_t out_at;
     char url[64];
     double t0;
-    struct MHD_Connection *c;
+    char who[64];
 };
 
 /* Under the engine's lock: the events for what the job produced since the last call */
@@ -455,7 +459,7 @@ static void stream_free(void *cls) {
     pthread_mutex_lock(&e->lk);
     while (!st->j->done) srv_engine_wait(e, SRV_POLL_MS); /* for the log line's counts */
     pthread_mutex_unlock(&e->lk);
-    log_request(st->s, st->c, "POST", st->url, 200, st->j, st->t0);
+    log_request(st->s, st->who, "POST", st->url, 200, st->j, st->t0);
     srv_job_release(e, st->j);
     tllm_buf_free(&st->out);
     free(st);
@@ -500,7 +504,8 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                     free(st);
                     rc = MHD_NO;
                 } else {
-                    st->s = s, st->j = j, st->fd = conn_fd(c), st->include_usage = rq.include_usage, st->c = c, st->t0 = k->t0;
+                    st->s = s, st->j = j, st->fd = conn_fd(c), st->include_usage = rq.include_usage, st->t0 = k->t0;
+                    snprintf(st->who, sizeof st->who, "%s", k->who);
                     snprintf(st->url, sizeof st->url, "%s", url);
                     answer_id(s, kind == OAI_CHAT ? "chatcmpl" : "cmpl", st->id, sizeof st->id);
                     snprintf(st->model, sizeof st->model, "%s", s->p.model_name);
@@ -513,7 +518,7 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                 oai_request_free(&rq);
                 return rc; /* stream_free logs it */
             } else if (wait_done(s, j, conn_fd(c))) {
-                log_request(s, c, "POST", url, 499, j, k->t0);
+                log_request(s, k->who, "POST", url, 499, j, k->t0);
                 srv_job_release(s->p.engine, j);
                 oai_request_free(&rq);
                 return MHD_NO; /* the client is gone: close */
@@ -528,7 +533,7 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                                               : oai_completion(&a, j->text.data, j->text.len, j->lps, j->n_lps, j);
                 pthread_mutex_unlock(&e->lk);
                 rc = send_json(c, status, o);
-                log_request(s, c, "POST", url, status, j, k->t0);
+                log_request(s, k->who, "POST", url, status, j, k->t0);
                 srv_job_release(e, j);
             }
         }
@@ -548,14 +553,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!k) { /* the headers are in: the key and the body's size are checked before the body is read */
         if (!(k = calloc(1, sizeof *k))) return MHD_NO;
         k->t0 = tllm_now();
+        client_address(c, k->who, sizeof k->who);
         *con_cls = k;
         if (strcmp(url, "/health") && !authorized(s, c)) {
-            log_request(s, c, method, url, 401, NULL, k->t0);
+            log_request(s, k->who, method, url, 401, NULL, k->t0);
             return send_error(c, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
-            log_request(s, c, method, url, 413, NULL, k->t0);
+            log_request(s, k->who, method, url, 413, NULL, k->t0);
             return send_error(c, 413, NULL, "the request body is %s bytes, more than the %zu this server takes", cl, s->p.max_body);
         }
         return MHD_YES;
@@ -567,7 +573,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     if (k->too_large) {
-        log_request(s, c, method, url, 413, NULL, k->t0);
+        log_request(s, k->who, method, url, 413, NULL, k->t0);
         return send_error(c, 413, NULL, "the request body is more than the %zu bytes this server takes", s->p.max_body);
     }
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
@@ -588,7 +594,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         status = 405, rc = send_error(c, 405, NULL, "%s takes GET", url);
     else
         status = 404, rc = send_error(c, 404, NULL, "no such endpoint: %s %s", method, url);
-    if (strcmp(url, "/health") && strcmp(url, "/metrics")) log_request(s, c, method, url, status, NULL, k->t0);
+    if (strcmp(url, "/health") && strcmp(url, "/metrics")) log_request(s, k->who, method, url, status, NULL, k->t0);
     return rc;
 }
 
