@@ -8,6 +8,7 @@
 #include "engine/backend/registry.h"
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
+#include "kernels/cpu/cpu_features.h"
 #include "cli/session.h"
 #include "cli/bench_batched.h"
 
@@ -188,6 +189,7 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "model_n_params", json_object_new_int64((int64_t)params));
             json_object_object_add(o, "backend", json_object_new_string(s.dev ? "OpenCL" : "CPU"));
             json_object_object_add(o, "backends", json_object_new_string(cli_session_backend(&s)));
+            json_object_object_add(o, "cpu_kernels", json_object_new_string(tllm_cpu_path()));
             json_object_object_add(o, "n_threads", json_object_new_int(r->threads));
             json_object_object_add(o, "n_batch", json_object_new_int(s.ctx->n_batch));
             json_object_object_add(o, "n_prompt", json_object_new_int(r->n_prompt));
@@ -228,13 +230,15 @@ int cmd_bench(int argc, char **argv) {
     } else {
         printf("| model | quant | size | params | backend | threads | test | t/s | weights GB/s |\n");
         printf("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+        char cpu_name[32]; /* the kernel path: TLLM_CPU can pick a slower one than the CPU's best */
+        snprintf(cpu_name, sizeof cpu_name, "CPU %s", tllm_cpu_path());
         for (int i = 0; i < n_res; i++) {
             char bw[32] = "";
             if (res[i].n_gen) snprintf(bw, sizeof bw, "%.1f", (double)bpt * res[i].avg_ts / 1e9);
             char depth[32] = "";
             if (res[i].depth) snprintf(depth, sizeof depth, " @ d%d", res[i].depth);
             printf("| %s | %s | %.1f MiB | %.1f M | %s | %d | %s%d%s | %.2f ± %.2f | %s |\n", name, quant,
-                   (double)size / (1 << 20), (double)params / 1e6, s.dev ? "OpenCL" : "CPU", res[i].threads, res[i].test_kind,
+                   (double)size / (1 << 20), (double)params / 1e6, s.dev ? "OpenCL" : cpu_name, res[i].threads, res[i].test_kind,
                    res[i].n_prompt + res[i].n_gen, depth, res[i].avg_ts, res[i].stddev_ts, bw);
         }
     }

@@ -4,6 +4,8 @@
  * beginning computes only the rest. */
 #include "engine/api.h"
 
+#include "kernels/cpu/cpu_features.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +42,7 @@ int tllm_engine_open(const char *model, const struct tllm_engine_params *params,
 
 int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_engine_params *p) {
     int rc;
+    if ((rc = tllm_cpu_select())) return rc; /* TLLM_CPU names a kernel path this CPU runs */
     if ((rc = tllm_threadpool_start(p->threads))) return rc;
     e->pool = 1;
     if ((rc = tllm_model_load(dir, &e->m))) return rc;

@@ -10,6 +10,7 @@
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qpack.h"
+#include "kernels/cpu/qpack_avx2.h"
 #include "kernels/cpu/qpack_avx512.h"
 #include "kernels/cpu/quantize.h"
 
@@ -204,6 +205,13 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
         CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: AVX-512 != portable",
               w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels);
     }
+    if (tllm_cpu_has_avx2()) {
+        memset(y2, 0, (size_t)n * w->rows * 4);
+        tllm_qpack_matmul_avx2(&p, &xq, y2, 0, split);
+        tllm_qpack_matmul_avx2(&p, &xq, y2, split, p.n_blocks);
+        CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: AVX2 != portable",
+              w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels);
+    }
     free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(y1), free(y2);
     }
     check_packed_invariance(&p, x, n);
@@ -250,7 +258,8 @@ static void test_kernels_vs_ref(void) {
                             free(q); free(sb); free(sb16); free(x); free(y0); free(y1);
                         }
     CHECK(int8_cases > 0, "no int8 case differed from the float path: the int8 kernel did not run");
-    printf("packed int8 kernels: %d cases, SIMD %s\n", int8_cases, tllm_cpu_has_avx512vnni() ? "AVX-512 VNNI compared bit for bit" : "absent (portable kernel only)");
+    printf("packed int8 kernels: %d cases, compared bit for bit with the portable one: %s%s(kernel path: %s)\n", int8_cases,
+           tllm_cpu_has_avx512vnni() ? "AVX-512 VNNI, " : "", tllm_cpu_has_avx2() ? "AVX2 " : "none ", tllm_cpu_path());
     /* dense matrices too */
     for (int di = 0; di < 3; di++) {
         int rows = 9, cols = 300, n = 3;

@@ -1,7 +1,24 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+
+/* The most TLLM_CPU lets the kernels use: 0 ref, 1 avx2, 2 avx512 (unset, "auto" or a value that is
+ * not a path: no cap; tllm_cpu_select refuses the last) */
+static int cap(void) {
+    static int c = -1;
+    if (c < 0) {
+        const char *e = getenv("TLLM_CPU");
+        c = !e ? 2 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") ? 1 : 2;
+    }
+    return c;
+}
+
 #if defined(__x86_64__)
-int tllm_cpu_has_avx2(void) {
+static int cpu_avx2(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
@@ -10,7 +27,7 @@ int tllm_cpu_has_avx2(void) {
     return has;
 }
 
-int tllm_cpu_has_avx512(void) {
+static int cpu_avx512(void) {
     static int has = -1;
     if (has < 0) {
         __builtin_cpu_init();
@@ -20,13 +37,30 @@ int tllm_cpu_has_avx512(void) {
     return has;
 }
 
-int tllm_cpu_has_avx512vnni(void) {
-    static int has = -1;
-    if (has < 0) has = tllm_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni"); /* it ran cpu_init */
-    return has;
-}
+static int cpu_avx512vnni(void) { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
 #else
-int tllm_cpu_has_avx2(void) { return 0; }
-int tllm_cpu_has_avx512(void) { return 0; }
-int tllm_cpu_has_avx512vnni(void) { return 0; }
+static int cpu_avx2(void) { return 0; }
+static int cpu_avx512(void) { return 0; }
+static int cpu_avx512vnni(void) { return 0; }
 #endif
+
+int tllm_cpu_has_avx2(void) { return cap() >= 1 && cpu_avx2(); }
+int tllm_cpu_has_avx512(void) { return cap() >= 2 && cpu_avx512(); }
+int tllm_cpu_has_avx512vnni(void) { return cap() >= 2 && cpu_avx512vnni(); }
+
+const char *tllm_cpu_path(void) {
+    return tllm_cpu_has_avx512vnni() ? "avx512-vnni" : tllm_cpu_has_avx512() ? "avx512" : tllm_cpu_has_avx2() ? "avx2" : "ref";
+}
+
+int tllm_cpu_select(void) {
+    const char *e = getenv("TLLM_CPU");
+    if (!e || !strcmp(e, "auto") || !strcmp(e, "ref")) return TLLM_OK;
+    const char *best = cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "ref";
+    if (!strcmp(e, "avx2") || !strcmp(e, "avx512")) {
+        int ok = !strcmp(e, "avx2") ? cpu_avx2() : cpu_avx512();
+        return ok ? TLLM_OK : tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this CPU cannot run it (its best: %s)", e, best);
+    }
+    if (!strcmp(e, "amx") || !strcmp(e, "neon"))
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this build has no %s kernels (auto, ref, avx2, avx512)", e, e);
+    return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%.40s: not a kernel path (auto, ref, avx2, avx512)", e);
+}
