@@ -12,6 +12,7 @@ static void describe(const struct tllm_qweights *w, char *buf, size_t n) {
 }
 
 int cmd_info(int argc, char **argv) {
+    if (tllm_cpu_select()) cli_die_lib(); /* the path it names is said below */
     const char *dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) dir = cli_value(argc, argv, &i);

@@ -49,14 +49,15 @@ def put(path, data, mode="w"):
     return path
 
 
-def run(args, stdin=None, timeout=300):
+def run(args, stdin=None, timeout=300, extra_env=None):
     env = dict(os.environ)
     env.pop("TLLM_MODEL", None)
+    env.update(extra_env or {})
     return subprocess.run([TLLM] + args, capture_output=True, env=env, input=stdin, timeout=timeout)
 
 
-def case(name, args, want_rc, want_err, no_file=None, stdout_has=None):
-    r = run(args)
+def case(name, args, want_rc, want_err, no_file=None, stdout_has=None, extra_env=None):
+    r = run(args, extra_env=extra_env)
     err = r.stderr.decode("utf-8", "replace")
     want = want_err.format(T=T, D=DATA, M=DEMO)
     lines = [l for l in err.splitlines() if l]
@@ -169,6 +170,10 @@ case("serve: a port out of range", ["serve", "-m", DEMO, "--port", "70000"], 1, 
 case("serve: no key file", ["serve", "-m", DEMO, "--api-key-file", os.path.join(T, "nokey")], 1,
      "tllm: --api-key-file {T}/nokey: No such file or directory")
 case("serve: unknown flag", ["serve", "--bogus"], 1, "tllm: serve: unknown option '--bogus' (see tllm serve --help)")
+case("TLLM_CPU not a path", ["generate", "-m", DEMO, "-p", "x", "-n", "1"], 1,
+     "tllm: TLLM_CPU=sse9: not a kernel path (auto, ref, avx2, avx512)", extra_env={"TLLM_CPU": "sse9"})
+case("TLLM_CPU not built", ["info", "-m", DEMO], 1, "tllm: TLLM_CPU=neon: this build has no neon kernels (auto, ref, avx2, avx512)",
+     extra_env={"TLLM_CPU": "neon"})
 case("invalid UTF-8 in -p", ["generate", "-m", DEMO, "-p", b"caf\xe9".decode("utf-8", "surrogateescape")], 1,
      "tllm: -p: the prompt is not valid UTF-8 (byte 4; is the file in another encoding?)")
 
