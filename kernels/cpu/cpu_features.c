@@ -12,7 +12,7 @@ static int cap(void) {
     static int c = -1;
     if (c < 0) {
         const char *e = getenv("TLLM_CPU");
-        c = !e ? 2 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") ? 1 : 2;
+        c = !e ? 2 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") || !strcmp(e, "neon") ? 1 : 2;
     }
     return c;
 }
@@ -38,29 +38,50 @@ static int cpu_avx512(void) {
 }
 
 static int cpu_avx512vnni(void) { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
+static int cpu_neon_dot(void) { return 0; }
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+static int cpu_avx2(void) { return 0; }
+static int cpu_avx512(void) { return 0; }
+static int cpu_avx512vnni(void) { return 0; }
+static int cpu_neon_dot(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 #else
 static int cpu_avx2(void) { return 0; }
 static int cpu_avx512(void) { return 0; }
 static int cpu_avx512vnni(void) { return 0; }
+static int cpu_neon_dot(void) { return 0; }
 #endif
 
 int tllm_cpu_has_avx2(void) { return cap() >= 1 && cpu_avx2(); }
 int tllm_cpu_has_avx512(void) { return cap() >= 2 && cpu_avx512(); }
 int tllm_cpu_has_avx512vnni(void) { return cap() >= 2 && cpu_avx512vnni(); }
+int tllm_cpu_has_neon_dot(void) { return cap() >= 1 && cpu_neon_dot(); }
 
 const char *tllm_cpu_path(void) {
-    return tllm_cpu_has_avx512vnni() ? "avx512-vnni" : tllm_cpu_has_avx512() ? "avx512" : tllm_cpu_has_avx2() ? "avx2" : "ref";
+    return tllm_cpu_has_avx512vnni() ? "avx512-vnni" : tllm_cpu_has_avx512() ? "avx512" : tllm_cpu_has_avx2() ? "avx2"
+           : tllm_cpu_has_neon_dot() ? "neon" : "ref";
 }
 
 int tllm_cpu_select(void) {
     const char *e = getenv("TLLM_CPU");
     if (!e || !strcmp(e, "auto") || !strcmp(e, "ref")) return TLLM_OK;
-    const char *best = cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "ref";
-    if (!strcmp(e, "avx2") || !strcmp(e, "avx512")) {
-        int ok = !strcmp(e, "avx2") ? cpu_avx2() : cpu_avx512();
-        return ok ? TLLM_OK : tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this CPU cannot run it (its best: %s)", e, best);
+#if defined(__aarch64__)
+    const char *best = cpu_neon_dot() ? "neon" : "ref", *paths = "auto, ref, neon", *others[] = {"avx2", "avx512", "amx"};
+#else
+    const char *best = cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "ref", *paths = "auto, ref, avx2, avx512",
+               *others[] = {"neon", "amx", "amx"};
+#endif
+    if (!strcmp(e, "avx2") || !strcmp(e, "avx512") || !strcmp(e, "neon")) {
+        int ok = !strcmp(e, "avx2") ? cpu_avx2() : !strcmp(e, "avx512") ? cpu_avx512() : cpu_neon_dot();
+        if (ok) return TLLM_OK;
     }
-    if (!strcmp(e, "amx") || !strcmp(e, "neon"))
-        return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this build has no %s kernels (auto, ref, avx2, avx512)", e, e);
-    return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%.40s: not a kernel path (auto, ref, avx2, avx512)", e);
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(e, others[i]))
+            return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this build has no %s kernels (%s)", e, e, paths);
+    if (!strcmp(e, "avx2") || !strcmp(e, "avx512") || !strcmp(e, "neon"))
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this CPU cannot run it (its best: %s)", e, best);
+    return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%.40s: not a kernel path (%s)", e, paths);
 }

@@ -1,0 +1,107 @@
+/* The packed int8 kernels against their portable oracle, bit for bit, with nothing but the kernels
+ * linked (no checkpoint, no json-c), so that it also builds with a cross compiler and runs under
+ * qemu-user (tests/cross_neon.sh: the NEON kernel). Every bits / group / scale dtype, a partial last
+ * row block, 1 to 11 tokens (every tile size and a remainder), one and two activation levels, and the
+ * dispatcher's choice (tllm_qpack_matmul) as well as each kernel this CPU runs called directly.
+ * usage: test_qpack_kernels [PATH]   (PATH given: fail unless that is the path that runs) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/qpack.h"
+#include "kernels/cpu/qpack_avx2.h"
+#include "kernels/cpu/qpack_avx512.h"
+#include "kernels/cpu/qpack_neon.h"
+#include "tests/check.h"
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)rng;
+}
+static float uniform(void) { return (float)(next() >> 8) / (float)(1 << 24) * 2.0f - 1.0f; }
+
+/* scale and bias values of a dtype, stored as that dtype */
+static void fill(void *dst, enum tllm_dtype dt, size_t n, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) {
+        float v = lo + (hi - lo) * (uniform() * 0.5f + 0.5f);
+        if (dt == TLLM_DT_F32) ((float *)dst)[i] = v;
+        else if (dt == TLLM_DT_BF16) {
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            ((uint16_t *)dst)[i] = (uint16_t)(u >> 16);
+        } else
+            ((uint16_t *)dst)[i] = tllm_f32_to_f16(v);
+    }
+}
+
+typedef void kernel_fn(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int);
+
+static int cases;
+
+static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
+    size_t words = (size_t)rows * cols * bits / 32, ng = (size_t)rows * (cols / gs);
+    uint32_t *q = malloc(words * 4);
+    void *sc = malloc(ng * 4), *bi = malloc(ng * 4);
+    for (size_t i = 0; i < words; i++) q[i] = next();
+    fill(sc, dt, ng, 0.001f, 0.02f);
+    fill(bi, dt, ng, -0.05f, 0.05f);
+    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL};
+    struct tllm_qpack p;
+    if (tllm_qpack_init(&p, &w) != TLLM_OK) {
+        CHECK(0, "pack: %s", tllm_errmsg());
+        return;
+    }
+    const int n = 11, nb = cols / TLLM_XQ_BLOCK;
+    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform() * (i % 97 == 0 ? 8.0f : 1.0f);
+    struct {
+        const char *name;
+        kernel_fn *fn;
+        int runs;
+    } k[] = {{"dispatched", tllm_qpack_matmul, 1},
+             {"avx512", tllm_qpack_matmul_avx512, tllm_cpu_has_avx512vnni()},
+             {"avx2", tllm_qpack_matmul_avx2, tllm_cpu_has_avx2()},
+             {"neon", tllm_qpack_matmul_neon, tllm_cpu_has_neon_dot()}};
+    for (int levels = 1; levels <= 2; levels++)
+        for (int nt = 1; nt <= n; nt += nt < 4 ? 1 : 3) {
+            struct tllm_xq xq = {nt, cols, malloc((size_t)nt * cols), malloc((size_t)nt * cols), malloc((size_t)nt * nb * 4),
+                                 malloc((size_t)nt * nb * 4), levels == 2 ? nt / 2 + 1 : 0};
+            tllm_xq_quantize(&xq, x, 0, nt);
+            tllm_qpack_matmul_ref(&p, &xq, y0, 0, p.n_blocks);
+            for (size_t i = 0; i < (size_t)nt * rows; i++)
+                if (!isfinite(y0[i])) {
+                    CHECK(0, "the portable kernel's output is not finite");
+                    break;
+                }
+            for (size_t j = 0; j < sizeof k / sizeof k[0]; j++) {
+                if (!k[j].runs) continue;
+                memset(y1, 0xff, (size_t)nt * rows * 4);
+                int split = p.n_blocks / 2; /* two calls over split block ranges, as two threads would */
+                k[j].fn(&p, &xq, y1, 0, split);
+                k[j].fn(&p, &xq, y1, split, p.n_blocks);
+                CHECK(memcmp(y0, y1, (size_t)nt * rows * 4) == 0, "%s: bits %d g%d %s rows %d cols %d tokens %d levels %d: != portable",
+                      k[j].name, bits, gs, tllm_dtype_name(dt), rows, cols, nt, levels);
+                cases++;
+            }
+            free(xq.q), free(xq.q2), free(xq.d), free(xq.sum);
+        }
+    tllm_qpack_free(&p);
+    free(q), free(sc), free(bi), free(x), free(y0), free(y1);
+}
+
+int main(int argc, char **argv) {
+    const int bits[] = {2, 4, 8}, gss[] = {32, 64, 128};
+    const enum tllm_dtype dts[] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
+    for (int b = 0; b < 3; b++)
+        for (int g = 0; g < 3; g++)
+            for (int d = 0; d < 3; d++) one(bits[b], gss[g], dts[d], 16 * (1 + (b + g) % 3) + (d ? 5 : 0), gss[g] * (1 + d));
+    one(4, 64, TLLM_DT_BF16, 3, 64);  /* a single partial row block, one group */
+    one(8, 32, TLLM_DT_F16, 40, 896); /* the decode shapes' group count */
+    printf("packed kernels: %d comparisons with the portable kernel, bit for bit; path %s\n", cases, tllm_cpu_path());
+    if (argc > 1) CHECK(!strcmp(argv[1], tllm_cpu_path()), "the path that runs is %s, not %s", tllm_cpu_path(), argv[1]);
+    return check_done();
+}
