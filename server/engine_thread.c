@@ -229,4 +229,8 @@ void srv_engine_stats(struct srv_engine *e, struct srv_engine_stats *st) {
     pthread_mutex_lock(&e->lk);
     *st = e->st;
     pthread_mutex_unlock(&e->lk);
+    /* the scheduler's counts are as of the last step, the jobs' as of now: a job that ended inside the
+     * step being finished is no longer running */
+    if (st->running > st->live) st->running = st->live;
+    if (st->waiting > st->live - st->running) st->waiting = st->live - st->running;
 }

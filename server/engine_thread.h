@@ -42,6 +42,7 @@ struct srv_job {
     int queued;                 /* in the inbox, not yet given to the scheduler */
 };
 
+/* As of the engine's last step (the KV blocks, the scheduler's counters), the jobs as of now */
 struct srv_engine_stats {
     int running, waiting;      /* in the scheduler */
     int live;                  /* jobs submitted and not ended */
