@@ -15,6 +15,7 @@ static const struct {
 #ifdef TLLM_HAVE_SERVER
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (chat/completions, completions, models)"},
 #endif
+    {"perplexity", cmd_perplexity, "the perplexity of a text file (llama-perplexity's chunks, or --stride)"},
     {"bench", cmd_bench, "prefill and decode speed, llama-bench style"},
     {"bench-matvec", cmd_bench_matvec, "the decode matvec alone at real shapes, in GB/s"},
     {"devices", cmd_devices, "list OpenCL devices for --device opencl:N"},
