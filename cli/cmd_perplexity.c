@@ -15,8 +15,8 @@ static const char usage[] =
     "usage: tllm perplexity [-m MODEL] -f TEXT [-c 512] [--stride S] [--chunks N] [model options]\n"
     "  -f, --file TEXT        the text (UTF-8), tokenized whole\n"
     "  -c, --ctx-size N       tokens a window holds (default 512)\n"
-    "  (default) llama-perplexity's chunks: windows of N tokens side by side, each scoring its second half\n"
-    "                         (every token predicted with at least N/2 tokens before it)\n"
+    "  (default) llama-perplexity's chunks: windows of N tokens side by side, each scoring the tokens after\n"
+    "                         its middle one (every token predicted with more than N/2 tokens before it)\n"
     "  --stride S             Hugging Face's sliding windows instead: windows of N tokens S apart, each\n"
     "                         scoring the tokens no earlier window scored (the first scores all but its first)\n"
     "  --chunks N             stop after N windows\n"
@@ -79,7 +79,8 @@ int cmd_perplexity(int argc, char **argv) {
     for (int w = 0; w < n_windows; w++) {
         int start = stride ? w * stride : w * n_ctx;
         int end = start + n_ctx < n ? start + n_ctx : n;
-        int score0 = stride ? (scored_to > start + 1 ? scored_to : start + 1) : start + n_ctx / 2;
+        /* llama-perplexity scores the tokens after the window's middle one: n_ctx/2 - 1 of them */
+        int score0 = stride ? (scored_to > start + 1 ? scored_to : start + 1) : start + n_ctx / 2 + 1;
         tllm_ctx_reset(s.ctx);
         for (int p = start; p < end; p += nb) { /* a batch at a time, so the logits stay nb rows */
             int k = end - p < nb ? end - p : nb;
