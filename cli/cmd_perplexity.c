@@ -10,6 +10,7 @@
 #include "cli/session.h"
 #include "engine/base/error.h"
 #include "engine/base/json_util.h"
+#include "kernels/cpu/ops.h"
 
 static const char usage[] =
     "usage: tllm perplexity [-m MODEL] -f TEXT [-c 512] [--stride S] [--chunks N] [model options]\n"
@@ -24,14 +25,8 @@ static const char usage[] =
     "  error from the spread of the tokens' log-likelihoods, as llama-perplexity computes it). Prefill runs\n"
     "  on the CPU threads.\n";
 
-/* The negative log-likelihood of `next` under one row of logits (log-softmax in double) */
-static double nll(const float *row, int n, int32_t next) {
-    float mx = row[0];
-    for (int i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)row[i] - mx);
-    return log(sum) + mx - row[next];
-}
+/* The negative log-likelihood of `next` under one row of logits */
+static double nll(const float *row, int n, int32_t next) { return tllm_logsumexp(row, n) - row[next]; }
 
 int cmd_perplexity(int argc, char **argv) {
     struct cli_model_opts mo = {0};
@@ -70,11 +65,10 @@ int cmd_perplexity(int argc, char **argv) {
     /* windows: [start, start + n_ctx), scoring the predictions of tokens [score0, end) */
     int n_windows = stride ? (n <= n_ctx ? 1 : (n - n_ctx + stride - 1) / stride + 1) : n / n_ctx;
     if (max_chunks && n_windows > max_chunks) n_windows = max_chunks;
-    fprintf(stderr, "perplexity: %d tokens, %d windows of %d%s%s\n", n, n_windows, n_ctx, stride ? ", stride " : "",
-            stride ? "" : " (scoring each second half)");
-    if (stride) fprintf(stderr, "perplexity: stride %d\n", stride);
+    if (stride) fprintf(stderr, "perplexity: %d tokens, %d windows of %d, stride %d\n", n, n_windows, n_ctx, stride);
+    else fprintf(stderr, "perplexity: %d tokens, %d windows of %d (scoring each after its middle token)\n", n, n_windows, n_ctx);
     double sum = 0, sum2 = 0, t0 = tllm_now();
-    long count = 0;
+    long count = 0, evaluated = 0;
     int scored_to = 1; /* sliding windows: the next token no window has scored yet */
     for (int w = 0; w < n_windows; w++) {
         int start = stride ? w * stride : w * n_ctx;
@@ -82,6 +76,7 @@ int cmd_perplexity(int argc, char **argv) {
         /* llama-perplexity scores the tokens after the window's middle one: n_ctx/2 - 1 of them */
         int score0 = stride ? (scored_to > start + 1 ? scored_to : start + 1) : start + n_ctx / 2 + 1;
         tllm_ctx_reset(s.ctx);
+        evaluated += end - start;
         for (int p = start; p < end; p += nb) { /* a batch at a time, so the logits stay nb rows */
             int k = end - p < nb ? end - p : nb;
             if (tllm_ctx_forward(s.ctx, ids.data + p, k, logits, TLLM_LOGITS_ALL)) cli_die_lib();
@@ -99,8 +94,9 @@ int cmd_perplexity(int argc, char **argv) {
     double mean = sum / (double)count, var = sum2 / (double)count - mean * mean;
     double err = count > 1 && var > 0 ? sqrt(var / (double)(count - 1)) : 0, ppl = exp(mean);
     printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, ppl * err);
-    fprintf(stderr, "perplexity: %ld tokens scored in %.1f s (%.1f tok/s)\n", count, tllm_now() - t0,
-            (double)(n_windows) * n_ctx / (tllm_now() - t0));
+    double secs = tllm_now() - t0;
+    fprintf(stderr, "perplexity: %ld tokens scored in %.1f s (%ld evaluated, %.1f tok/s)\n", count, secs, evaluated,
+            secs > 0 ? (double)evaluated / secs : 0);
     free(logits);
     tllm_ids_free(&ids);
     cli_session_close(&s);

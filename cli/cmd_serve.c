@@ -40,6 +40,8 @@ static const char usage[] =
     "  Sampling options set the defaults of what requests leave out; generated tokens' activations are\n"
     "  int8 in one level (--fast-decode) unless --precise-decode.\n";
 
+_Static_assert(CLI_MAX_STOP <= SRV_MAX_STOP, "the command line's stop strings fit a job");
+
 static int sig_pipe[2] = {-1, -1};
 static volatile sig_atomic_t n_signals;
 

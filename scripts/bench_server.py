@@ -57,10 +57,10 @@ def main():
         data = json.loads(r.read())
         c.close()
         if r.status != 200 and a.count_failed and r.status >= 500:
-            return time.time() - t0, -a.max_tokens  # generated, then refused: counted, and reported as failed
+            return time.time() - t0, a.max_tokens, True  # generated, then refused: counted, and reported as failed
         if r.status != 200:
             raise RuntimeError("request %d: %d %s" % (i, r.status, str(data)[:300]))
-        return time.time() - t0, data["tokens_predicted"] if a.llama_native else data["usage"]["completion_tokens"]
+        return time.time() - t0, data["tokens_predicted"] if a.llama_native else data["usage"]["completion_tokens"], False
 
     if not a.json:
         print("%8s %9s %7s %12s %9s %9s" % ("clients", "requests", "failed", "gen tok/s", "p50 s", "p99 s"))
@@ -73,15 +73,15 @@ def main():
                     serial[0] += 1
                     i = serial[0]
                 try:
-                    dt, k = one(i)
+                    dt, k, refused = one(i)
                 except Exception as e:  # counted and shown: a failed request is no throughput
                     with lock:
                         errors.append(str(e))
                     continue
                 with lock:
                     lat.append(dt)
-                    toks[0] += abs(k)
-                    if k < 0:
+                    toks[0] += k
+                    if refused:
                         errors.append("request %d: a server error after generating (counted)" % i)
 
         t0 = time.time()

@@ -16,7 +16,7 @@ struct srv_job *srv_job_new(void) {
 
 static void job_free(struct srv_job *j) {
     free(j->prompt);
-    for (int i = 0; i < 16; i++) free(j->stop[i]);
+    for (int i = 0; i < SRV_MAX_STOP; i++) free(j->stop[i]);
     tllm_buf_free(&j->text);
     free(j->lps);
     free(j);
@@ -228,6 +228,7 @@ void srv_engine_stop(struct srv_engine *e, int how) {
 void srv_engine_stats(struct srv_engine *e, struct srv_engine_stats *st) {
     pthread_mutex_lock(&e->lk);
     *st = e->st;
+    st->stopping = e->stopping != 0, st->failed = e->fatal[0] != 0;
     pthread_mutex_unlock(&e->lk);
     /* the scheduler's counts are as of the last step, the jobs' as of now: a job that ended inside the
      * step being finished is no longer running */

@@ -9,6 +9,8 @@
 #include "engine/base/buf.h"
 #include "engine/run/scheduler.h"
 
+#define SRV_MAX_STOP 16 /* stop strings a job holds (a request's, or the server's defaults) */
+
 /* One generated token's log probability and its alternatives */
 struct srv_logprob {
     int32_t id;
@@ -22,7 +24,7 @@ struct srv_job {
     /* the request, set before srv_engine_submit and not changed after */
     struct tllm_sched_req rq;   /* rq.user and the callbacks are the engine's to set */
     int32_t *prompt;            /* owned: rq.prompt */
-    char *stop[16];             /* owned: rq.stop */
+    char *stop[SRV_MAX_STOP];   /* owned: rq.stop */
     int logprobs;               /* collect each token's log probability (rq.top_logprobs alternatives) */
     /* what it produced: read and written under the engine's lock */
     struct tllm_buf text;       /* the text so far (never half a character, never a stop string) */
@@ -49,6 +51,8 @@ struct srv_engine_stats {
     int kv_free, kv_total;     /* KV blocks */
     struct tllm_sched_stats sched;
     long long requests_done, requests_cancelled, requests_failed;
+    int stopping;              /* no new jobs are taken */
+    int failed;                /* the engine failed: every job fails */
 };
 
 struct srv_engine {

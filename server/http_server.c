@@ -165,16 +165,13 @@ static enum MHD_Result get_models(struct srv_server *s, struct MHD_Connection *c
 static enum MHD_Result get_health(struct srv_server *s, struct MHD_Connection *c) {
     struct srv_engine_stats st;
     srv_engine_stats(s->p.engine, &st);
-    pthread_mutex_lock(&s->p.engine->lk);
-    int stopping = s->p.engine->stopping, failed = s->p.engine->fatal[0] != 0;
-    pthread_mutex_unlock(&s->p.engine->lk);
     struct json_object *o = json_object_new_object();
-    json_object_object_add(o, "status", json_object_new_string(failed ? "error" : stopping ? "stopping" : "ok"));
+    json_object_object_add(o, "status", json_object_new_string(st.failed ? "error" : st.stopping ? "stopping" : "ok"));
     json_object_object_add(o, "requests_processing", json_object_new_int(st.running));
     json_object_object_add(o, "requests_waiting", json_object_new_int(st.live - st.running));
     json_object_object_add(o, "kv_blocks_free", json_object_new_int(st.kv_free));
     json_object_object_add(o, "kv_blocks_total", json_object_new_int(st.kv_total));
-    return send_json(c, failed || stopping ? 503 : 200, o);
+    return send_json(c, st.failed || st.stopping ? 503 : 200, o);
 }
 
 /* Prometheus' text format, as llama-server's and vLLM's /metrics */
@@ -210,27 +207,24 @@ static enum MHD_Result get_metrics(struct srv_server *s, struct MHD_Connection *
 
 /* ---- /tokenize, /detokenize (llama-server's shapes) ---- */
 
-static struct json_object *parse_object(const struct conn *k, char *err, size_t cap) {
-    struct json_tokener *tk = json_tokener_new_ex(64);
-    if (!tk) return snprintf(err, cap, "out of memory"), NULL;
-    json_tokener_set_flags(tk, JSON_TOKENER_STRICT);
-    struct json_object *o = json_tokener_parse_ex(tk, k->body.data ? k->body.data : "", (int)k->body.len);
-    if (!o || json_tokener_get_error(tk) != json_tokener_success || !json_object_is_type(o, json_type_object)) {
-        snprintf(err, cap, "the request body must be a JSON object");
-        json_object_put(o);
-        o = NULL;
-    }
-    json_tokener_free(tk);
-    return o;
+/* The JSON object of a /tokenize or /detokenize request, or NULL with the 400 sent (*rc) */
+static struct json_object *tokenizer_body(struct srv_server *s, struct MHD_Connection *c, const struct conn *k,
+                                          enum MHD_Result *rc) {
+    char err[200];
+    struct json_object *o = oai_json_body(k->body.data ? k->body.data : "", k->body.len, err, sizeof err);
+    if (o && !json_object_is_type(o, json_type_object)) snprintf(err, sizeof err, "the request body must be a JSON object");
+    else if (o && !s->p.tok) snprintf(err, sizeof err, "the model has no tokenizer");
+    else if (o) return o;
+    json_object_put(o);
+    *rc = send_error(c, 400, NULL, "%s", err);
+    return NULL;
 }
 
 static enum MHD_Result post_tokenize(struct srv_server *s, struct MHD_Connection *c, struct conn *k) {
-    char err[200];
-    struct json_object *o = parse_object(k, err, sizeof err), *content, *pieces;
-    if (!o) return send_error(c, 400, NULL, "%s", err);
     enum MHD_Result rc;
-    if (!s->p.tok) rc = send_error(c, 400, NULL, "the model has no tokenizer");
-    else if (!json_object_object_get_ex(o, "content", &content) || !json_object_is_type(content, json_type_string))
+    struct json_object *o = tokenizer_body(s, c, k, &rc), *content, *pieces;
+    if (!o) return rc;
+    if (!json_object_object_get_ex(o, "content", &content) || !json_object_is_type(content, json_type_string))
         rc = send_error(c, 400, "content", "'content' must be a string");
     else {
         const char *t = json_object_get_string(content);
@@ -266,12 +260,10 @@ static enum MHD_Result post_tokenize(struct srv_server *s, struct MHD_Connection
 }
 
 static enum MHD_Result post_detokenize(struct srv_server *s, struct MHD_Connection *c, struct conn *k) {
-    char err[200];
-    struct json_object *o = parse_object(k, err, sizeof err), *toks;
-    if (!o) return send_error(c, 400, NULL, "%s", err);
     enum MHD_Result rc;
-    if (!s->p.tok) rc = send_error(c, 400, NULL, "the model has no tokenizer");
-    else if (!json_object_object_get_ex(o, "tokens", &toks) || !json_object_is_type(toks, json_type_array))
+    struct json_object *o = tokenizer_body(s, c, k, &rc), *toks;
+    if (!o) return rc;
+    if (!json_object_object_get_ex(o, "tokens", &toks) || !json_object_is_type(toks, json_type_array))
         rc = send_error(c, 400, "tokens", "'tokens' must be a list of token ids");
     else {
         size_t n = json_object_array_length(toks);
@@ -326,6 +318,8 @@ static int prompt_ids(struct srv_server *s, const struct oai_request *rq, struct
     return 0;
 }
 
+_Static_assert(OAI_MAX_STOP <= SRV_MAX_STOP, "a request's stop strings fit a job");
+
 /* The job of a request: its prompt, the server's sampling defaults under the request's fields */
 static struct srv_job *make_job(struct srv_server *s, const struct oai_request *rq, struct tllm_ids *ids) {
     struct srv_job *j = srv_job_new();
@@ -342,12 +336,13 @@ static struct srv_job *make_job(struct srv_server *s, const struct oai_request *
     if (rq->set & OAI_SET_SEED) sp.seed = r->seed;
     else if (getrandom(&sp.seed, sizeof sp.seed, GRND_NONBLOCK) != sizeof sp.seed) /* each request its own draw */
         sp.seed ^= (uint64_t)(tllm_now() * 1e9);
+    int n_prompt = (int)ids->len;
     j->prompt = ids->data; /* the job owns the ids from now on */
     *ids = (struct tllm_ids){0};
     /* the request's stop strings, else the server's */
     int n_stop = rq->n_stop ? rq->n_stop : s->p.n_stop;
     for (int i = 0; i < n_stop; i++) j->stop[i] = strdup(rq->n_stop ? rq->stop[i] : s->p.stop[i]);
-    j->rq = (struct tllm_sched_req){.prompt = j->prompt, .n_prompt = 0, .sampling = sp, .max_new = rq->max_tokens,
+    j->rq = (struct tllm_sched_req){.prompt = j->prompt, .n_prompt = n_prompt, .sampling = sp, .max_new = rq->max_tokens,
                                     .stop = (const char *const *)j->stop, .n_stop = n_stop, .eos = s->p.gd->eos,
                                     .n_eos = rq->ignore_eos ? 0 : s->p.gd->n_eos, .skip_special = 1, .top_logprobs = rq->top_logprobs};
     j->logprobs = rq->logprobs;
@@ -389,7 +384,6 @@ struct stream {
     struct srv_job *j;
     struct oai_answer a;
     char id[48];
-    char model[256];
     int fd, include_usage, role_sent, ended;
     size_t text_sent, lps_sent;
     struct tllm_buf out;
@@ -483,12 +477,10 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
     } else if ((long)ids.len > s->p.n_ctx) {
         rc = send_error(c, 400, param, "the prompt is %zu tokens, longer than the context (%d tokens)", ids.len, s->p.n_ctx);
     } else {
-        int n_prompt = (int)ids.len;
         struct srv_job *j = make_job(s, &rq, &ids);
         const char *why = NULL;
         if (!j) rc = send_error(c, 500, NULL, "out of memory");
         else {
-            j->rq.n_prompt = n_prompt;
             if (srv_engine_submit(s->p.engine, j, &why)) {
                 rc = !strcmp(why, "busy")
                          ? send_error(c, 503, NULL, "the server is busy: %d requests at once at most; try again later",
@@ -508,8 +500,7 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                     snprintf(st->who, sizeof st->who, "%s", k->who);
                     snprintf(st->url, sizeof st->url, "%s", url);
                     answer_id(s, kind == OAI_CHAT ? "chatcmpl" : "cmpl", st->id, sizeof st->id);
-                    snprintf(st->model, sizeof st->model, "%s", s->p.model_name);
-                    st->a = (struct oai_answer){kind, st->id, (long long)time(NULL), st->model, s->p.tok, rq.logprobs, 0};
+                    st->a = (struct oai_answer){kind, st->id, (long long)time(NULL), s->p.model_name, s->p.tok, rq.logprobs, 0};
                     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
                     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
                     rc = MHD_queue_response(c, 200, r);

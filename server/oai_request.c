@@ -246,6 +246,29 @@ static int parse_body(struct parse *p, struct oai_request *r, struct json_object
     return 0;
 }
 
+struct json_object *oai_json_body(const char *body, size_t len, char *err, size_t cap) {
+    if (len > INT32_MAX) return snprintf(err, cap, "the request body is too large"), NULL;
+    struct json_tokener *tk = json_tokener_new_ex(64);
+    if (!tk) return snprintf(err, cap, "out of memory"), NULL;
+    json_tokener_set_flags(tk, JSON_TOKENER_STRICT);
+    struct json_object *root = json_tokener_parse_ex(tk, body, (int)len);
+    enum json_tokener_error je = json_tokener_get_error(tk);
+    size_t end = json_tokener_get_parse_end(tk);
+    json_tokener_free(tk);
+    if (!root || je != json_tokener_success) {
+        snprintf(err, cap, "the request body is not valid JSON (%s)", je == json_tokener_continue ? "it ends early" : json_tokener_error_desc(je));
+        json_object_put(root);
+        return NULL;
+    }
+    while (end < len && strchr(" \t\r\n", body[end])) end++;
+    if (end < len) {
+        snprintf(err, cap, "the request body has text after its JSON value");
+        json_object_put(root);
+        return NULL;
+    }
+    return root;
+}
+
 int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *body, size_t len, char *err, size_t cap,
                       const char **param) {
     memset(r, 0, sizeof *r);
@@ -253,21 +276,9 @@ int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *bod
     r->max_tokens = -1;
     struct parse p = {err, cap, param};
     *param = NULL;
-    if (len > INT32_MAX) return fail(&p, NULL, "the request body is too large");
-    struct json_tokener *tk = json_tokener_new_ex(64);
-    if (!tk) return fail(&p, NULL, "out of memory");
-    json_tokener_set_flags(tk, JSON_TOKENER_STRICT);
-    struct json_object *root = json_tokener_parse_ex(tk, body, (int)len);
-    enum json_tokener_error je = json_tokener_get_error(tk);
-    size_t end = json_tokener_get_parse_end(tk);
-    json_tokener_free(tk);
-    int rc;
-    if (!root || je != json_tokener_success)
-        rc = fail(&p, NULL, "the request body is not valid JSON (%s)", je == json_tokener_continue ? "it ends early" : json_tokener_error_desc(je));
-    else {
-        while (end < len && strchr(" \t\r\n", body[end])) end++;
-        rc = end < len ? fail(&p, NULL, "the request body has text after its JSON value") : parse_body(&p, r, root);
-    }
+    struct json_object *root = oai_json_body(body, len, err, cap);
+    if (!root) return -1;
+    int rc = parse_body(&p, r, root);
     json_object_put(root);
     return rc;
 }

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <json-c/json.h>
+
 #include "engine/tllm.h" /* struct tllm_sampler_params, struct tllm_chat_msg */
 
 #define OAI_MAX_STOP 16
@@ -41,6 +43,9 @@ struct oai_request {
     char *model;                /* NULL: not given */
 };
 
+/* A request body as one strict JSON value (serde_json's rules: no single quotes, bare keys, trailing
+ * commas or text after it), or NULL with the reason in err. */
+struct json_object *oai_json_body(const char *body, size_t len, char *err, size_t cap);
 /* Parse body[0..len). 0, or -1 with the message in err and the offending field in *param (NULL when
  * the body as a whole is wrong). r is freeable either way. */
 int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *body, size_t len, char *err, size_t cap,

@@ -5,15 +5,10 @@
 #include <string.h>
 
 /* bytes as a JSON string: where they are not UTF-8 (a token may hold part of a character, a message
- * may quote a client's bytes), U+FFFD for each byte that is not */
+ * may quote a client's bytes), U+FFFD for each maximal run that is not (tllm_tok_decode's rule) */
 static struct json_object *lossy_string(const char *b, size_t n) {
     struct tllm_buf s = {0};
-    for (size_t i = 0; i < n;) {
-        size_t ok = tllm_utf8_valid_prefix(b + i, n - i);
-        tllm_buf_append(&s, b + i, ok);
-        i += ok;
-        if (i < n) tllm_buf_append(&s, "\xEF\xBF\xBD", 3), i++;
-    }
+    tllm_utf8_lossy_append(&s, (const unsigned char *)b, n);
     struct json_object *o = json_object_new_string_len(s.data ? s.data : "", (int)s.len);
     tllm_buf_free(&s);
     return o;

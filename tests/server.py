@@ -172,7 +172,7 @@ try:
         check(s == 200 and r["choices"][0]["text"] == base[:base.index(stop)] and r["choices"][0]["finish_reason"] == "stop",
               "stop %r: %s" % (stop, r))
     a = [srv.post("/v1/chat/completions", chat(user("What does ls do?"), temperature=1.0, seed=s_, max_tokens=24))[1]
-         for s_ in (11, 11, 12)]
+         for s_ in (11, 11)]
     texts = [x["choices"][0]["message"]["content"] for x in a]
     check(texts[0] == texts[1], "the same seed, the same answer: %s" % texts)
     s, r = srv.post("/v1/chat/completions", chat(user("What does tar do?"), max_tokens=12, logprobs=True, top_logprobs=3))

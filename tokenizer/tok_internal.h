@@ -61,7 +61,4 @@ int tllm_bytelevel_byte(uint32_t cp);
 /* BPE of one pre-tokenized piece (raw bytes), appending ids to out. */
 int tllm_bpe_word(struct tllm_tok *t, const unsigned char *piece, size_t len, struct tllm_ids *out);
 
-/* Append bytes to out as UTF-8, replacing each maximal invalid subsequence with U+FFFD. */
-int tllm_utf8_lossy_append(struct tllm_buf *out, const unsigned char *s, size_t n);
-
 #endif

@@ -51,6 +51,9 @@ int tllm_tok_stream_push(struct tllm_tok_stream *s, int32_t id, struct tllm_buf 
 /* Emit whatever is held back (as U+FFFD: it can no longer complete). */
 int tllm_tok_stream_flush(struct tllm_tok_stream *s, struct tllm_buf *out);
 
+/* Append bytes to out as UTF-8, replacing each maximal invalid subsequence with U+FFFD. */
+int tllm_utf8_lossy_append(struct tllm_buf *out, const unsigned char *s, size_t n);
+
 /* Length of the valid UTF-8 character at s (1-4), or 0 if s[0..n) does not start with one. */
 int tllm_utf8_valid_len(const unsigned char *s, size_t n);
 /* Length of the longest valid UTF-8 prefix of s[0..n): n when all of it is valid, else the offset of

@@ -1,7 +1,6 @@
 /* Continuous batching over the paged KV cache (scheduler.h). */
 #include "engine/run/scheduler.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
 #include "engine/run/kv_cache.h"
+#include "kernels/cpu/ops.h"
 
 /* A request as queued: its own copies of everything it points to */
 struct req {
@@ -311,11 +311,7 @@ static int waits_for_lead(struct tllm_sched *s, struct seq *q) {
 
 /* The log-softmax of a row's first n logits at `id`, and its `k` best ids and values (best first) */
 static float log_probs(const float *x, int n, int32_t id, int k, int32_t *top_ids, float *top_lps) {
-    float mx = x[0];
-    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)(x[i] - mx));
-    float lse = mx + (float)log(sum);
+    float lse = (float)tllm_logsumexp(x, n);
     int m = 0; /* insertion into a sorted list of at most k: k is small */
     for (int i = 0; i < n && k > 0; i++) {
         if (m == k && x[i] <= top_lps[m - 1]) continue;

@@ -65,23 +65,33 @@ const char *tllm_cpu_path(void) {
            : tllm_cpu_has_neon_dot() ? "neon" : "ref";
 }
 
+/* The paths TLLM_CPU may name: whether this build has kernels for them, and whether this CPU runs
+ * them (a build's own paths from the least to the most capable) */
+static const struct {
+    const char *name;
+    int (*runs)(void); /* NULL: no kernels for it in this build */
+} paths[] = {
+#if defined(__aarch64__)
+    {"neon", cpu_neon_dot}, {"avx2", NULL}, {"avx512", NULL}, {"amx", NULL},
+#else
+    {"avx2", cpu_avx2}, {"avx512", cpu_avx512}, {"neon", NULL}, {"amx", NULL},
+#endif
+};
+
 int tllm_cpu_select(void) {
     const char *e = getenv("TLLM_CPU");
     if (!e || !strcmp(e, "auto") || !strcmp(e, "ref")) return TLLM_OK;
-#if defined(__aarch64__)
-    const char *best = cpu_neon_dot() ? "neon" : "ref", *paths = "auto, ref, neon", *others[] = {"avx2", "avx512", "amx"};
-#else
-    const char *best = cpu_avx512() ? "avx512" : cpu_avx2() ? "avx2" : "ref", *paths = "auto, ref, avx2, avx512",
-               *others[] = {"neon", "amx", "amx"};
-#endif
-    if (!strcmp(e, "avx2") || !strcmp(e, "avx512") || !strcmp(e, "neon")) {
-        int ok = !strcmp(e, "avx2") ? cpu_avx2() : !strcmp(e, "avx512") ? cpu_avx512() : cpu_neon_dot();
-        if (ok) return TLLM_OK;
+    char list[64] = "auto, ref";
+    const char *best = "ref";
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (paths[i].runs) {
+            snprintf(list + strlen(list), sizeof list - strlen(list), ", %s", paths[i].name);
+            if (paths[i].runs()) best = paths[i].name;
+        }
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+        if (strcmp(e, paths[i].name)) continue;
+        if (!paths[i].runs) return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this build has no %s kernels (%s)", e, e, list);
+        return paths[i].runs() ? TLLM_OK : tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this CPU cannot run it (its best: %s)", e, best);
     }
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(e, others[i]))
-            return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this build has no %s kernels (%s)", e, e, paths);
-    if (!strcmp(e, "avx2") || !strcmp(e, "avx512") || !strcmp(e, "neon"))
-        return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%s: this CPU cannot run it (its best: %s)", e, best);
-    return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%.40s: not a kernel path (%s)", e, paths);
+    return tllm_fail(TLLM_ERR_ARG, "TLLM_CPU=%.40s: not a kernel path (%s)", e, list);
 }

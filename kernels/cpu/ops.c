@@ -106,6 +106,14 @@ void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const flo
         tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
 }
 
+double tllm_logsumexp(const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+    return mx + log(sum);
+}
+
 int tllm_argmax(const float *x, int n) {
     return tllm_cpu_has_avx512() ? tllm_argmax_avx512(x, n) : tllm_argmax_ref(x, n);
 }

@@ -32,6 +32,10 @@ void tllm_swiglu(float *gate, const float *up, int n);
 /* The index of the first maximum of x[0..n) (NaN never wins; n >= 1): greedy sampling of a logits row. */
 int tllm_argmax(const float *x, int n);
 
+/* log(sum_i exp(x[i])) in double, the max taken out first (n >= 1): log-softmax's normalizer, for
+ * log probabilities and perplexity. */
+double tllm_logsumexp(const float *x, int n);
+
 /* dst[i] = src[i] widened from IEEE half (the KV cache's f16 rows); exact. */
 void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n);
 

@@ -121,3 +121,22 @@ TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, in
             xq->sum[(size_t)t * nb + b] = d * (float)isum;
         }
 }
+
+/* Tokens [t_begin, t_end) in tiles of up to `per`, over row blocks a few at a time */
+static void run_level(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1,
+                      tllm_qpack_tile_fn *const *fns, int per, int blocks, int t_begin, int t_end) {
+    for (int bb = b0; bb < b1; bb += blocks) {
+        int be = bb + blocks < b1 ? bb + blocks : b1;
+        for (int t0 = t_begin; t0 < t_end; t0 += per) {
+            int nt = t_end - t0 < per ? t_end - t0 : per;
+            for (int b = bb; b < be; b++) fns[nt - 1](p, x, y, b, t0);
+        }
+    }
+}
+
+void tllm_qpack_run_tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1,
+                          const struct tllm_qpack_tiles *t) {
+    int n2 = x->n2 < x->n ? x->n2 : x->n;
+    if (n2 > 0) run_level(p, x, y, b0, b1, t->fns[1], t->per[1], t->blocks, 0, n2);
+    if (n2 < x->n) run_level(p, x, y, b0, b1, t->fns[0], t->per[0], t->blocks, n2, x->n);
+}

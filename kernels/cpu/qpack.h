@@ -63,5 +63,17 @@ void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1);
 void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
 void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
 
+/* What the SIMD kernels share: a tile function computes row block b for tokens [t0, t0 + k), k and the
+ * activation levels fixed in it; a kernel is a table of them, run over blocks and tokens here. */
+typedef void tllm_qpack_tile_fn(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0);
+struct tllm_qpack_tiles {
+    tllm_qpack_tile_fn *const *fns[2]; /* [levels - 1][tokens - 1] */
+    int per[2];                        /* tokens a tile at most, by levels */
+    int blocks;                        /* row blocks whose codes stay in cache while every token tile passes */
+};
+/* Row blocks [b0, b1) for every token of x (the first x->n2 with two levels) through a kernel's tiles */
+void tllm_qpack_run_tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1,
+                          const struct tllm_qpack_tiles *t);
+
 
 #endif

@@ -140,7 +140,6 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     }
 }
 
-typedef void tile_fn(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int);
 #define TILE(BITS, NT, L)                                                                                     \
     TGT static void tile##L##_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                             int t0) {                                                          \
@@ -155,28 +154,17 @@ TILES(4, 2)
 TILES(8, 2)
 #define ROW(BITS, L) {tile##L##_##BITS##_1, tile##L##_##BITS##_2, tile##L##_##BITS##_3, tile##L##_##BITS##_4, \
                      tile##L##_##BITS##_5, tile##L##_##BITS##_6, tile##L##_##BITS##_7, tile##L##_##BITS##_8}
-static tile_fn *const tiles[2][3][8] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1)}, {ROW(2, 2), ROW(4, 2), ROW(8, 2)}};
+static tllm_qpack_tile_fn *const tiles[2][3][8] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1)}, {ROW(2, 2), ROW(4, 2), ROW(8, 2)}};
 
 #if TLLM_QPACK_AVX2_TILE_TOKENS > 8 || TLLM_QPACK_AVX2_TILE_TOKENS < 1 || TLLM_QPACK_AVX2_TILE_TOKENS2 > 8 || TLLM_QPACK_AVX2_TILE_TOKENS2 < 1
 #error "TLLM_QPACK_AVX2_TILE_TOKENS and TLLM_QPACK_AVX2_TILE_TOKENS2 must be 1..8"
 #endif
 
-static void run_tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1,
-                      tile_fn *const *fns, int t_begin, int t_end, int per) {
-    for (int bb = b0; bb < b1; bb += TLLM_QPACK_AVX2_TILE_BLOCKS) {
-        int be = bb + TLLM_QPACK_AVX2_TILE_BLOCKS < b1 ? bb + TLLM_QPACK_AVX2_TILE_BLOCKS : b1;
-        for (int t0 = t_begin; t0 < t_end; t0 += per) {
-            int nt = t_end - t0 < per ? t_end - t0 : per;
-            for (int b = bb; b < be; b++) fns[nt - 1](p, x, y, b, t0);
-        }
-    }
-}
-
 void tllm_qpack_matmul_avx2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
-    int n2 = x->n2 < x->n ? x->n2 : x->n;
-    if (n2 > 0) run_tiles(p, x, y, b0, b1, tiles[1][bi], 0, n2, TLLM_QPACK_AVX2_TILE_TOKENS2);
-    if (n2 < x->n) run_tiles(p, x, y, b0, b1, tiles[0][bi], n2, x->n, TLLM_QPACK_AVX2_TILE_TOKENS);
+    const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_AVX2_TILE_TOKENS, TLLM_QPACK_AVX2_TILE_TOKENS2},
+                                       TLLM_QPACK_AVX2_TILE_BLOCKS};
+    tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
 }
 
 #else

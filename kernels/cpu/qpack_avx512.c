@@ -110,7 +110,6 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
         _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * p->rows + (size_t)b * TLLM_QPACK_ROWS, keep, acc[t]);
 }
 
-typedef void tile_fn(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int);
 #define TILE(BITS, NT)                                                                                     \
     TGT static void tile_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                        int t0) {                                                           \
@@ -130,31 +129,18 @@ TILES2(2)
 TILES2(4)
 TILES2(8)
 #define ROW(BITS) {tile_##BITS##_1, tile_##BITS##_2, tile_##BITS##_3, tile_##BITS##_4, tile_##BITS##_5, tile_##BITS##_6, tile_##BITS##_7, tile_##BITS##_8}
-static tile_fn *const tiles[3][8] = {ROW(2), ROW(4), ROW(8)};
+static tllm_qpack_tile_fn *const tiles[3][8] = {ROW(2), ROW(4), ROW(8)};
 #define ROW2(BITS) {tile2_##BITS##_1, tile2_##BITS##_2, tile2_##BITS##_3, tile2_##BITS##_4, tile2_##BITS##_5, tile2_##BITS##_6, tile2_##BITS##_7, tile2_##BITS##_8}
-static tile_fn *const tiles2[3][8] = {ROW2(2), ROW2(4), ROW2(8)};
+static tllm_qpack_tile_fn *const tiles2[3][8] = {ROW2(2), ROW2(4), ROW2(8)};
 
 #if TLLM_QPACK_TILE_TOKENS > 8 || TLLM_QPACK_TILE_TOKENS < 1 || TLLM_QPACK_TILE_TOKENS2 > 8 || TLLM_QPACK_TILE_TOKENS2 < 1
 #error "TLLM_QPACK_TILE_TOKENS and TLLM_QPACK_TILE_TOKENS2 must be 1..8"
 #endif
 
-/* Tokens [t_begin, t_end) in tiles of up to `per` tokens, over row blocks [b0, b1) a few at a time */
-static void run_tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1,
-                      tile_fn *const *fns, int t_begin, int t_end, int per) {
-    for (int bb = b0; bb < b1; bb += TLLM_QPACK_TILE_BLOCKS) {
-        int be = bb + TLLM_QPACK_TILE_BLOCKS < b1 ? bb + TLLM_QPACK_TILE_BLOCKS : b1;
-        for (int t0 = t_begin; t0 < t_end; t0 += per) {
-            int nt = t_end - t0 < per ? t_end - t0 : per;
-            for (int b = bb; b < be; b++) fns[nt - 1](p, x, y, b, t0);
-        }
-    }
-}
-
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
-    int n2 = x->n2 < x->n ? x->n2 : x->n;
-    if (n2 > 0) run_tiles(p, x, y, b0, b1, tiles2[bi], 0, n2, TLLM_QPACK_TILE_TOKENS2);
-    if (n2 < x->n) run_tiles(p, x, y, b0, b1, tiles[bi], n2, x->n, TLLM_QPACK_TILE_TOKENS);
+    const struct tllm_qpack_tiles t = {{tiles[bi], tiles2[bi]}, {TLLM_QPACK_TILE_TOKENS, TLLM_QPACK_TILE_TOKENS2}, TLLM_QPACK_TILE_BLOCKS};
+    tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
 }
 
 #else

@@ -114,7 +114,6 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     }
 }
 
-typedef void tile_fn(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int);
 #define TILE(BITS, NT, L)                                                                                     \
     TGT static void tile##L##_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                             int t0) {                                                          \
@@ -128,27 +127,16 @@ TILES(2, 2)
 TILES(4, 2)
 TILES(8, 2)
 #define ROW(BITS, L) {tile##L##_##BITS##_1, tile##L##_##BITS##_2, tile##L##_##BITS##_3, tile##L##_##BITS##_4}
-static tile_fn *const tiles[2][3][4] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1)}, {ROW(2, 2), ROW(4, 2), ROW(8, 2)}};
+static tllm_qpack_tile_fn *const tiles[2][3][4] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1)}, {ROW(2, 2), ROW(4, 2), ROW(8, 2)}};
 
 #if TLLM_QPACK_NEON_TILE_TOKENS > 4 || TLLM_QPACK_NEON_TILE_TOKENS < 1
 #error "TLLM_QPACK_NEON_TILE_TOKENS must be 1..4"
 #endif
 
-static void run_tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1, tile_fn *const *fns,
-                      int t_begin, int t_end) {
-    const int per = TLLM_QPACK_NEON_TILE_TOKENS;
-    for (int b = b0; b < b1; b++)
-        for (int t0 = t_begin; t0 < t_end; t0 += per) {
-            int nt = t_end - t0 < per ? t_end - t0 : per;
-            fns[nt - 1](p, x, y, b, t0);
-        }
-}
-
 void tllm_qpack_matmul_neon(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
-    int n2 = x->n2 < x->n ? x->n2 : x->n;
-    if (n2 > 0) run_tiles(p, x, y, b0, b1, tiles[1][bi], 0, n2);
-    if (n2 < x->n) run_tiles(p, x, y, b0, b1, tiles[0][bi], n2, x->n);
+    const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_NEON_TILE_TOKENS, TLLM_QPACK_NEON_TILE_TOKENS}, 1};
+    tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
 }
 
 #else
