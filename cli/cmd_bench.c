@@ -76,8 +76,11 @@ static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen
 static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
     const struct tllm_qweights *w = &m->layers[0].wq;
     if (m->cfg.quant.bits == 0 && w->format == TLLM_WF_DENSE) return tllm_dtype_name(w->dtype);
-    snprintf(buf, n, "Q%d g%d%s", w->bits ? w->bits : m->cfg.quant.bits, w->bits ? w->group_size : m->cfg.quant.group_size,
-             m->cfg.n_overrides ? " mixed" : "");
+    if (w->format != TLLM_WF_AFFINE && w->format != TLLM_WF_DENSE)
+        snprintf(buf, n, "%s%s %.2f bpw", tllm_wformat_name(w->format), m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m));
+    else
+        snprintf(buf, n, "Q%d g%d%s %.2f bpw", w->bits ? w->bits : m->cfg.quant.bits, w->bits ? w->group_size : m->cfg.quant.group_size,
+                 m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m));
     return buf;
 }
 
@@ -187,6 +190,7 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "model_type", json_object_new_string(quant));
             json_object_object_add(o, "model_size", json_object_new_int64((int64_t)size));
             json_object_object_add(o, "model_n_params", json_object_new_int64((int64_t)params));
+            json_object_object_add(o, "model_bpw", json_object_new_double(tllm_model_bits_per_weight(s.m)));
             json_object_object_add(o, "backend", json_object_new_string(s.dev ? "OpenCL" : "CPU"));
             json_object_object_add(o, "backends", json_object_new_string(cli_session_backend(&s)));
             json_object_object_add(o, "cpu_kernels", json_object_new_string(tllm_cpu_path()));

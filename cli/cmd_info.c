@@ -7,8 +7,31 @@
 #include "engine/load/model.h"
 
 static void describe(const struct tllm_qweights *w, char *buf, size_t n) {
+    static const char *const scale_kind[] = {"", "", "E8M0", "E4M3", "E8M0"};
     if (w->format == TLLM_WF_DENSE) snprintf(buf, n, "%s", tllm_dtype_name(w->dtype));
-    else snprintf(buf, n, "%d-bit g%d (%s scales)", w->bits, w->group_size, tllm_dtype_name(w->dtype));
+    else if (w->format == TLLM_WF_AFFINE)
+        snprintf(buf, n, "affine %d-bit g%d (%s scales and biases)%s", w->bits, w->group_size, tllm_dtype_name(w->dtype),
+                 w->perm ? ", act-order" : "");
+    else snprintf(buf, n, "%s (%s scale per %d)", tllm_wformat_name(w->format), scale_kind[w->format], w->group_size);
+}
+
+/* Each distinct format of the model's linears and how many use it */
+static void list_formats(const struct tllm_model *m) {
+    char seen[16][96];
+    int count[16] = {0}, n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        const struct tllm_qweights *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            char buf[96];
+            describe(ws[i], buf, sizeof buf);
+            int k = 0;
+            while (k < n && strcmp(seen[k], buf)) k++;
+            if (k == n && n < 16) memcpy(seen[n++], buf, sizeof buf);
+            if (k < 16) count[k]++;
+        }
+    }
+    for (int k = 0; k < n; k++) printf("%s%d x %s\n", k ? "                 " : "linears          ", count[k], seen[k]);
 }
 
 int cmd_info(int argc, char **argv) {
@@ -34,13 +57,20 @@ int cmd_info(int argc, char **argv) {
            c->vocab_size);
     printf("                 rope_theta %g, rms_norm_eps %g, max positions %d, %s embeddings\n", c->rope_theta,
            c->norm_eps, c->max_pos, c->tie_embeddings ? "tied" : "separate lm_head");
-    describe(&m->layers[0].wq, buf, sizeof buf);
-    printf("quantization     %s\n", c->quant.bits ? buf : "none (dense)");
+    static const char *const methods[] = {"mlx", "GPTQ", "AWQ"};
+    if (!c->quant.bits) printf("quantization     none (dense)\n");
+    else if (c->qmethod == TLLM_QMETHOD_MLX)
+        printf("quantization     mlx %s %d-bit g%d%s\n", tllm_qmode_name(c->quant.mode), c->quant.bits, c->quant.group_size,
+               c->n_overrides ? ", per-module overrides below" : "");
+    else
+        printf("quantization     %s %d-bit g%d%s (converted to affine on load)\n", methods[c->qmethod], c->quant.bits,
+               c->quant.group_size ? c->quant.group_size : -1, c->gptq_desc_act ? " act-order" : "");
     for (int i = 0; i < c->n_overrides; i++) {
-        if (c->overrides[i].spec.bits) printf("                 %s: %d-bit g%d\n", c->overrides[i].module,
-                                              c->overrides[i].spec.bits, c->overrides[i].spec.group_size);
+        const struct tllm_quant_spec *o = &c->overrides[i].spec;
+        if (o->bits) printf("                 %s: %s %d-bit g%d\n", c->overrides[i].module, tllm_qmode_name(o->mode), o->bits, o->group_size);
         else printf("                 %s: unquantized\n", c->overrides[i].module);
     }
+    list_formats(m);
     describe(&m->embed, buf, sizeof buf);
     printf("embedding        %s\n", buf);
     if (!c->tie_embeddings) {
@@ -51,7 +81,8 @@ int cmd_info(int argc, char **argv) {
     printf("parameters       %.1f M\n", (double)tllm_model_n_params(m) / 1e6);
     printf("weight bytes     %zu (%.1f MiB)\n", m->ckpt->total_bytes, (double)m->ckpt->total_bytes / (1 << 20));
     size_t bpt = tllm_model_bytes_per_token(m);
-    printf("bytes per token  %zu (%.1f MiB read per decoded token)\n", bpt, (double)bpt / (1 << 20));
+    printf("bytes per token  %zu (%.1f MiB read per decoded token; %.2f bits per weight)\n", bpt, (double)bpt / (1 << 20),
+           tllm_model_bits_per_weight(m));
     size_t kv = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     printf("KV cache         %zu bytes per token (float32; %.1f MiB for 4096 tokens)\n", kv, (double)kv * 4096 / (1 << 20));
     printf("CPU kernels      %s (TLLM_CPU=ref|avx2|avx512 picks another this CPU runs)\n", tllm_cpu_path());

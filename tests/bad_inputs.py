@@ -135,7 +135,7 @@ case("group size not dividing the row", ["generate", "-m", d] + IDS, 1,
 d = copy_model("bits7")
 edit_config(d, lambda c: c.update(quantization={"group_size": 64, "bits": 7}))
 case("bits=7", ["generate", "-m", d] + IDS, 1,
-     "tllm: {T}/bits7/config.json: quantization: bits=7 group_size=64 is not supported (bits 2, 4, 8; group size 32, 64, 128)")
+     "tllm: {T}/bits7/config.json: quantization: bits=7 group_size=64 is not supported for mode affine (affine: bits 1-6 or 8, group size 32, 64, 128; mxfp4: 4 and 32; nvfp4: 4 and 16; mxfp8: 8 and 32)")
 
 d = copy_model("config-json")
 put(os.path.join(d, "config.json"), '{"model_type": "qwen2", "hidden_size": ')

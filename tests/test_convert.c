@@ -122,10 +122,10 @@ int main(int argc, char **argv) {
     CHECK(tllm_quantize_checkpoint("/nonexistent", path2(tmp, "y"), &q) == TLLM_ERR_IO &&
               strstr(tllm_errmsg(), "/nonexistent: cannot open model directory"),
           "missing input: %s", tllm_errmsg());
-    q.bits = 3;
+    q.bits = 7;
     CHECK(tllm_quantize_checkpoint(path2(models, "bf16"), path2(tmp, "z"), &q) == TLLM_ERR_ARG &&
-              strstr(tllm_errmsg(), "bits=3 group_size=32 is not supported"),
-          "bits 3: %s", tllm_errmsg());
+              strstr(tllm_errmsg(), "bits=7 group_size=32 is not supported"),
+          "bits 7: %s", tllm_errmsg());
     struct tllm_quant_spec sp;
     CHECK(tllm_mixed_recipe_spec("mixed_8_4", "lm_head", 2, 64, &sp) == TLLM_ERR_ARG, "bad recipe accepted");
 

@@ -9,6 +9,7 @@
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
 #include "tests/reference.h"
+#include "kernels/cpu/qpack.h"
 
 #define TOL_REL_RMS 1e-4 /* relative RMS error of a logits row */
 #define TOL_REL_MAX 1e-3 /* max abs error / max |ref| of a logits row */
@@ -52,7 +53,12 @@ static void test_int8(const char *dir) {
         return;
     }
     CHECK(tllm_model_pack(m) == TLLM_OK, "pack: %s", tllm_errmsg());
-    CHECK(m->n_packs > 0 || m->cfg.quant.bits == 0, "%s: a quantized model got no packed weights", dir);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        const struct tllm_qweights *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            CHECK(!tllm_qpack_supported(ws[i]) || ws[i]->pack, "%s: %s was not packed for int8 activations", dir, ws[i]->name);
+    }
     size_t vocab = (size_t)r.vocab;
     float *logits = malloc((size_t)r.n_seq * vocab * sizeof(float));
     struct tllm_ctx ctx;

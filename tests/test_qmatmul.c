@@ -220,11 +220,67 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
 
 /* Random matrices of every format; fast kernel == reference within TOL_KERNEL_REL. */
 
+/* The microscaling formats (random codes, scales of any exponent but NaN), and a GPTQ act-order
+ * permutation on an affine matrix: the fast float kernel against the reference; mxfp4 packed too. */
+static void test_microscaling_kernels(void) {
+    static const enum tllm_wformat fmts[] = {TLLM_WF_MXFP4, TLLM_WF_NVFP4, TLLM_WF_MXFP8, TLLM_WF_AFFINE};
+    static const int rows_list[] = {1, 7, 33}, ntok[] = {1, 5, 11};
+    for (int fi = 0; fi < 4; fi++)
+        for (int ri = 0; ri < 3; ri++)
+            for (int ni = 0; ni < 3; ni++) {
+                const enum tllm_wformat f = fmts[fi];
+                const int bits = f == TLLM_WF_MXFP8 ? 8 : 4, gs = f == TLLM_WF_NVFP4 ? 16 : 32;
+                const int rows = rows_list[ri], cols = 96 * (ri + 1), n = ntok[ni];
+                size_t nw = (size_t)rows * cols * bits / 32, ng = (size_t)rows * cols / gs;
+                uint32_t *q = malloc(nw * 4);
+                uint8_t *sc = malloc(ng);
+                float *sb = malloc(2 * ng * 4);
+                int32_t *perm = malloc((size_t)cols * 4);
+                for (size_t i = 0; i < nw; i++) q[i] = rnd();
+                if (f == TLLM_WF_MXFP8) /* no NaN codes */
+                    for (size_t i = 0; i < nw * 4; i++)
+                        if ((((uint8_t *)q)[i] & 0x7f) == 0x7f) ((uint8_t *)q)[i] ^= 1;
+                for (size_t i = 0; i < ng; i++)
+                    sc[i] = f == TLLM_WF_NVFP4 ? (uint8_t)(rnd() % 0x7f) : (uint8_t)(115 + rnd() % 20);
+                for (size_t i = 0; i < 2 * ng; i++) sb[i] = rndf() * 0.1f;
+                for (int j = 0; j < cols; j++) perm[j] = j;
+                for (int j = cols - 1; j > 0; j--) { /* a shuffle */
+                    int k = (int)(rnd() % (uint32_t)(j + 1)), t = perm[j];
+                    perm[j] = perm[k], perm[k] = t;
+                }
+                struct tllm_qweights w = {.name = tllm_wformat_name(f), .rows = rows, .cols = cols, .format = f,
+                                          .dtype = f == TLLM_WF_AFFINE ? TLLM_DT_F32 : TLLM_DT_U8, .bits = bits,
+                                          .group_size = gs, .w = q, .scales = f == TLLM_WF_AFFINE ? (void *)sb : (void *)sc,
+                                          .biases = f == TLLM_WF_AFFINE ? sb + ng : NULL,
+                                          .perm = f == TLLM_WF_AFFINE ? perm : NULL};
+                float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
+                for (int i = 0; i < n * cols; i++) x[i] = rndf();
+                tllm_qmatmul_ref(&w, x, n, y0, 0, rows);
+                tllm_qmatmul(&w, x, n, y1, 0, rows);
+                /* the permuted reference against the unpermuted one on permuted x */
+                float *xp = malloc((size_t)n * cols * 4);
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < cols; j++) xp[(size_t)t * cols + j] = x[(size_t)t * cols + perm[j]];
+                double worst = worst_rel_err(&w, w.perm ? xp : x, n, y0, y1);
+                CHECK(worst <= TOL_KERNEL_REL, "%s%s rows %d cols %d n %d: rel err %.3g", w.name, w.perm ? " (permuted)" : "", rows,
+                      cols, n, worst);
+                tllm_qmatmul_tiled(&w, x, n, y1, 0, rows);
+                worst = worst_rel_err(&w, w.perm ? xp : x, n, y0, y1);
+                CHECK(worst <= TOL_KERNEL_REL, "%s tiled rows %d cols %d n %d: rel err %.3g", w.name, rows, cols, n, worst);
+                if (f == TLLM_WF_MXFP4) check_packed(&w, x, n, y0);
+                if (w.perm) { /* packed, the permuted x given by the caller */
+                    w.perm = NULL;
+                    check_packed(&w, xp, n, y0);
+                }
+                free(q), free(sc), free(sb), free(perm), free(x), free(xp), free(y0), free(y1);
+            }
+}
+
 static void test_kernels_vs_ref(void) {
-    static const int bits_list[] = {2, 4, 8}, gs_list[] = {32, 64, 128};
+    static const int bits_list[] = {2, 4, 8, 1, 3, 5, 6}, gs_list[] = {32, 64, 128};
     static const enum tllm_dtype dts[] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
     static const int rows_list[] = {1, 7, 33}, cols_mult[] = {1, 3}, ntok[] = {1, 5, 11};
-    for (int bi = 0; bi < 3; bi++)
+    for (int bi = 0; bi < 7; bi++)
         for (int gi = 0; gi < 3; gi++)
             for (int di = 0; di < 3; di++)
                 for (int ri = 0; ri < 3; ri++)
@@ -257,6 +313,7 @@ static void test_kernels_vs_ref(void) {
                             if (tllm_qpack_supported(&w)) check_packed(&w, x, n, y0);
                             free(q); free(sb); free(sb16); free(x); free(y0); free(y1);
                         }
+    test_microscaling_kernels();
     CHECK(int8_cases > 0, "no int8 case differed from the float path: the int8 kernel did not run");
     printf("packed int8 kernels: %d cases, compared bit for bit with the portable one: %s%s(kernel path: %s)\n", int8_cases,
            tllm_cpu_has_avx512vnni() ? "AVX-512 VNNI, " : "", tllm_cpu_has_avx2() ? "AVX2 " : "none ", tllm_cpu_path());
@@ -297,12 +354,76 @@ static void test_dtype(void) {
     CHECK(tllm_f32_to_f16(70000.0f) == 0x7c00, "f16 overflow to inf");
 }
 
+/* mlx.core.quantize's other modes and widths (tests/data/mlx-quantize-modes.safetensors): tllm reads
+ * mlx.core.dequantize's values exactly, and quantizes affine rows to mlx's bytes. */
+static void test_modes(const char *path) {
+    struct tllm_st_file *f;
+    if (tllm_st_open(path, &f) != TLLM_OK) {
+        CHECK(0, "cannot open %s: %s", path, tllm_errmsg());
+        return;
+    }
+    int cases = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const char *name = f->tensors[i].name;
+        size_t len = strlen(name);
+        if (len < 7 || strcmp(name + len - 7, ".source") != 0) continue;
+        char base[128], mode[16], n2[160];
+        snprintf(base, sizeof base, "%.*s", (int)(len - 7), name);
+        int bits, gs;
+        CHECK(sscanf(base, "%15[a-z0-9]_b%d_g%d", mode, &bits, &gs) == 3, "case name %s", base);
+        const struct tllm_tensor *src = &f->tensors[i], *tw, *ts, *tb, *td;
+        snprintf(n2, sizeof n2, "%s.weight", base), tw = tllm_st_find(f, n2);
+        snprintf(n2, sizeof n2, "%s.scales", base), ts = tllm_st_find(f, n2);
+        snprintf(n2, sizeof n2, "%s.biases", base), tb = tllm_st_find(f, n2);
+        snprintf(n2, sizeof n2, "%s.dequant", base), td = tllm_st_find(f, n2);
+        enum tllm_wformat fmt = !strcmp(mode, "mxfp4") ? TLLM_WF_MXFP4 : !strcmp(mode, "nvfp4") ? TLLM_WF_NVFP4
+                              : !strcmp(mode, "mxfp8") ? TLLM_WF_MXFP8 : TLLM_WF_AFFINE;
+        CHECK(tw && ts && td && (tb || fmt != TLLM_WF_AFFINE), "case %s incomplete", base);
+        if (!tw || !ts || !td || (!tb && fmt == TLLM_WF_AFFINE)) continue;
+        struct tllm_qweights w = {.name = base, .rows = (int)src->shape[0], .cols = (int)src->shape[1], .format = fmt,
+                                  .dtype = ts->dtype, .bits = bits, .group_size = gs, .w = tw->data, .scales = ts->data,
+                                  .biases = tb ? tb->data : NULL};
+        CHECK(tw->shape[1] * 32 == src->shape[1] * bits, "%s: packed width", base);
+        float *row = malloc((size_t)w.cols * 4), *row2 = malloc((size_t)w.cols * 4);
+        int bad = 0;
+        for (int r = 0; r < w.rows; r++) {
+            tllm_qw_dequant_row_ref(&w, r, row);
+            tllm_qw_dequant_row(&w, r, row2);
+            for (int j = 0; j < w.cols; j++) {
+                float want = ((const float *)td->data)[(size_t)r * w.cols + j];
+                bad += row[j] != want || row2[j] != want;
+            }
+        }
+        CHECK(bad == 0, "%s: %d values differ from mlx.core.dequantize", base, bad);
+        if (fmt == TLLM_WF_AFFINE) {
+            size_t words = (size_t)w.rows * w.cols * bits / 32, ng = (size_t)w.rows * (w.cols / gs), esz = tllm_dtype_size(ts->dtype);
+            uint32_t *q2 = calloc(words, 4);
+            char *s2 = calloc(ng, esz), *b2 = calloc(ng, esz);
+            for (int r = 0; r < w.rows; r++) {
+                tllm_convert_to_f32((const char *)src->data + (size_t)r * w.cols * tllm_dtype_size(src->dtype), src->dtype, row,
+                                    (size_t)w.cols);
+                tllm_quantize_row_affine(row, w.cols, bits, gs, ts->dtype, q2 + (size_t)r * w.cols * bits / 32,
+                                         s2 + (size_t)r * (w.cols / gs) * esz, b2 + (size_t)r * (w.cols / gs) * esz);
+            }
+            CHECK(!memcmp(q2, tw->data, words * 4) && !memcmp(s2, ts->data, ng * esz) && !memcmp(b2, tb->data, ng * esz),
+                  "%s: tllm's quantizer differs from mlx's bytes", base);
+            free(q2), free(s2), free(b2);
+        }
+        free(row), free(row2);
+        cases++;
+    }
+    printf("mlx modes: %d cases read as mlx.core.dequantize does\n", cases);
+    CHECK(cases == 21, "expected 21 mode cases, found %d", cases);
+    tllm_st_close(f);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_qmatmul mlx-quantize-vectors.safetensors\n");
         return 2;
     }
     test_vectors(argv[1]);
+    if (argc > 2) test_modes(argv[2]);
     test_layout();
     test_kernels_vs_ref();
     test_dtype();

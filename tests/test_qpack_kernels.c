@@ -49,7 +49,7 @@ static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
     for (size_t i = 0; i < words; i++) q[i] = next();
     fill(sc, dt, ng, 0.001f, 0.02f);
     fill(bi, dt, ng, -0.05f, 0.05f);
-    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL};
+    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL, NULL};
     struct tllm_qpack p;
     if (tllm_qpack_init(&p, &w) != TLLM_OK) {
         CHECK(0, "pack: %s", tllm_errmsg());

@@ -9,18 +9,20 @@ static const struct {
     [TLLM_DT_BF16] = {"BF16", 2},
     [TLLM_DT_F16] = {"F16", 2},
     [TLLM_DT_F32] = {"F32", 4},
+    [TLLM_DT_U8] = {"U8", 1},
+    [TLLM_DT_I32] = {"I32", 4},
 };
 
 size_t tllm_dtype_size(enum tllm_dtype t) {
-    return (unsigned)t <= TLLM_DT_F32 ? dtype_traits[t].size : 0;
+    return (unsigned)t < TLLM_DT_COUNT_ ? dtype_traits[t].size : 0;
 }
 
 const char *tllm_dtype_name(enum tllm_dtype t) {
-    return (unsigned)t <= TLLM_DT_F32 ? dtype_traits[t].name : "INVALID";
+    return (unsigned)t < TLLM_DT_COUNT_ ? dtype_traits[t].name : "INVALID";
 }
 
 enum tllm_dtype tllm_dtype_parse(const char *s) {
-    for (int t = TLLM_DT_U32; t <= TLLM_DT_F32; t++)
+    for (int t = TLLM_DT_U32; t < TLLM_DT_COUNT_; t++)
         if (strcmp(s, dtype_traits[t].name) == 0) return (enum tllm_dtype)t;
     return TLLM_DT_INVALID;
 }

@@ -12,12 +12,19 @@ enum tllm_dtype {
     TLLM_DT_BF16,
     TLLM_DT_F16,
     TLLM_DT_F32,
+    TLLM_DT_U8,  /* microscaling scales (E8M0 / E4M3 bytes) */
+    TLLM_DT_I32, /* GPTQ / AWQ packed codes and group indices */
+    TLLM_DT_COUNT_
 };
 
 /* Bytes per element; 0 for TLLM_DT_INVALID. */
 size_t tllm_dtype_size(enum tllm_dtype t);
 /* "U32", "BF16", ... as safetensors spells them. */
 const char *tllm_dtype_name(enum tllm_dtype t);
+/* 1 for BF16, F16, F32. */
+static inline int tllm_dtype_is_float(enum tllm_dtype t) {
+    return t == TLLM_DT_BF16 || t == TLLM_DT_F16 || t == TLLM_DT_F32;
+}
 /* Parse a safetensors dtype string; TLLM_DT_INVALID if not one we support. */
 enum tllm_dtype tllm_dtype_parse(const char *s);
 

@@ -104,7 +104,7 @@ static int quantize_matrix(const void *src, enum tllm_dtype sdt, int rows, int c
 
 int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const struct tllm_quantize_opts *o) {
     if (!tllm_quant_supported(o->bits, o->group_size))
-        return tllm_fail(TLLM_ERR_ARG, "bits=%d group_size=%d is not supported (bits 2, 4, 8; group size 32, 64, 128)",
+        return tllm_fail(TLLM_ERR_ARG, "bits=%d group_size=%d is not supported (bits 1-6 or 8; group size 32, 64, 128)",
                          o->bits, o->group_size);
     struct tllm_config cfg;
     char *cfg_path = tllm_path_join(in_dir, "config.json");
@@ -154,7 +154,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
             continue;
         }
         snprintf(it->module, sizeof it->module, "%.*s", (int)(strlen(t->name) - 7), t->name);
-        it->spec = (struct tllm_quant_spec){o->bits, o->group_size};
+        it->spec = (struct tllm_quant_spec){o->bits, o->group_size, TLLM_QM_AFFINE};
         if (o->mixed && (rc = tllm_mixed_recipe_spec(o->mixed, it->module, cfg.n_layers, o->group_size, &it->spec)))
             break;
         int64_t rows = t->shape[0], cols = t->shape[1];
@@ -231,26 +231,15 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
     return rc;
 }
 
-static int own(struct tllm_model *m, void *p) {
-    void **no = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *no);
-    if (!no) {
-        free(p);
-        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    }
-    m->owned = no;
-    m->owned[m->n_owned++] = p;
-    return TLLM_OK;
-}
-
 static int quantize_in_place(struct tllm_model *m, struct tllm_qweights *w, int bits, int gs) {
     if (w->format != TLLM_WF_DENSE || w->cols % gs != 0) return TLLM_OK;
     struct quantized qz; /* scales and biases in the source dtype, as MLX stores them */
-    int rc = quantize_matrix(w->w, w->dtype, w->rows, w->cols, (struct tllm_quant_spec){bits, gs}, w->dtype, &qz,
+    int rc = quantize_matrix(w->w, w->dtype, w->rows, w->cols, (struct tllm_quant_spec){bits, gs, TLLM_QM_AFFINE}, w->dtype, &qz,
                              w->name);
     if (rc) return rc;
     void *bufs[3] = {qz.q, qz.scales, qz.biases};
     for (int i = 0; i < 3; i++)
-        if ((rc = own(m, bufs[i]))) { /* own() freed bufs[i]; the rest are not owned yet */
+        if ((rc = tllm_model_own(m, bufs[i]))) { /* tllm_model_own freed bufs[i]; the rest are not owned yet */
             for (int j = i + 1; j < 3; j++) free(bufs[j]);
             return rc;
         }
@@ -265,7 +254,7 @@ static int quantize_in_place(struct tllm_model *m, struct tllm_qweights *w, int 
 
 int tllm_model_quantize(struct tllm_model *m, int bits, int gs) {
     if (!tllm_quant_supported(bits, gs))
-        return tllm_fail(TLLM_ERR_ARG, "--quantize %d with group size %d is not supported (bits 2, 4, 8)", bits, gs);
+        return tllm_fail(TLLM_ERR_ARG, "--quantize %d with group size %d is not supported (bits 1-6 or 8; group size 32, 64, 128)", bits, gs);
     int rc = quantize_in_place(m, &m->embed, bits, gs);
     for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
         struct tllm_layer *L = &m->layers[l];

@@ -3,44 +3,124 @@
 #include <json-c/json.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "engine/base/error.h"
 #include "engine/base/json_util.h"
 
 int tllm_quant_supported(int bits, int group_size) {
-    return (bits == 2 || bits == 4 || bits == 8) &&
-           (group_size == 32 || group_size == 64 || group_size == 128);
+    return bits >= 1 && bits <= 8 && bits != 7 && (group_size == 32 || group_size == 64 || group_size == 128);
 }
 
-static int parse_spec(struct json_object *o, const char *what, struct tllm_quant_spec *s,
+int tllm_quant_mode_supported(enum tllm_qmode mode, int bits, int group_size) {
+    switch (mode) {
+    case TLLM_QM_AFFINE: return tllm_quant_supported(bits, group_size);
+    case TLLM_QM_MXFP4: return bits == 4 && group_size == 32;
+    case TLLM_QM_NVFP4: return bits == 4 && group_size == 16;
+    case TLLM_QM_MXFP8: return bits == 8 && group_size == 32;
+    }
+    return 0;
+}
+
+static const char *const qmode_names[] = {"affine", "mxfp4", "nvfp4", "mxfp8"};
+
+const char *tllm_qmode_name(enum tllm_qmode mode) {
+    return (unsigned)mode < 4 ? qmode_names[mode] : "?";
+}
+
+int tllm_qmode_parse(const char *s) {
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, qmode_names[i])) return i;
+    return -1;
+}
+
+/* mlx.core.quantize's defaults when bits or group_size is left out */
+static const int mode_bits[] = {4, 4, 4, 8}, mode_group[] = {64, 32, 16, 32};
+
+static int parse_spec(struct json_object *o, const char *what, enum tllm_qmode dflt_mode, struct tllm_quant_spec *s,
                       const char *path) {
-    int64_t bits, gs;
-    int rc = tllm_json_int(o, "bits", 1, 16, 0, 0, &bits, path);
-    if (!rc) rc = tllm_json_int(o, "group_size", 1, 1 << 20, 0, 0, &gs, path);
+    const char *mode_s = NULL;
+    int rc = tllm_json_str(o, "mode", &mode_s, path);
+    int mode = mode_s ? tllm_qmode_parse(mode_s) : (int)dflt_mode;
+    if (!rc && mode < 0)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED,
+                         "%s: %s: quantization mode '%s' is not supported (affine, mxfp4, nvfp4, mxfp8 are)", path,
+                         what, mode_s);
+    int64_t bits = 0, gs = 0;
+    if (!rc) rc = tllm_json_int(o, "bits", 1, 16, 1, mode_bits[mode], &bits, path);
+    if (!rc) rc = tllm_json_int(o, "group_size", 1, 1 << 20, 1, mode_group[mode], &gs, path);
     if (rc) {
         tllm_errctx("%s", what);
         return rc;
     }
-    if (!tllm_quant_supported((int)bits, (int)gs))
+    if (!tllm_quant_mode_supported((enum tllm_qmode)mode, (int)bits, (int)gs))
         return tllm_fail(TLLM_ERR_UNSUPPORTED,
-                         "%s: %s: bits=%lld group_size=%lld is not supported (bits 2, 4, 8; group "
-                         "size 32, 64, 128)",
-                         path, what, (long long)bits, (long long)gs);
+                         "%s: %s: bits=%lld group_size=%lld is not supported for mode %s (affine: bits 1-6 or 8, group "
+                         "size 32, 64, 128; mxfp4: 4 and 32; nvfp4: 4 and 16; mxfp8: 8 and 32)",
+                         path, what, (long long)bits, (long long)gs, qmode_names[mode]);
     s->bits = (int)bits;
     s->group_size = (int)gs;
+    s->mode = (enum tllm_qmode)mode;
+    return TLLM_OK;
+}
+
+/* GPTQ and AWQ (transformers' quantization_config): one spec for every quantized module */
+static int parse_gptq_awq(struct json_object *q, const char *method, struct tllm_config *c, const char *path) {
+    int64_t bits, gs;
+    int rc = tllm_json_int(q, "bits", 1, 16, 0, 0, &bits, path);
+    if (!rc) rc = tllm_json_int(q, "group_size", -1, 1 << 20, 1, 128, &gs, path);
+    if (rc) {
+        tllm_errctx("quantization_config");
+        return rc;
+    }
+    if (!strcmp(method, "gptq")) {
+        c->qmethod = TLLM_QMETHOD_GPTQ;
+        if (bits != 2 && bits != 4 && bits != 8)
+            return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: quantization_config: GPTQ with bits=%lld is not supported (2, 4, 8 are)",
+                             path, (long long)bits);
+        const char *fmt = NULL;
+        rc = tllm_json_bool(q, "desc_act", 1, 0, &c->gptq_desc_act, path);
+        if (!rc) rc = tllm_json_str(q, "checkpoint_format", &fmt, path);
+        if (rc) return rc;
+        if (fmt && strcmp(fmt, "gptq") && strcmp(fmt, "gptq_v2"))
+            return tllm_fail(TLLM_ERR_UNSUPPORTED,
+                             "%s: quantization_config: GPTQ checkpoint_format '%s' is not supported (gptq, gptq_v2 are)", path, fmt);
+        c->gptq_zero_offset = !fmt || !strcmp(fmt, "gptq");
+    } else {
+        c->qmethod = TLLM_QMETHOD_AWQ;
+        const char *version = NULL;
+        int zero_point = 1;
+        rc = tllm_json_str(q, "version", &version, path);
+        if (!rc) rc = tllm_json_bool(q, "zero_point", 1, 1, &zero_point, path);
+        if (rc) return rc;
+        if (bits != 4)
+            return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: quantization_config: AWQ with bits=%lld is not supported (4 is)", path,
+                             (long long)bits);
+        if (version && strcasecmp(version, "gemm"))
+            return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: quantization_config: AWQ version '%s' is not supported (gemm is)", path,
+                             version);
+        if (!zero_point)
+            return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: quantization_config: AWQ without zero points is not supported", path);
+    }
+    if (gs != -1 && (gs < 32 || gs % 32))
+        return tllm_fail(TLLM_ERR_UNSUPPORTED,
+                         "%s: quantization_config: %s group_size %lld is not supported (-1 or a multiple of 32 are)", path,
+                         method, (long long)gs);
+    c->quant = (struct tllm_quant_spec){(int)bits, gs == -1 ? 0 : (int)gs, TLLM_QM_AFFINE};
     return TLLM_OK;
 }
 
 static int parse_quantization(struct json_object *q, struct tllm_config *c, const char *path) {
     if (!json_object_is_type(q, json_type_object))
         return tllm_fail(TLLM_ERR_FORMAT, "%s: \"quantization\" must be an object", path);
-    const char *mode;
-    int rc = tllm_json_str(q, "mode", &mode, path);
+    const char *method = NULL;
+    int rc = tllm_json_str(q, "quant_method", &method, path);
     if (rc) return rc;
-    if (mode && strcmp(mode, "affine") != 0)
+    if (method && (!strcmp(method, "gptq") || !strcmp(method, "awq"))) return parse_gptq_awq(q, method, c, path);
+    if (method && strcmp(method, "mlx"))
         return tllm_fail(TLLM_ERR_UNSUPPORTED,
-                         "%s: quantization mode '%s' is not supported (only 'affine')", path, mode);
-    rc = parse_spec(q, "quantization", &c->quant, path);
+                         "%s: quantization_config: quant_method '%s' is not supported (mlx, gptq, awq are)", path, method);
+    rc = parse_spec(q, "quantization", TLLM_QM_AFFINE, &c->quant, path);
     if (rc) return rc;
     int n = json_object_object_length(q);
     c->overrides = calloc((size_t)n + 1, sizeof *c->overrides);
@@ -51,7 +131,8 @@ static int parse_quantization(struct json_object *q, struct tllm_config *c, cons
         if (json_object_is_type(val, json_type_boolean) && !json_object_get_boolean(val)) {
             ov->spec.bits = 0; /* mlx-lm writes `false` for a module left unquantized */
         } else if (json_object_is_type(val, json_type_object)) {
-            rc = parse_spec(val, key, &ov->spec, path);
+            /* an override without a mode is affine, as mlx.nn.quantize passes the dict to to_quantized */
+            rc = parse_spec(val, key, TLLM_QM_AFFINE, &ov->spec, path);
             if (rc) return rc;
         } else {
             continue; /* unknown scalar keys (e.g. future options) are ignored */

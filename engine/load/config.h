@@ -6,10 +6,19 @@
 
 #define TLLM_CONFIG_MAX_BYTES (4u << 20)
 
+/* mlx.core.quantize's modes: affine codes with a scale and bias per group, or the microscaling float
+ * codes (E2M1 / E4M3) with one shared scale per group (E8M0 / E4M3) and no bias. */
+enum tllm_qmode { TLLM_QM_AFFINE = 0, TLLM_QM_MXFP4, TLLM_QM_NVFP4, TLLM_QM_MXFP8 };
+
+/* Who wrote the quantized tensors: mlx-lm (`M.weight` codes, `M.scales`, `M.biases`), or GPTQ / AWQ
+ * (`M.qweight`, `M.qzeros`, `M.scales`, GPTQ's `M.g_idx`), converted to the affine layout on load. */
+enum tllm_qmethod { TLLM_QMETHOD_MLX = 0, TLLM_QMETHOD_GPTQ, TLLM_QMETHOD_AWQ };
+
 /* How one module's weights are stored: bits = 0 means not quantized. */
 struct tllm_quant_spec {
     int bits;
-    int group_size;
+    int group_size; /* GPTQ's -1 (one group a row) is stored as 0 and read as the row length */
+    enum tllm_qmode mode;
 };
 
 struct tllm_quant_override {
@@ -33,6 +42,9 @@ struct tllm_config {
     struct tllm_quant_spec quant; /* default for every module; bits 0 = unquantized checkpoint */
     struct tllm_quant_override *overrides;
     int n_overrides;
+    enum tllm_qmethod qmethod;
+    int gptq_desc_act;    /* GPTQ act-order: columns grouped by g_idx, not by position */
+    int gptq_zero_offset; /* 1: the original GPTQ format, zero points stored minus one ("gptq", not "gptq_v2") */
 };
 
 /* Parse and validate config.json. On error, tllm_errmsg() names the file and the key. */
@@ -42,7 +54,12 @@ void tllm_config_free(struct tllm_config *cfg);
 /* The storage of `module` (without ".weight"): its override, else the default. */
 struct tllm_quant_spec tllm_config_quant_for(const struct tllm_config *cfg, const char *module);
 
-/* 1 if bits/group_size is a layout the kernels implement. */
+/* 1 if affine bits/group_size is a layout the kernels implement. */
 int tllm_quant_supported(int bits, int group_size);
+/* 1 if (mode, bits, group_size) is one mlx.core.quantize writes and the kernels implement. */
+int tllm_quant_mode_supported(enum tllm_qmode mode, int bits, int group_size);
+/* "affine", "mxfp4", "nvfp4", "mxfp8"; and back (-1 when unknown). */
+const char *tllm_qmode_name(enum tllm_qmode mode);
+int tllm_qmode_parse(const char *s);
 
 #endif

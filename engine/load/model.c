@@ -16,15 +16,25 @@ static void fmt_shape(char *buf, size_t n, const struct tllm_tensor *t) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-/* Find `name`, requiring a float dtype (when float_only) and the 1-D or 2-D shape [d0(, d1)]. */
-static int need_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim,
+int tllm_model_own(struct tllm_model *m, void *p) {
+    void **no = realloc(m->owned, (size_t)(m->n_owned + 1) * sizeof *no);
+    if (!no) {
+        free(p);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    m->owned = no;
+    m->owned[m->n_owned++] = p;
+    return TLLM_OK;
+}
+
+int tllm_model_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim,
                        int64_t d0, int64_t d1, const struct tllm_tensor **out) {
     const struct tllm_tensor *t = tllm_ckpt_find(m->ckpt, name);
     *out = t;
     if (!t) return tllm_fail(TLLM_ERR_FORMAT, "%s: missing tensor '%s'", m->dir, name);
-    if (float_only && t->dtype == TLLM_DT_U32)
-        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype U32, expected BF16, F16 or F32",
-                         t->file, name);
+    if (float_only && !tllm_dtype_is_float(t->dtype))
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected BF16, F16 or F32",
+                         t->file, name, tllm_dtype_name(t->dtype));
     if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
         char got[128];
         fmt_shape(got, sizeof got, t);
@@ -50,10 +60,20 @@ static int check_finite(const struct tllm_tensor *t, int rows, int cols) {
 
 static int bind_vector(struct tllm_model *m, const char *name, int len, float *dst) {
     const struct tllm_tensor *t;
-    int rc = need_tensor(m, name, 1, 1, len, 0, &t);
+    int rc = tllm_model_tensor(m, name, 1, 1, len, 0, &t);
     if (rc) return rc;
     tllm_convert_to_f32(t->data, t->dtype, dst, (size_t)len);
     return check_finite(t, 1, len);
+}
+
+/* E8M0 255 and E4M3 S.1111.111 are NaN: a row of them would silently turn logits into NaN */
+static int check_scale_bytes(const struct tllm_tensor *t, int rows, int cols, enum tllm_wformat f) {
+    const uint8_t *s = t->data;
+    for (size_t i = 0, n = (size_t)rows * (size_t)cols; i < n; i++)
+        if (f == TLLM_WF_NVFP4 ? (s[i] & 0x7f) == 0x7f : s[i] == 255)
+            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has a NaN scale (byte 0x%02x) at [%zu, %zu]", t->file,
+                             t->name, s[i], i / (size_t)cols, i % (size_t)cols);
+    return TLLM_OK;
 }
 
 static int bind_linear(struct tllm_model *m, const char *module, int rows, int cols,
@@ -63,10 +83,12 @@ static int bind_linear(struct tllm_model *m, const char *module, int rows, int c
     memset(w, 0, sizeof *w);
     w->rows = rows;
     w->cols = cols;
+    snprintf(name, sizeof name, "%s.qweight", module);
+    if (tllm_ckpt_find(m->ckpt, name)) return tllm_bind_gptq_awq(m, module, w);
     snprintf(name, sizeof name, "%s.scales", module);
     if (!tllm_ckpt_find(m->ckpt, name)) { /* dense */
         snprintf(name, sizeof name, "%s.weight", module);
-        int rc = need_tensor(m, name, 1, 2, rows, cols, &tw);
+        int rc = tllm_model_tensor(m, name, 1, 2, rows, cols, &tw);
         if (rc) return rc;
         w->format = TLLM_WF_DENSE;
         w->dtype = tw->dtype;
@@ -75,36 +97,51 @@ static int bind_linear(struct tllm_model *m, const char *module, int rows, int c
         return TLLM_OK;
     }
     struct tllm_quant_spec q = tllm_config_quant_for(&m->cfg, module);
-    if (q.bits == 0)
+    if (q.bits == 0 || m->cfg.qmethod != TLLM_QMETHOD_MLX)
         return tllm_fail(TLLM_ERR_FORMAT,
-                         "%s: tensor '%s' is quantized but config.json gives no quantization for it",
+                         "%s: tensor '%s' is quantized but config.json gives no mlx quantization for it",
                          m->dir, name);
-    if (cols % q.group_size != 0)
+    if (cols % q.group_size != 0) /* then rows are whole words: groups are multiples of 16 codes */
         return tllm_fail(TLLM_ERR_FORMAT, "%s: %s: group size %d does not divide the row length %d",
                          m->dir, module, q.group_size, cols);
-    int rc = need_tensor(m, name, 1, 2, rows, cols / q.group_size, &ts);
-    if (rc) return rc;
-    snprintf(name, sizeof name, "%s.biases", module);
-    if ((rc = need_tensor(m, name, 1, 2, rows, cols / q.group_size, &tb))) return rc;
-    if (tb->dtype != ts->dtype)
-        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s but its scales are %s",
-                         tb->file, name, tllm_dtype_name(tb->dtype), tllm_dtype_name(ts->dtype));
+    static const enum tllm_wformat formats[] = {TLLM_WF_AFFINE, TLLM_WF_MXFP4, TLLM_WF_NVFP4, TLLM_WF_MXFP8};
+    const enum tllm_wformat f = formats[q.mode];
+    int rc;
+    if (f == TLLM_WF_AFFINE) {
+        if ((rc = tllm_model_tensor(m, name, 1, 2, rows, cols / q.group_size, &ts))) return rc;
+        snprintf(name, sizeof name, "%s.biases", module);
+        if ((rc = tllm_model_tensor(m, name, 1, 2, rows, cols / q.group_size, &tb))) return rc;
+        if (tb->dtype != ts->dtype)
+            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s but its scales are %s",
+                             tb->file, name, tllm_dtype_name(tb->dtype), tllm_dtype_name(ts->dtype));
+        /* A NaN or infinite scale/bias would silently turn whole rows of logits into NaN: refuse the file.
+         * (Scales and biases are 1/16 of a 4-bit checkpoint; dense weights are not scanned.) */
+        if ((rc = check_finite(ts, rows, cols / q.group_size)) || (rc = check_finite(tb, rows, cols / q.group_size)))
+            return rc;
+        w->biases = tb->data;
+    } else {
+        ts = tllm_ckpt_find(m->ckpt, name);
+        if (ts->dtype != TLLM_DT_U8)
+            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected U8 (%s scales)", ts->file, name,
+                             tllm_dtype_name(ts->dtype), tllm_qmode_name(q.mode));
+        if ((rc = tllm_model_tensor(m, name, 0, 2, rows, cols / q.group_size, &ts))) return rc;
+        if ((rc = check_scale_bytes(ts, rows, cols / q.group_size, f))) return rc;
+        snprintf(name, sizeof name, "%s.biases", module);
+        if (tllm_ckpt_find(m->ckpt, name))
+            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s': %s weights have no biases (is the mode in config.json right?)",
+                             m->dir, name, tllm_qmode_name(q.mode));
+    }
     snprintf(name, sizeof name, "%s.weight", module);
-    if ((rc = need_tensor(m, name, 0, 2, rows, (int64_t)cols * q.bits / 32, &tw))) return rc;
+    if ((rc = tllm_model_tensor(m, name, 0, 2, rows, (int64_t)cols * q.bits / 32, &tw))) return rc;
     if (tw->dtype != TLLM_DT_U32)
         return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected U32 (packed codes)",
                          tw->file, name, tllm_dtype_name(tw->dtype));
-    /* A NaN or infinite scale/bias would silently turn whole rows of logits into NaN: refuse the file.
-     * (Scales and biases are 1/16 of a 4-bit checkpoint; dense weights are not scanned.) */
-    if ((rc = check_finite(ts, rows, cols / q.group_size)) || (rc = check_finite(tb, rows, cols / q.group_size)))
-        return rc;
-    w->format = TLLM_WF_AFFINE;
+    w->format = f;
     w->dtype = ts->dtype;
     w->bits = q.bits;
     w->group_size = q.group_size;
     w->w = tw->data;
     w->scales = ts->data;
-    w->biases = tb->data;
     w->name = tw->name;
     return TLLM_OK;
 }
@@ -258,6 +295,16 @@ size_t tllm_model_bytes_per_token(const struct tllm_model *m) {
              tllm_qw_nbytes(&L->w_down);
     }
     return b;
+}
+
+double tllm_model_bits_per_weight(const struct tllm_model *m) {
+    double bits = 8.0 * (double)tllm_qw_nbytes(&m->lm_head), n = (double)m->lm_head.rows * m->lm_head.cols;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        const struct tllm_qweights *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) bits += 8.0 * (double)tllm_qw_nbytes(ws[i]), n += (double)ws[i]->rows * ws[i]->cols;
+    }
+    return bits / n;
 }
 
 size_t tllm_model_n_params(const struct tllm_model *m) {

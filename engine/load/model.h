@@ -45,12 +45,36 @@ struct tllm_model {
 int tllm_model_load(const char *dir, struct tllm_model **out);
 void tllm_model_free(struct tllm_model *m);
 
+/* For the loaders: find `name`, requiring a float dtype (when float_only) and the 1-D or 2-D shape
+ * [d0(, d1)]; errors name the file, the tensor and both shapes. */
+int tllm_model_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim, int64_t d0, int64_t d1,
+                      const struct tllm_tensor **out);
+/* Free p with the model (p is freed at once when that fails). */
+int tllm_model_own(struct tllm_model *m, void *p);
+
+/* GPTQ and AWQ checkpoints (Qwen's -GPTQ-Int4/-Int8 and -AWQ releases), in gptq_awq.c: their integer
+ * codes, zero points and scales converted on load into the affine layout every kernel reads.
+ * Bind `module` (w->rows x w->cols set by the caller) from M.qweight, M.qzeros, M.scales (and GPTQ's
+ * M.g_idx) as config.json's quantization_config describes them. GPTQ:
+ *   qweight int32 [cols*bits/32, rows], codes packed along the input, lowest bits first;
+ *   qzeros int32 [groups, rows*bits/32], packed along the output, stored minus one in the original
+ *   "gptq" checkpoint format; scales [groups, rows]; g_idx int32 [cols], each input's group;
+ *   w[r][i] = scales[g][r] * (q - zero[g][r]) with g = g_idx[i].
+ * AWQ (GEMM): qweight int32 [cols, rows/8] and qzeros [groups, rows/8], packed along the output with
+ * the 8 nibbles of a word holding outputs 0 2 4 6 1 3 5 7; w = scales * (q - zero).
+ * The result is affine (scale s, bias -s*zero, float32), codes in mlx's order; GPTQ act-order columns
+ * are stored sorted by group with w->perm giving each one's input. */
+int tllm_bind_gptq_awq(struct tllm_model *m, const char *module, struct tllm_qweights *w);
+
 /* Re-pack every affine linear (and the lm_head) for the integer-activation kernels (kernels/cpu/qpack.h):
  * faster, within ~1e-2 of the float path. Unpacked weights keep the exact float kernels. */
 int tllm_model_pack(struct tllm_model *m);
 
 /* Bytes of weights read to decode one token (every linear once, the lm_head, one embedding row). */
 size_t tllm_model_bytes_per_token(const struct tllm_model *m);
+/* Bits per weight of the matrices a decoded token reads (the linears and the lm_head; scales and
+ * biases included), as stored. */
+double tllm_model_bits_per_weight(const struct tllm_model *m);
 /* Number of parameters (unquantized count). */
 size_t tllm_model_n_params(const struct tllm_model *m);
 

@@ -41,7 +41,7 @@ static int parse_entry(const struct tllm_st_file *f, const char *name, struct js
     t->dtype = tllm_dtype_parse(json_object_get_string(jd));
     if (t->dtype == TLLM_DT_INVALID)
         return tllm_fail(TLLM_ERR_UNSUPPORTED,
-                         "%s: tensor '%s': dtype %s is not supported (U32, BF16, F16, F32 are)",
+                         "%s: tensor '%s': dtype %s is not supported (U32, I32, U8, BF16, F16, F32 are)",
                          f->path, name, json_object_get_string(jd));
     size_t nd = json_object_array_length(js);
     if (nd > TLLM_ST_MAX_DIMS)

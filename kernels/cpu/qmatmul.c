@@ -1,6 +1,7 @@
 /* Portable fast path: each row is dequantized one chunk at a time and the chunk is reused for
  * every token, so the unpacking cost is paid once per row rather than once per token. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/qmatmul.h"
@@ -9,7 +10,8 @@
 
 #define QM_CHUNK 256 /* a multiple of every group size */
 
-/* Dequantize columns [c0, c0+len) of row r into out (len a multiple of the group size, or the tail). */
+/* Dequantize columns [c0, c0+len) of row r into out (c0 and len multiples of 32, or of the group size
+ * when it is smaller, for quantized formats; groups larger than the chunk are dequantized in pieces). */
 static void dequant_chunk(const struct tllm_qweights *w, int r, int c0, int len, float *out) {
     if (w->format == TLLM_WF_DENSE) {
         tllm_convert_to_f32((const char *)w->w + ((size_t)r * w->cols + c0) * tllm_dtype_size(w->dtype),
@@ -17,14 +19,33 @@ static void dequant_chunk(const struct tllm_qweights *w, int r, int c0, int len,
         return;
     }
     const int ng = w->cols / w->group_size, bits = w->bits, per_word = 32 / bits;
-    const uint32_t mask = (1u << bits) - 1;
-    const uint32_t *row = (const uint32_t *)w->w + (size_t)r * (size_t)(w->cols / per_word);
-    for (int g0 = c0; g0 < c0 + len; g0 += w->group_size) {
-        size_t gi = (size_t)r * ng + (size_t)(g0 / w->group_size);
-        float s = tllm_load_f32(w->scales, w->dtype, gi), b = tllm_load_f32(w->biases, w->dtype, gi);
-        const uint32_t *wp = row + g0 / per_word;
+    const uint32_t *row = (const uint32_t *)w->w + (size_t)r * (size_t)w->cols * (size_t)bits / 32;
+    for (int g0 = c0, g1; g0 < c0 + len; g0 = g1) {
+        const int g = g0 / w->group_size, gs = (g1 = (g + 1) * w->group_size < c0 + len ? (g + 1) * w->group_size : c0 + len) - g0;
+        size_t gi = (size_t)r * ng + (size_t)g;
+        float s = tllm_qw_scale(w, r, g);
         float *o = out + (g0 - c0);
-        int words = w->group_size / per_word;
+        if (w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4) {
+            const uint32_t *wp = row + g0 / 8;
+            float v[16];
+            for (int i = 0; i < 16; i++) v[i] = s * tllm_e2m1_to_f32((uint32_t)i);
+            for (int k = 0; k < gs / 8; k++)
+                for (int e = 0; e < 8; e++) o[k * 8 + e] = v[(wp[k] >> (e * 4)) & 15u];
+            continue;
+        }
+        if (w->format == TLLM_WF_MXFP8) {
+            const uint8_t *wp = (const uint8_t *)(row + g0 / 4); /* little-endian words: bytes in column order */
+            for (int j = 0; j < gs; j++) o[j] = s * tllm_e4m3_to_f32(wp[j]);
+            continue;
+        }
+        float b = tllm_load_f32(w->biases, w->dtype, gi);
+        if (32 % bits) { /* 3, 5, 6 bits: codes straddle words */
+            for (int j = 0; j < gs; j++) o[j] = s * (float)tllm_qw_code(w, r, g0 + j) + b;
+            continue;
+        }
+        const uint32_t *wp = row + g0 / per_word;
+        const uint32_t mask = (1u << bits) - 1;
+        int words = gs / per_word;
         switch (bits) { /* constant shifts per case, so each loop vectorizes */
         case 4:
             for (int k = 0; k < words; k++)
@@ -55,7 +76,27 @@ void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
 #define QM_MATVEC_MAX_TOKENS 2 /* up to this many tokens, unpack in registers per token (decode) */
 #define QM_MAX_GROUPS 4096     /* per-group x sums live on the stack */
 
+/* x's columns in w's stored order, and w without its permutation (GPTQ act-order). NULL when out of
+ * memory: the caller then takes the reference kernel, which reads x through the permutation. */
+static float *unpermute(const struct tllm_qweights *w, const float *x, int n, struct tllm_qweights *plain) {
+    float *xp = malloc((size_t)n * (size_t)w->cols * sizeof *xp);
+    if (!xp) return NULL;
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < w->cols; j++) xp[(size_t)t * w->cols + j] = x[(size_t)t * w->cols + w->perm[j]];
+    *plain = *w;
+    plain->perm = NULL;
+    return xp;
+}
+
 void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
+    if (w->perm) {
+        struct tllm_qweights plain;
+        float *xp = unpermute(w, x, n, &plain);
+        if (xp) tllm_qmatmul(&plain, xp, n, y, r0, r1);
+        else tllm_qmatmul_ref(w, x, n, y, r0, r1);
+        free(xp);
+        return;
+    }
     if (w->format == TLLM_WF_AFFINE && (w->bits == 4 || w->bits == 8) && n <= QM_MATVEC_MAX_TOKENS &&
         w->cols / w->group_size <= QM_MAX_GROUPS && tllm_cpu_has_avx2()) {
         float xsum[QM_MAX_GROUPS];
@@ -75,6 +116,14 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
 }
 
 void tllm_qmatmul_tiled(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
+    if (w->perm) {
+        struct tllm_qweights plain;
+        float *xp = unpermute(w, x, n, &plain);
+        if (xp) tllm_qmatmul_tiled(&plain, xp, n, y, r0, r1);
+        else tllm_qmatmul_ref(w, x, n, y, r0, r1);
+        free(xp);
+        return;
+    }
     float buf[QM_CHUNK];
     for (int r = r0; r < r1; r++) {
         for (int t = 0; t < n; t++) y[(size_t)t * w->rows + r] = 0.0f;

@@ -10,8 +10,15 @@
 #include "kernels/cpu/cpu_features.h"
 
 int tllm_qpack_supported(const struct tllm_qweights *w) {
-    return w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8) &&
-           w->cols % TLLM_XQ_BLOCK == 0 && w->group_size % TLLM_XQ_BLOCK == 0;
+    return (w->format == TLLM_WF_AFFINE || w->format == TLLM_WF_MXFP4) && w->cols % TLLM_XQ_BLOCK == 0 &&
+           w->group_size % TLLM_XQ_BLOCK == 0;
+}
+
+/* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8); mxfp4's
+ * E2M1 codes as 2 x value + 12, 0..24, in 8 bits */
+static int pack_bits(const struct tllm_qweights *w) {
+    if (w->format == TLLM_WF_MXFP4) return 8;
+    return w->bits <= 2 ? 2 : w->bits <= 4 ? 4 : 8;
 }
 
 static void *alloc64(size_t n) {
@@ -19,8 +26,16 @@ static void *alloc64(size_t n) {
     return posix_memalign(&p, 64, n ? n : 64) ? NULL : p;
 }
 
-/* Codes of row r as one byte each. */
+/* Codes of row r as one byte each, as the pack holds them. */
 static void unpack_row(const struct tllm_qweights *w, int r, uint8_t *out) {
+    if (w->format == TLLM_WF_MXFP4) {
+        for (int j = 0; j < w->cols; j++) out[j] = (uint8_t)(tllm_e2m1_x2[tllm_qw_code(w, r, j)] + 12);
+        return;
+    }
+    if (32 % w->bits) {
+        for (int j = 0; j < w->cols; j++) out[j] = (uint8_t)tllm_qw_code(w, r, j);
+        return;
+    }
     const int bits = w->bits, per_word = 32 / bits;
     const uint32_t mask = (1u << bits) - 1;
     const uint32_t *row = (const uint32_t *)w->w + (size_t)r * (size_t)(w->cols / per_word);
@@ -28,14 +43,36 @@ static void unpack_row(const struct tllm_qweights *w, int r, uint8_t *out) {
         for (int e = 0; e < per_word; e++) out[k * per_word + e] = (uint8_t)((row[k] >> (e * bits)) & mask);
 }
 
+static uint16_t bf16_bits(float f) { /* exact for the powers of two (times 1 or 3) it is given */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* Scale and bias of group g of row r into the pack's dtype: copied, or (mxfp4) the E8M0 scale 2^(e-127)
+ * halved for the doubled codes, and the bias taking the +12 back out */
+static void group_params(const struct tllm_qweights *w, int r, int g, enum tllm_dtype pdt, void *s, void *b) {
+    if (w->format == TLLM_WF_MXFP4) {
+        float sc = 0.5f * tllm_qw_scale(w, r, g);
+        uint16_t sv = bf16_bits(sc), bv = bf16_bits(-12.0f * sc);
+        memcpy(s, &sv, 2);
+        memcpy(b, &bv, 2);
+        return;
+    }
+    size_t esz = tllm_dtype_size(pdt), i = ((size_t)r * (size_t)(w->cols / w->group_size) + (size_t)g) * esz;
+    memcpy(s, (const char *)w->scales + i, esz);
+    memcpy(b, (const char *)w->biases + i, esz);
+}
+
 int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
     memset(p, 0, sizeof *p);
     if (!tllm_qpack_supported(w)) return tllm_fail(TLLM_ERR_ARG, "%s: cannot be packed for int8 activations", w->name);
-    const int R = TLLM_QPACK_ROWS, per = 8 / w->bits, ng = w->cols / w->group_size;
-    const size_t esz = tllm_dtype_size(w->dtype);
-    p->rows = w->rows, p->cols = w->cols, p->bits = w->bits, p->group_size = w->group_size, p->dtype = w->dtype;
+    const int R = TLLM_QPACK_ROWS, bits = pack_bits(w), per = 8 / bits, ng = w->cols / w->group_size;
+    const enum tllm_dtype pdt = w->format == TLLM_WF_MXFP4 ? TLLM_DT_BF16 : w->dtype;
+    const size_t esz = tllm_dtype_size(pdt);
+    p->rows = w->rows, p->cols = w->cols, p->bits = bits, p->group_size = w->group_size, p->dtype = pdt;
     p->n_blocks = (w->rows + R - 1) / R;
-    p->block_bytes = (size_t)R * w->cols * w->bits / 8;
+    p->block_bytes = (size_t)R * w->cols * bits / 8;
     p->codes = alloc64((size_t)p->n_blocks * p->block_bytes);
     p->scales = alloc64((size_t)p->n_blocks * ng * R * esz);
     p->biases = alloc64((size_t)p->n_blocks * ng * R * esz);
@@ -57,16 +94,15 @@ int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
             for (int i = 0; i < R; i++)
                 for (int j = 0; j < 4; j++) {
                     unsigned byte = 0;
-                    for (int m = 0; m < per; m++) byte |= (unsigned)tmp[(size_t)i * w->cols + c * chunk_cols + 4 * m + j] << (w->bits * m);
+                    for (int m = 0; m < per; m++) byte |= (unsigned)tmp[(size_t)i * w->cols + c * chunk_cols + 4 * m + j] << (bits * m);
                     dst[4 * i + j] = (uint8_t)byte;
                 }
         for (int g = 0; g < ng; g++)
             for (int i = 0; i < R; i++) {
                 int r = b * R + i;
-                size_t d = (((size_t)b * ng + g) * R + i) * esz, s = ((size_t)r * ng + g) * esz;
+                size_t d = (((size_t)b * ng + g) * R + i) * esz;
                 if (r < w->rows) {
-                    memcpy((char *)p->scales + d, (const char *)w->scales + s, esz);
-                    memcpy((char *)p->biases + d, (const char *)w->biases + s, esz);
+                    group_params(w, r, g, pdt, (char *)p->scales + d, (char *)p->biases + d);
                 } else {
                     memset((char *)p->scales + d, 0, esz);
                     memset((char *)p->biases + d, 0, esz);

@@ -22,7 +22,7 @@
 #define TLLM_XQ_BLOCK 32    /* activation elements per int8 scale */
 
 struct tllm_qpack {
-    int rows, cols, bits, group_size;
+    int rows, cols, bits, group_size; /* bits: the pack's code width, 2, 4 or 8 */
     enum tllm_dtype dtype;   /* of scales and biases */
     int n_blocks;            /* ceil(rows / 16) */
     size_t block_bytes;      /* codes per row block: 16 * cols * bits / 8 */
@@ -47,7 +47,11 @@ struct tllm_xq {
     int n2;          /* tokens [0, n2) have two levels */
 };
 
-/* 1 if w can be packed: affine, bits 2/4/8, cols a multiple of 32 (every supported group is). */
+/* 1 if w can be packed: affine (any bits: 1 and 3 take 2 and 4 bits in the pack, 5 and 6 take 8) or
+ * mxfp4 (E2M1 codes as 2 x value + 12 in 8 bits, the E8M0 scale and the offset as bf16 scale and bias),
+ * groups of whole activation blocks. The pack keeps w's stored column order: where w->perm is set,
+ * the caller quantizes the activations in that order. nvfp4's groups of 16 and mxfp8's E4M3 codes
+ * do not fit the integer form: they take the float kernels. */
 int tllm_qpack_supported(const struct tllm_qweights *w);
 /* Pack w (rows [0, rows)); returns TLLM_OK or TLLM_ERR_NOMEM. */
 int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w);

@@ -13,7 +13,8 @@
  *   edge  = |min| > |max| ? min : max;  q0 = rint(edge / scale)
  *   if q0 != 0: scale = edge / q0, bias = edge; else bias = 0
  *   q = clamp(rint((w - bias) / scale), 0, 2^B - 1)
- * The codes use the float32 scale; scale and bias are rounded to sb_dtype only when stored. */
+ * (one bit: scale = max - min, bias = min, as mlx). The codes use the float32 scale; scale and bias
+ * are rounded to sb_dtype only when stored. 3-, 5- and 6-bit codes continue across words. */
 void tllm_quantize_row_affine(const float *w, int cols, int bits, int group_size, enum tllm_dtype sb_dtype,
                               uint32_t *q, void *scales, void *biases);
 

@@ -57,6 +57,7 @@ struct tllm_cpu {
     int8_t *xq2;        /* [n_batch x max_cols] second level, for generated tokens */
     float *xq_d;        /* [n_batch x max_cols/32] */
     float *xq_sum;      /* [n_batch x max_cols/32] */
+    float *xperm;       /* [n_batch x max_cols] a matmul input in a weight's column order (GPTQ act-order), or NULL */
     float *logits;      /* [n_logits x vocab], for steps that ask for argmax ids */
     int n_logits;
     /* the current step */
@@ -77,11 +78,12 @@ struct act {
     int n_gen;      /* the first n_gen tokens are generated ones (tllm_batch.n_gen) */
     struct tllm_xq q;
     int quantized;
+    float *perm_buf; /* room for x in a permuted column order (tllm_qweights.perm) */
 };
 
 static struct act act_of(struct tllm_cpu *cpu, const float *x, int n, int cols, int n_gen) {
     int n2 = cpu->m->decode_levels == 1 ? 0 : n_gen;
-    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n2}, 0};
+    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n2}, 0, cpu->xperm};
     return a;
 }
 
@@ -134,7 +136,7 @@ static void quantize_task(void *arg, int ith, int nth) {
 
 /* y_i[n x rows_i] = x[n x cols] . W_i^T for nw weights of one input, their rows split over the thread
  * pool in one dispatch (each dispatch ends in a barrier, which a decode step pays per matmul). */
-static void linears(struct act *a, int nw, const struct tllm_qweights *const *w, float *const *y) {
+static void linears_plain(struct act *a, int nw, const struct tllm_qweights *const *w, float *const *y) {
     int packed = 0;
     for (int i = 0; i < nw; i++) packed |= w[i]->pack != NULL;
     if (packed && !a->quantized) {
@@ -152,6 +154,38 @@ static void linears(struct act *a, int nw, const struct tllm_qweights *const *w,
     }
     atomic_init(&la.next, 0);
     tllm_parallel(linear_task, &la);
+}
+
+static int same_perm(const struct tllm_qweights *a, const struct tllm_qweights *b) {
+    return a->perm == b->perm || (a->perm && b->perm && a->cols == b->cols && !memcmp(a->perm, b->perm, (size_t)a->cols * sizeof *a->perm));
+}
+
+/* The same, where some weights read their inputs in another order (GPTQ act-order): the input is
+ * permuted once for each order (q, k and v share theirs), and those weights run as plain ones on it. */
+static void linears(struct act *a, int nw, const struct tllm_qweights *const *w, float *const *y) {
+    int done[LINEAR_MAX_W] = {0}, n_plain = 0;
+    const struct tllm_qweights *ws[LINEAR_MAX_W];
+    float *ys[LINEAR_MAX_W];
+    for (int i = 0; i < nw; i++)
+        if (!w[i]->perm) ws[n_plain] = w[i], ys[n_plain++] = y[i], done[i] = 1;
+    if (n_plain) linears_plain(a, n_plain, ws, ys);
+    struct tllm_qweights plain[LINEAR_MAX_W];
+    for (int i = 0; i < nw; i++) {
+        if (done[i]) continue;
+        const int32_t *perm = w[i]->perm;
+        for (int t = 0; t < a->n; t++)
+            for (int j = 0; j < a->cols; j++) a->perm_buf[(size_t)t * a->cols + j] = a->x[(size_t)t * a->cols + perm[j]];
+        struct act pa = *a;
+        pa.x = a->perm_buf, pa.quantized = 0;
+        int k = 0;
+        for (int j = i; j < nw; j++)
+            if (!done[j] && same_perm(w[i], w[j])) {
+                plain[k] = *w[j], plain[k].perm = NULL;
+                ws[k] = &plain[k], ys[k++] = y[j], done[j] = 1;
+            }
+        linears_plain(&pa, k, ws, ys);
+        a->quantized = 0; /* the int8 buffers now hold the permuted input */
+    }
 }
 
 static void linear(const struct tllm_qweights *w, struct act *a, float *y) { linears(a, 1, &w, &y); }
@@ -398,6 +432,7 @@ static void cpu_free(struct tllm_backend *b) {
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(cpu->xq);
     free(cpu->xq2);
+    free(cpu->xperm);
     free(cpu->runs);
     free(cpu->tasks);
     free(cpu->seen);
@@ -447,6 +482,15 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->xq2 = malloc(nb * max_cols);
     cpu->xq_d = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
     cpu->xq_sum = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
+    int permuted = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct tllm_layer *L = &m->layers[l];
+        permuted |= L->wq.perm || L->wk.perm || L->wv.perm || L->wo.perm || L->w_gate.perm || L->w_up.perm || L->w_down.perm;
+    }
+    if (permuted && !(cpu->xperm = malloc(nb * max_cols * sizeof(float)))) {
+        cpu_free(&cpu->base);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
     cpu->runs = malloc(nb * sizeof *cpu->runs);
     cpu->tasks = malloc(nb * (size_t)c->n_kv_heads * sizeof *cpu->tasks);
     cpu->seen = calloc((size_t)kv->max_seqs, sizeof *cpu->seen);

@@ -54,7 +54,8 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateContext on %s: %s", cl->name, tllm_cl_err_name(e));
     cl->q = clCreateCommandQueue(cl->cx, cl->dev, cl->profile ? CL_QUEUE_PROFILING_ENABLE : 0, &e);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateCommandQueue: %s", tllm_cl_err_name(e));
-    int rc = tllm_cl_build_program(cl, 1);
+    int rc = tllm_cl_check_formats(m);
+    if (!rc) rc = tllm_cl_build_program(cl, 1);
     if (!rc) rc = tllm_cl_read_tunables(cl);
     if (!rc) rc = tllm_cl_check_shapes(cl);
     if (rc) return rc;

@@ -143,6 +143,8 @@ int tllm_cl_n_mats(const struct tllm_model *m);
 const struct tllm_qweights *tllm_cl_model_mat(const struct tllm_model *m, int i);
 int tllm_cl_upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, const char *what);
 void tllm_cl_mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, struct cl_weights **cw);
+/* Refuse a model with a weight format the device kernels do not implement (before compiling them). */
+int tllm_cl_check_formats(const struct tllm_model *m);
 int tllm_cl_upload_all_weights(struct tllm_cl *cl);
 void tllm_cl_release_weights(struct cl_weights *cw);
 int tllm_cl_device_buffer(struct tllm_cl *cl, cl_mem *out, size_t n, const char *what);

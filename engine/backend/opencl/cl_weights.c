@@ -21,6 +21,19 @@ const struct tllm_qweights *tllm_cl_model_mat(const struct tllm_model *m, int i)
     return ws[(i - 2) % 7];
 }
 
+int tllm_cl_check_formats(const struct tllm_model *m) {
+    for (int i = 0; i < tllm_cl_n_mats(m); i++) {
+        const struct tllm_qweights *w = tllm_cl_model_mat(m, i);
+        int ok = w->format == TLLM_WF_DENSE || (w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8));
+        if (!ok || w->perm)
+            return tllm_fail(TLLM_ERR_UNSUPPORTED,
+                             "opencl: %s: %s %d-bit weights%s are not supported by the device kernels yet (affine 2/4/8-bit "
+                             "and dense are); run it on the CPU",
+                             w->name, tllm_wformat_name(w->format), w->bits, w->perm ? " in act-order" : "");
+    }
+    return TLLM_OK;
+}
+
 int tllm_cl_upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, const char *what) {
     cl_int e;
     *out = clCreateBuffer(cl->cx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, n ? n : 4, (void *)p, &e);
