@@ -127,6 +127,62 @@ put(st, bytes(b), "wb")
 case("NaN in scales", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/nan-scales/model.safetensors: tensor 'model.layers.1.self_attn.o_proj.scales' has a non-finite value (nan) at [2, 1]")
 
+# the other quantized formats: malformed scales, modes and GPTQ/AWQ fields
+d = copy_model("mxfp4-nan", os.path.join(DATA, "models", "mxfp4"))
+st = os.path.join(d, "model.safetensors")
+h, base = header(st)
+off = base + h["model.layers.0.mlp.up_proj.scales"]["data_offsets"][0] + 2 * 3 + 1  # [3, 1] of [128, 2]
+b = bytearray(open(st, "rb").read())
+b[off] = 0xFF  # E8M0 NaN
+put(st, bytes(b), "wb")
+case("mxfp4 NaN scale", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/mxfp4-nan/model.safetensors: tensor 'model.layers.0.mlp.up_proj.scales' has a NaN scale (byte 0xff) at [3, 1]")
+
+d = copy_model("mode-on-affine")
+edit_config(d, lambda c: c.update(quantization={"group_size": 64, "bits": 4, "mode": "mxfp4"}))
+case("mode disagrees with the tensors", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/mode-on-affine/config.json: quantization: bits=4 group_size=64 is not supported for mode mxfp4 (affine: bits 1-6 or 8, group size 32, 64, 128; mxfp4: 4 and 32; nvfp4: 4 and 16; mxfp8: 8 and 32)")
+
+d = copy_model("mode-on-affine-32", os.path.join(DATA, "models", "bf16-as-q4-g32"))
+edit_config(d, lambda c: c.update(quantization={"group_size": 32, "bits": 4, "mode": "mxfp4"}))
+case("mxfp4 config on affine tensors", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/mode-on-affine-32/model.safetensors: tensor 'model.embed_tokens.scales' has dtype BF16, expected U8 (mxfp4 scales)")
+
+d = copy_model("mode-unknown")
+edit_config(d, lambda c: c.update(quantization={"group_size": 64, "bits": 4, "mode": "fp3"}))
+case("unknown mode", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/mode-unknown/config.json: quantization: quantization mode 'fp3' is not supported (affine, mxfp4, nvfp4, mxfp8 are)")
+
+d = copy_model("gptq-gidx", os.path.join(DATA, "models", "gptq-int8-act-order"))
+st = os.path.join(d, "model.safetensors")
+h, base = header(st)
+off = base + h["model.layers.1.mlp.down_proj.g_idx"]["data_offsets"][0] + 4 * 7
+b = bytearray(open(st, "rb").read())
+b[off : off + 4] = struct.pack("<i", 9)
+put(st, bytes(b), "wb")
+case("GPTQ group index out of range", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/gptq-gidx/model.safetensors: tensor 'model.layers.1.mlp.down_proj.g_idx': group index 9 at [7] is outside [0, 4)")
+
+d = copy_model("gptq-method", os.path.join(DATA, "models", "gptq-int4"))
+edit_config(d, lambda c: c["quantization_config"].update(quant_method="exl2"))
+case("unknown quant_method", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/gptq-method/config.json: quantization_config: quant_method 'exl2' is not supported (mlx, gptq, awq are)")
+
+d = copy_model("gptq-bits", os.path.join(DATA, "models", "gptq-int4"))
+edit_config(d, lambda c: c["quantization_config"].update(bits=3))
+case("GPTQ 3-bit", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/gptq-bits/config.json: quantization_config: GPTQ with bits=3 is not supported (2, 4, 8 are)")
+
+d = copy_model("awq-gemv", os.path.join(DATA, "models", "awq-int4"))
+edit_config(d, lambda c: c["quantization_config"].update(version="gemv"))
+case("AWQ GEMV", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/awq-gemv/config.json: quantization_config: AWQ version 'gemv' is not supported (gemm is)")
+
+d = copy_model("gptq-shape", os.path.join(DATA, "models", "gptq-int4"))
+edit_config(d, lambda c: c["quantization_config"].update(group_size=64))
+case("GPTQ group size disagrees with qzeros", ["generate", "-m", d] + IDS, 1,
+     "tllm: {T}/gptq-shape/model.safetensors: tensor 'model.layers.0.self_attn.q_proj.qzeros' has shape [2, 8] but config.json implies [1, 8]")
+
 d = copy_model("group", os.path.join(DATA, "models", "gqa7-hd64-sharded"))
 edit_config(d, lambda c: c.update(quantization={"group_size": 128, "bits": 4}, quantization_config={"group_size": 128, "bits": 4}))
 case("group size not dividing the row", ["generate", "-m", d] + IDS, 1,
