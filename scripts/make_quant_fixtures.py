@@ -35,6 +35,18 @@ def load_src(data):
     return mx.load(os.path.join(data, SRC, "model.safetensors"))
 
 
+def mlx_quantize(w, mode, bits, gs):
+    """mlx.core.quantize's arrays, and mlx.core.dequantize's float32 values (affine scales and biases
+    widened first, so the values are scale * q + bias exactly as tllm computes them)."""
+    q = mx.quantize(w, group_size=gs, bits=bits, mode=mode)
+    if mode == "affine":
+        d = mx.dequantize(q[0], q[1].astype(mx.float32), q[2].astype(mx.float32), group_size=gs, bits=bits, mode=mode,
+                          dtype=mx.float32)
+    else:
+        d = mx.dequantize(q[0], q[1], group_size=gs, bits=bits, mode=mode, dtype=mx.float32)
+    return q, d
+
+
 def quant_vectors(data):
     rng = np.random.default_rng(7)
     out = {}
@@ -50,16 +62,12 @@ def quant_vectors(data):
         x[3, 40:48] = 448.0 * 2              # beyond fp8's range before the scale
         src = mx.array(x).astype(dt)
         name = f"{mode}_b{bits}_g{gs}_{str(dt).split('.')[-1]}"
-        q = mx.quantize(src, group_size=gs, bits=bits, mode=mode)
+        q, deq = mlx_quantize(src, mode, bits, gs)
         out[name + ".source"] = src
         out[name + ".weight"] = q[0]
         out[name + ".scales"] = q[1]
         if mode == "affine":
             out[name + ".biases"] = q[2]
-            deq = mx.dequantize(q[0], q[1].astype(mx.float32), q[2].astype(mx.float32), group_size=gs, bits=bits,
-                                mode=mode, dtype=mx.float32)
-        else:
-            deq = mx.dequantize(q[0], q[1], group_size=gs, bits=bits, mode=mode, dtype=mx.float32)
         out[name + ".dequant"] = deq
     mx.save_safetensors(os.path.join(data, "mlx-quantize-modes.safetensors"), out)
     print("mlx-quantize-modes.safetensors:", len(cases), "cases")
@@ -88,15 +96,11 @@ def mlx_model(src, cfg, default, overrides):
             continue
         mode, bits, gs = spec
         w = src[m + ".weight"]
-        q = mx.quantize(w, group_size=gs, bits=bits, mode=mode)
+        q, d = mlx_quantize(w, mode, bits, gs)
         del tensors[m + ".weight"]
         tensors[m + ".weight"], tensors[m + ".scales"] = q[0], q[1]
         if mode == "affine":
             tensors[m + ".biases"] = q[2]
-            d = mx.dequantize(q[0], q[1].astype(mx.float32), q[2].astype(mx.float32), group_size=gs, bits=bits,
-                              mode=mode, dtype=mx.float32)
-        else:
-            d = mx.dequantize(q[0], q[1], group_size=gs, bits=bits, mode=mode, dtype=mx.float32)
         deq[m + ".weight"] = np.array(d)
     return tensors, deq, quant
 

@@ -43,6 +43,16 @@ def header(path):
     return json.loads(b[8 : 8 + n]), 8 + n
 
 
+def patch_tensor(d, tensor, at, data):
+    """Overwrite bytes [at, at + len(data)) of a tensor's data in d/model.safetensors."""
+    st = os.path.join(d, "model.safetensors")
+    h, base = header(st)
+    off = base + h[tensor]["data_offsets"][0] + at
+    b = bytearray(open(st, "rb").read())
+    b[off : off + len(data)] = data
+    put(st, bytes(b), "wb")
+
+
 def put(path, data, mode="w"):
     with open(path, mode) as f:
         f.write(data)
@@ -118,23 +128,13 @@ case("tensor shape disagrees with config", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/shape/model.safetensors: tensor 'model.layers.0.mlp.gate_proj.scales' has shape [384, 2] but config.json implies [256, 2]")
 
 d = copy_model("nan-scales")
-st = os.path.join(d, "model.safetensors")
-h, base = header(st)
-off = base + h["model.layers.1.self_attn.o_proj.scales"]["data_offsets"][0] + 2 * 5  # [0, 5]: row 2, group 1
-b = bytearray(open(st, "rb").read())
-b[off : off + 2] = struct.pack("<H", 0x7FC0)  # bf16 NaN
-put(st, bytes(b), "wb")
+patch_tensor(d, "model.layers.1.self_attn.o_proj.scales", 2 * 5, struct.pack("<H", 0x7FC0))  # [2, 1]: bf16 NaN
 case("NaN in scales", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/nan-scales/model.safetensors: tensor 'model.layers.1.self_attn.o_proj.scales' has a non-finite value (nan) at [2, 1]")
 
 # the other quantized formats: malformed scales, modes and GPTQ/AWQ fields
 d = copy_model("mxfp4-nan", os.path.join(DATA, "models", "mxfp4"))
-st = os.path.join(d, "model.safetensors")
-h, base = header(st)
-off = base + h["model.layers.0.mlp.up_proj.scales"]["data_offsets"][0] + 2 * 3 + 1  # [3, 1] of [128, 2]
-b = bytearray(open(st, "rb").read())
-b[off] = 0xFF  # E8M0 NaN
-put(st, bytes(b), "wb")
+patch_tensor(d, "model.layers.0.mlp.up_proj.scales", 2 * 3 + 1, b"\xff")  # [3, 1] of [128, 2]: E8M0 NaN
 case("mxfp4 NaN scale", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/mxfp4-nan/model.safetensors: tensor 'model.layers.0.mlp.up_proj.scales' has a NaN scale (byte 0xff) at [3, 1]")
 
@@ -154,12 +154,7 @@ case("unknown mode", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/mode-unknown/config.json: quantization: quantization mode 'fp3' is not supported (affine, mxfp4, nvfp4, mxfp8 are)")
 
 d = copy_model("gptq-gidx", os.path.join(DATA, "models", "gptq-int8-act-order"))
-st = os.path.join(d, "model.safetensors")
-h, base = header(st)
-off = base + h["model.layers.1.mlp.down_proj.g_idx"]["data_offsets"][0] + 4 * 7
-b = bytearray(open(st, "rb").read())
-b[off : off + 4] = struct.pack("<i", 9)
-put(st, bytes(b), "wb")
+patch_tensor(d, "model.layers.1.mlp.down_proj.g_idx", 4 * 7, struct.pack("<i", 9))
 case("GPTQ group index out of range", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/gptq-gidx/model.safetensors: tensor 'model.layers.1.mlp.down_proj.g_idx': group index 9 at [7] is outside [0, 4)")
 

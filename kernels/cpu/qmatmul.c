@@ -76,25 +76,28 @@ void tllm_qw_dequant_row(const struct tllm_qweights *w, int r, float *out) {
 #define QM_MATVEC_MAX_TOKENS 2 /* up to this many tokens, unpack in registers per token (decode) */
 #define QM_MAX_GROUPS 4096     /* per-group x sums live on the stack */
 
-/* x's columns in w's stored order, and w without its permutation (GPTQ act-order). NULL when out of
- * memory: the caller then takes the reference kernel, which reads x through the permutation. */
-static float *unpermute(const struct tllm_qweights *w, const float *x, int n, struct tllm_qweights *plain) {
+typedef void qmatmul_fn(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1);
+
+/* A permuted weight (GPTQ act-order) through kernel k: x gathered into w's stored column order, then w
+ * without its permutation (the reference kernel, which reads x through it, when out of memory). The
+ * forward pass permutes its inputs itself, once a step; this serves the other callers. */
+static void permuted(qmatmul_fn *k, const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
     float *xp = malloc((size_t)n * (size_t)w->cols * sizeof *xp);
-    if (!xp) return NULL;
+    if (!xp) {
+        tllm_qmatmul_ref(w, x, n, y, r0, r1);
+        return;
+    }
     for (int t = 0; t < n; t++)
         for (int j = 0; j < w->cols; j++) xp[(size_t)t * w->cols + j] = x[(size_t)t * w->cols + w->perm[j]];
-    *plain = *w;
-    plain->perm = NULL;
-    return xp;
+    struct tllm_qweights plain = *w;
+    plain.perm = NULL;
+    k(&plain, xp, n, y, r0, r1);
+    free(xp);
 }
 
 void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
     if (w->perm) {
-        struct tllm_qweights plain;
-        float *xp = unpermute(w, x, n, &plain);
-        if (xp) tllm_qmatmul(&plain, xp, n, y, r0, r1);
-        else tllm_qmatmul_ref(w, x, n, y, r0, r1);
-        free(xp);
+        permuted(tllm_qmatmul, w, x, n, y, r0, r1);
         return;
     }
     if (w->format == TLLM_WF_AFFINE && (w->bits == 4 || w->bits == 8) && n <= QM_MATVEC_MAX_TOKENS &&
@@ -117,11 +120,7 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
 
 void tllm_qmatmul_tiled(const struct tllm_qweights *w, const float *x, int n, float *y, int r0, int r1) {
     if (w->perm) {
-        struct tllm_qweights plain;
-        float *xp = unpermute(w, x, n, &plain);
-        if (xp) tllm_qmatmul_tiled(&plain, xp, n, y, r0, r1);
-        else tllm_qmatmul_ref(w, x, n, y, r0, r1);
-        free(xp);
+        permuted(tllm_qmatmul_tiled, w, x, n, y, r0, r1);
         return;
     }
     float buf[QM_CHUNK];
