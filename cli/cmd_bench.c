@@ -76,11 +76,10 @@ static double run_test(struct cli_session *s, int depth, int n_prompt, int n_gen
 static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
     const struct tllm_qweights *w = &m->layers[0].wq;
     if (m->cfg.quant.bits == 0 && w->format == TLLM_WF_DENSE) return tllm_dtype_name(w->dtype);
-    if (w->format != TLLM_WF_AFFINE && w->format != TLLM_WF_DENSE)
-        snprintf(buf, n, "%s%s %.2f bpw", tllm_wformat_name(w->format), m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m));
-    else
-        snprintf(buf, n, "Q%d g%d%s %.2f bpw", w->bits ? w->bits : m->cfg.quant.bits, w->bits ? w->group_size : m->cfg.quant.group_size,
-                 m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m));
+    char kind[32];
+    if (w->format != TLLM_WF_AFFINE && w->format != TLLM_WF_DENSE) snprintf(kind, sizeof kind, "%s", tllm_wformat_name(w->format));
+    else snprintf(kind, sizeof kind, "Q%d g%d", w->bits ? w->bits : m->cfg.quant.bits, w->bits ? w->group_size : m->cfg.quant.group_size);
+    snprintf(buf, n, "%s%s %.2f bpw", kind, m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m));
     return buf;
 }
 

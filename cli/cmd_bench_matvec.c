@@ -123,7 +123,7 @@ int cmd_bench_matvec(int argc, char **argv) {
     }
     struct tllm_qweights probe = {.format = TLLM_WF_AFFINE, .bits = bits, .group_size = gs, .cols = gs};
     if (!tllm_quant_supported(bits, gs) || !tllm_qpack_supported(&probe))
-        cli_die("--bits %d --group-size %d: not a supported format (bits 2, 4, 8; groups 32, 64, 128)", bits, gs);
+        cli_die("--bits %d --group-size %d: not a supported format (bits 1-6 or 8; groups 32, 64, 128)", bits, gs);
     printf("| shape (in x out) | threads | int8 GB/s | float GB/s |\n| --- | ---: | ---: | ---: |\n");
     for (const char *p = shapes; *p;) {
         int in, out, len;

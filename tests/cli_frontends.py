@@ -8,16 +8,7 @@ import json, os, pty, select, shutil, signal, subprocess, sys, tempfile, time
 
 TLLM, DATA = sys.argv[1], sys.argv[2]
 SHARED = sys.argv[3] if len(sys.argv) > 3 else None
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, file=sys.stderr)
+from checks import check, finish
 
 
 def run(*args, input=None, timeout=120):
@@ -357,5 +348,4 @@ try:
 finally:
     shutil.rmtree(tmp, ignore_errors=True)
 
-print("%d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+finish()

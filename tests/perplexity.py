@@ -7,16 +7,7 @@ usage: perplexity.py TLLM DEMO_MODEL"""
 import array, json, math, os, re, subprocess, sys, tempfile
 
 TLLM, DEMO = sys.argv[1], sys.argv[2]
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, file=sys.stderr)
+from checks import check, finish
 
 
 def run(*args):
@@ -113,5 +104,4 @@ for args, want in ((["-f", path, "-c", "4096"], "fewer than one window of 4096")
                    ([], "-f TEXT is required")):
     r = run("perplexity", "-m", DEMO, *args)
     check(r.returncode == 1 and want.encode() in r.stderr, "%s: %s" % (args, r.stderr.decode()[-200:]))
-print("perplexity: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+finish("perplexity")

@@ -9,16 +9,7 @@ import http.client, json, os, re, signal, socket, subprocess, sys, tempfile, thr
 TLLM, DEMO = sys.argv[1], sys.argv[2]
 VENV = sys.argv[3] if len(sys.argv) > 3 else None
 KEY = "sk-test-" + "7" * 24
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what, file=sys.stderr, flush=True)
+from checks import check, finish
 
 
 class Server:
@@ -462,5 +453,4 @@ finally:
 r = subprocess.run([TLLM, "serve", "-m", DEMO, "--host", "not-an-ip", "--port", "0"], capture_output=True, timeout=60)
 check(r.returncode == 1 and b"--host not-an-ip" in r.stderr, "bad host: %s" % r.stderr.decode()[-200:])
 
-print("server: %d passed, %d failed" % (passed, failed))
-sys.exit(1 if failed else 0)
+finish("server")

@@ -1,5 +1,4 @@
 /* GPTQ and AWQ weights converted to the affine layout on load (the formats: engine/load/model.h). */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,13 +77,7 @@ int tllm_bind_gptq_awq(struct tllm_model *m, const char *module, struct tllm_qwe
     snprintf(name, sizeof name, "%s.qzeros", module);
     if ((rc = int_tensor(m, name, ng, rows / per, &tz))) return rc;
     snprintf(name, sizeof name, "%s.scales", module);
-    if ((rc = tllm_model_tensor(m, name, 1, 2, ng, rows, &ts))) return rc;
-    for (size_t i = 0; i < (size_t)ng * rows; i++) {
-        float v = tllm_load_f32(ts->data, ts->dtype, i);
-        if (!isfinite(v))
-            return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has a non-finite value (%g) at [%zu, %zu]", ts->file, name, v,
-                             i / (size_t)rows, i % (size_t)rows);
-    }
+    if ((rc = tllm_model_tensor(m, name, 1, 2, ng, rows, &ts)) || (rc = tllm_tensor_check_finite(ts, ng, rows))) return rc;
     int32_t *perm = NULL;
     snprintf(name, sizeof name, "%s.g_idx", module);
     if (gptq && tllm_ckpt_find(m->ckpt, name)) {

@@ -48,7 +48,7 @@ int tllm_model_tensor(const struct tllm_model *m, const char *name, int float_on
     return TLLM_OK;
 }
 
-static int check_finite(const struct tllm_tensor *t, int rows, int cols) {
+int tllm_tensor_check_finite(const struct tllm_tensor *t, int rows, int cols) {
     for (size_t i = 0, n = (size_t)rows * (size_t)cols; i < n; i++) {
         float v = tllm_load_f32(t->data, t->dtype, i);
         if (!isfinite(v))
@@ -63,7 +63,7 @@ static int bind_vector(struct tllm_model *m, const char *name, int len, float *d
     int rc = tllm_model_tensor(m, name, 1, 1, len, 0, &t);
     if (rc) return rc;
     tllm_convert_to_f32(t->data, t->dtype, dst, (size_t)len);
-    return check_finite(t, 1, len);
+    return tllm_tensor_check_finite(t, 1, len);
 }
 
 /* E8M0 255 and E4M3 S.1111.111 are NaN: a row of them would silently turn logits into NaN */
@@ -116,7 +116,7 @@ static int bind_linear(struct tllm_model *m, const char *module, int rows, int c
                              tb->file, name, tllm_dtype_name(tb->dtype), tllm_dtype_name(ts->dtype));
         /* A NaN or infinite scale/bias would silently turn whole rows of logits into NaN: refuse the file.
          * (Scales and biases are 1/16 of a 4-bit checkpoint; dense weights are not scanned.) */
-        if ((rc = check_finite(ts, rows, cols / q.group_size)) || (rc = check_finite(tb, rows, cols / q.group_size)))
+        if ((rc = tllm_tensor_check_finite(ts, rows, cols / q.group_size)) || (rc = tllm_tensor_check_finite(tb, rows, cols / q.group_size)))
             return rc;
         w->biases = tb->data;
     } else {

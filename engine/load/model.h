@@ -49,6 +49,9 @@ void tllm_model_free(struct tllm_model *m);
  * [d0(, d1)]; errors name the file, the tensor and both shapes. */
 int tllm_model_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim, int64_t d0, int64_t d1,
                       const struct tllm_tensor **out);
+/* TLLM_ERR_FORMAT naming the tensor and [row, col] of its first NaN or infinity (float dtypes, as
+ * [rows x cols]): a non-finite scale or bias would silently turn whole rows of logits into NaN. */
+int tllm_tensor_check_finite(const struct tllm_tensor *t, int rows, int cols);
 /* Free p with the model (p is freed at once when that fails). */
 int tllm_model_own(struct tllm_model *m, void *p);
 
