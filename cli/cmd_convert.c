@@ -8,20 +8,27 @@
 #include "engine/base/error.h"
 
 static const char quantize_usage[] =
-    "usage: tllm quantize IN_DIR OUT_DIR [--bits 4] [--group-size 64] [--scale-dtype bf16|f16|f32]\n"
-    "                     [--mixed mixed_LOW_HIGH] [--force]\n"
-    "  Quantizes a Hugging Face checkpoint (bf16/f16/f32 safetensors) into MLX's affine layout,\n"
-    "  bit-identical to mlx.core.quantize. --mixed gives v_proj/down_proj in some layers and the\n"
+    "usage: tllm quantize IN_DIR OUT_DIR [--mode affine|mxfp4|nvfp4|mxfp8] [--bits B] [--group-size G]\n"
+    "                     [--scale-dtype bf16|f16|f32] [--mixed mixed_LOW_HIGH] [--force]\n"
+    "  Quantizes a Hugging Face checkpoint (bf16/f16/f32 safetensors) into MLX's layout, bit-identical\n"
+    "  to mlx.core.quantize. Bits and group size default to mlx's for the mode (affine 4/64, mxfp4\n"
+    "  4/32, nvfp4 4/16, mxfp8 8/32). --mixed (affine) gives v_proj/down_proj in some layers and the\n"
     "  lm_head HIGH bits (as mlx-lm's mixed recipes). OUT_DIR is never overwritten without --force.\n";
 
 int cmd_quantize(int argc, char **argv) {
-    struct tllm_quantize_opts o = {.bits = 4, .group_size = 64, .sb_dtype = TLLM_DT_INVALID,
-                                   .progress = isatty(STDERR_FILENO)};
+    struct tllm_quantize_opts o = {.sb_dtype = TLLM_DT_INVALID, .progress = isatty(STDERR_FILENO)};
+    int bits = 0, gs = 0;
     const char *in = NULL, *out = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--bits")) o.bits = (int)cli_int(a, cli_value(argc, argv, &i), 1, 16);
-        else if (!strcmp(a, "--group-size")) o.group_size = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        if (!strcmp(a, "--bits")) bits = (int)cli_int(a, cli_value(argc, argv, &i), 1, 16);
+        else if (!strcmp(a, "--group-size")) gs = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--mode")) {
+            const char *v = cli_value(argc, argv, &i);
+            int m = tllm_qmode_parse(v);
+            if (m < 0) cli_die("--mode: '%s' is not affine, mxfp4, nvfp4 or mxfp8", v);
+            o.mode = (enum tllm_qmode)m;
+        }
         else if (!strcmp(a, "--scale-dtype")) {
             const char *v = cli_value(argc, argv, &i);
             o.sb_dtype = !strcmp(v, "bf16") ? TLLM_DT_BF16 : !strcmp(v, "f16") ? TLLM_DT_F16
@@ -38,9 +45,12 @@ int cmd_quantize(int argc, char **argv) {
         else cli_die("quantize: unexpected argument '%s'", a);
     }
     if (!in || !out) cli_die("quantize: IN_DIR and OUT_DIR are required (see tllm quantize --help)");
+    tllm_qmode_defaults(o.mode, &o.bits, &o.group_size);
+    if (bits) o.bits = bits;
+    if (gs) o.group_size = gs;
     if (tllm_quantize_checkpoint(in, out, &o)) cli_die_lib();
-    fprintf(stderr, "tllm: wrote %s (%d-bit, group %d%s%s)\n", out, o.bits, o.group_size, o.mixed ? ", " : "",
-            o.mixed ? o.mixed : "");
+    fprintf(stderr, "tllm: wrote %s (%s %d-bit, group %d%s%s)\n", out, tllm_qmode_name(o.mode), o.bits, o.group_size,
+            o.mixed ? ", " : "", o.mixed ? o.mixed : "");
     return 0;
 }
 

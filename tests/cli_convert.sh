@@ -17,6 +17,17 @@ grep -q '"quantization_config"' "$tmp/q/config.json" && ok || bad "quantization_
 "$TLLM" logits -m "$DATA/models/bf16-as-q4-g32" --ids 1,2,3 -o "$tmp/c.f32" && ok || bad "logits"
 cmp -s "$tmp/a.f32" "$tmp/c.f32" && cmp -s "$tmp/b.f32" "$tmp/c.f32" && ok || bad "quantized logits differ"
 
+# --mode takes mlx's bits and group for the mode, and gives the logits of mlx's own nvfp4 checkpoint
+"$TLLM" quantize "$DATA/models/bf16" "$tmp/nv" --mode nvfp4 2>/dev/null && ok || bad "quantize --mode nvfp4"
+python3 -c "import json,sys; q=json.load(open(sys.argv[1]))['quantization']; sys.exit(q != {'group_size': 16, 'bits': 4, 'mode': 'nvfp4'})" \
+  "$tmp/nv/config.json" && ok || bad "nvfp4 config"
+"$TLLM" logits -m "$tmp/nv" --ids 1,2,3 -o "$tmp/nv.f32" && "$TLLM" logits -m "$DATA/models/nvfp4" --ids 1,2,3 -o "$tmp/nvref.f32" && \
+  cmp -s "$tmp/nv.f32" "$tmp/nvref.f32" && ok || bad "nvfp4 logits differ from mlx's checkpoint"
+case "$(err quantize "$DATA/models/bf16" "$tmp/mx" --mode mxfp4 --mixed mixed_4_8)" in
+  *"--mixed recipes are affine; mode mxfp4 takes none rc=1") ok ;; *) bad "--mixed with a float mode" ;; esac
+case "$(err quantize "$DATA/models/bf16" "$tmp/mx" --mode fp6)" in
+  *"--mode: 'fp6' is not affine, mxfp4, nvfp4 or mxfp8 rc=1") ok ;; *) bad "unknown --mode" ;; esac
+
 case "$(err quantize "$DATA/models/bf16" "$tmp/q")" in
   *"already exists and is not empty (use --force to overwrite) rc=1") ok ;; *) bad "existing OUT_DIR" ;; esac
 case "$(err quantize "$tmp/missing" "$tmp/q2")" in

@@ -86,6 +86,28 @@ int main(int argc, char **argv) {
     tllm_model_free(mref);
     tllm_model_free(mload);
 
+    /* 2b. the float modes equal mlx.core.quantize's checkpoints of the same weights (tests/data/models/mxfp4,
+     * nvfp4, mxfp8, made by mlx), byte for byte, and their config names the mode */
+    static const struct {
+        enum tllm_qmode mode;
+        int bits, gs;
+        const char *ref;
+    } fp[] = {{TLLM_QM_MXFP4, 4, 32, "mxfp4"}, {TLLM_QM_NVFP4, 4, 16, "nvfp4"}, {TLLM_QM_MXFP8, 8, 32, "mxfp8"}};
+    for (int i = 0; i < 3; i++) {
+        q = (struct tllm_quantize_opts){.mode = fp[i].mode, .bits = fp[i].bits, .group_size = fp[i].gs, .sb_dtype = TLLM_DT_INVALID};
+        char *o = path2(tmp, fp[i].ref);
+        CHECK(tllm_quantize_checkpoint(path2(models, "bf16"), o, &q) == TLLM_OK, "quantize %s: %s", fp[i].ref, tllm_errmsg());
+        same_tensors(o, path2(models, fp[i].ref));
+        struct tllm_model *mf;
+        CHECK(tllm_model_load(o, &mf) == TLLM_OK, "load %s: %s", fp[i].ref, tllm_errmsg());
+        if (mf) CHECK(mf->cfg.quant.mode == fp[i].mode && mf->layers[1].w_down.format != TLLM_WF_AFFINE, "%s: mode not written", fp[i].ref);
+        tllm_model_free(mf);
+    }
+    q = (struct tllm_quantize_opts){.mode = TLLM_QM_NVFP4, .bits = 4, .group_size = 32, .sb_dtype = TLLM_DT_INVALID};
+    CHECK(tllm_quantize_checkpoint(path2(models, "bf16"), path2(tmp, "nv32"), &q) == TLLM_ERR_ARG &&
+              strstr(tllm_errmsg(), "bits=4 group_size=32 is not supported for mode nvfp4"),
+          "nvfp4 group 32: %s", tllm_errmsg());
+
     /* 3. a mixed recipe writes per-module overrides that the loader follows */
     q = (struct tllm_quantize_opts){.bits = 4, .group_size = 64, .mixed = "mixed_4_8", .sb_dtype = TLLM_DT_F16};
     out = path2(tmp, "mixed");

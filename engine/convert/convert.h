@@ -8,15 +8,16 @@
 #include "engine/load/model.h"
 
 struct tllm_quantize_opts {
-    int bits;                  /* 2, 4 or 8 */
-    int group_size;            /* 32, 64 or 128 */
-    enum tllm_dtype sb_dtype;  /* scales/biases dtype; TLLM_DT_INVALID = the source's dtype */
+    enum tllm_qmode mode;      /* mlx.core.quantize's mode */
+    int bits;                  /* affine: 1-6 or 8; mxfp4, nvfp4: 4; mxfp8: 8 */
+    int group_size;            /* affine: 32, 64 or 128; nvfp4: 16; mx modes: 32 */
+    enum tllm_dtype sb_dtype;  /* affine scales/biases dtype; TLLM_DT_INVALID = the source's dtype */
     const char *mixed;         /* NULL, or a recipe "mixed_LOW_HIGH" (e.g. mixed_2_4, mixed_4_8) */
     int force;                 /* allow writing into an existing non-empty OUT_DIR */
     int progress;              /* draw a progress bar on stderr */
 };
 
-/* IN_DIR (bf16/f16/f32 safetensors, single or sharded) -> OUT_DIR in MLX's quantized layout, with
+/* IN_DIR (bf16/f16/f32 safetensors, single or sharded) -> OUT_DIR in MLX's quantized layout (any mode), with
  * config.json's "quantization" (and "quantization_config") and the tokenizer/generation files. */
 int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const struct tllm_quantize_opts *o);
 

@@ -65,22 +65,21 @@ int tllm_copy_aux_files(const char *from, const char *to) {
     return TLLM_OK;
 }
 
-void tllm_config_set_quantization(struct json_object *cfg, int bits, int group_size,
-                                  const char *const *modules, const struct tllm_quant_spec *specs, int n) {
+/* A spec as config.json writes it; the mode only when not affine (mlx reads a missing mode as affine) */
+static struct json_object *spec_json(const struct tllm_quant_spec *s) {
+    struct json_object *o = json_object_new_object();
+    json_object_object_add(o, "group_size", json_object_new_int(s->group_size));
+    json_object_object_add(o, "bits", json_object_new_int(s->bits));
+    if (s->mode != TLLM_QM_AFFINE) json_object_object_add(o, "mode", json_object_new_string(tllm_qmode_name(s->mode)));
+    return o;
+}
+
+void tllm_config_set_quantization(struct json_object *cfg, const struct tllm_quant_spec *dflt, const char *const *modules,
+                                  const struct tllm_quant_spec *specs, int n) {
     for (int copy = 0; copy < 2; copy++) {
-        struct json_object *q = json_object_new_object();
-        json_object_object_add(q, "group_size", json_object_new_int(group_size));
-        json_object_object_add(q, "bits", json_object_new_int(bits));
-        for (int i = 0; i < n; i++) {
-            if (specs[i].bits == 0) {
-                json_object_object_add(q, modules[i], json_object_new_boolean(0));
-                continue;
-            }
-            struct json_object *o = json_object_new_object();
-            json_object_object_add(o, "group_size", json_object_new_int(specs[i].group_size));
-            json_object_object_add(o, "bits", json_object_new_int(specs[i].bits));
-            json_object_object_add(q, modules[i], o);
-        }
+        struct json_object *q = spec_json(dflt);
+        for (int i = 0; i < n; i++)
+            json_object_object_add(q, modules[i], specs[i].bits ? spec_json(&specs[i]) : json_object_new_boolean(0));
         json_object_object_add(cfg, copy ? "quantization_config" : "quantization", q);
     }
 }

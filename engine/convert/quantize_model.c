@@ -79,14 +79,16 @@ struct quantized {
 
 static int quantize_matrix(const void *src, enum tllm_dtype sdt, int rows, int cols, struct tllm_quant_spec s,
                            enum tllm_dtype sbt, struct quantized *out, const char *name) {
-    size_t words = (size_t)cols * s.bits / 32, ng = (size_t)cols / s.group_size, esz = tllm_dtype_size(sbt);
+    static const enum tllm_wformat formats[] = {TLLM_WF_AFFINE, TLLM_WF_MXFP4, TLLM_WF_NVFP4, TLLM_WF_MXFP8};
+    const int affine = s.mode == TLLM_QM_AFFINE;
+    size_t words = (size_t)cols * s.bits / 32, ng = (size_t)cols / s.group_size, esz = affine ? tllm_dtype_size(sbt) : 1;
     out->q_bytes = (size_t)rows * words * 4;
     out->sb_bytes = (size_t)rows * ng * esz;
     out->q = malloc(out->q_bytes);
     out->scales = malloc(out->sb_bytes);
-    out->biases = malloc(out->sb_bytes);
+    out->biases = affine ? malloc(out->sb_bytes) : NULL;
     float *rowbuf = malloc((size_t)cols * sizeof(float));
-    if (!out->q || !out->scales || !out->biases || !rowbuf) {
+    if (!out->q || !out->scales || (affine && !out->biases) || !rowbuf) {
         free(out->q);
         free(out->scales);
         free(out->biases);
@@ -95,17 +97,24 @@ static int quantize_matrix(const void *src, enum tllm_dtype sdt, int rows, int c
     }
     for (int r = 0; r < rows; r++) {
         tllm_convert_to_f32((const char *)src + (size_t)r * cols * tllm_dtype_size(sdt), sdt, rowbuf, (size_t)cols);
-        tllm_quantize_row_affine(rowbuf, cols, s.bits, s.group_size, sbt, out->q + r * words,
-                                 out->scales + r * ng * esz, out->biases + r * ng * esz);
+        if (affine)
+            tllm_quantize_row_affine(rowbuf, cols, s.bits, s.group_size, sbt, out->q + r * words, out->scales + r * ng * esz,
+                                     out->biases + r * ng * esz);
+        else
+            tllm_quantize_row_fp(rowbuf, cols, formats[s.mode], sdt, out->q + r * words, (uint8_t *)out->scales + r * ng);
     }
     free(rowbuf);
     return TLLM_OK;
 }
 
 int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const struct tllm_quantize_opts *o) {
-    if (!tllm_quant_supported(o->bits, o->group_size))
-        return tllm_fail(TLLM_ERR_ARG, "bits=%d group_size=%d is not supported (bits 1-6 or 8; group size 32, 64, 128)",
-                         o->bits, o->group_size);
+    if (!tllm_quant_mode_supported(o->mode, o->bits, o->group_size))
+        return tllm_fail(TLLM_ERR_ARG,
+                         "bits=%d group_size=%d is not supported for mode %s (affine: bits 1-6 or 8; group size 32, 64, "
+                         "128; mxfp4: 4 and 32; nvfp4: 4 and 16; mxfp8: 8 and 32)",
+                         o->bits, o->group_size, tllm_qmode_name(o->mode));
+    if (o->mixed && o->mode != TLLM_QM_AFFINE)
+        return tllm_fail(TLLM_ERR_ARG, "--mixed recipes are affine; mode %s takes none", tllm_qmode_name(o->mode));
     struct tllm_config cfg;
     char *cfg_path = tllm_path_join(in_dir, "config.json");
     int rc = tllm_model_dir_check(in_dir);
@@ -154,7 +163,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
             continue;
         }
         snprintf(it->module, sizeof it->module, "%.*s", (int)(strlen(t->name) - 7), t->name);
-        it->spec = (struct tllm_quant_spec){o->bits, o->group_size, TLLM_QM_AFFINE};
+        it->spec = (struct tllm_quant_spec){o->bits, o->group_size, o->mode};
         if (o->mixed && (rc = tllm_mixed_recipe_spec(o->mixed, it->module, cfg.n_layers, o->group_size, &it->spec)))
             break;
         int64_t rows = t->shape[0], cols = t->shape[1];
@@ -171,9 +180,10 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
             copy_spec(&specs[n_specs++], t);
             continue;
         }
-        it->sb_dtype = o->sb_dtype != TLLM_DT_INVALID ? o->sb_dtype : t->dtype;
+        /* the float modes' scales are E8M0 / E4M3 bytes, and they have no biases */
+        it->sb_dtype = it->spec.mode != TLLM_QM_AFFINE ? TLLM_DT_U8 : o->sb_dtype != TLLM_DT_INVALID ? o->sb_dtype : t->dtype;
         static const char *const sfx[] = {"weight", "scales", "biases"};
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < (it->spec.mode == TLLM_QM_AFFINE ? 3 : 2); s++) {
             struct tllm_st_spec *sp = &specs[n_specs++];
             snprintf(sp->name, sizeof sp->name, "%s.%s", it->module, sfx[s]);
             sp->dtype = s == 0 ? TLLM_DT_U32 : it->sb_dtype;
@@ -185,7 +195,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
     if (!rc) rc = tllm_prepare_out_dir(out_dir, o->force);
     if (!rc) rc = tllm_json_load_file(cfg_path, TLLM_CONFIG_MAX_BYTES, &jcfg);
     if (!rc) {
-        tllm_config_set_quantization(jcfg, o->bits, o->group_size, ov_names, ov_specs, n_ov);
+        tllm_config_set_quantization(jcfg, &(struct tllm_quant_spec){o->bits, o->group_size, o->mode}, ov_names, ov_specs, n_ov);
         rc = tllm_write_json(out_dir, "config.json", jcfg);
     }
     if (!rc) rc = tllm_copy_aux_files(in_dir, out_dir);
@@ -205,7 +215,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
             if (!rc) {
                 rc = tllm_st_writer_write(&w, qz.q, qz.q_bytes);
                 if (!rc) rc = tllm_st_writer_write(&w, qz.scales, qz.sb_bytes);
-                if (!rc) rc = tllm_st_writer_write(&w, qz.biases, qz.sb_bytes);
+                if (!rc && qz.biases) rc = tllm_st_writer_write(&w, qz.biases, qz.sb_bytes);
                 free(qz.q);
                 free(qz.scales);
                 free(qz.biases);

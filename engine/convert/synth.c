@@ -120,7 +120,7 @@ int tllm_synth_checkpoint(const char *config_path, const char *out_dir, const st
     if (!rc) {
         json_object_object_del(jcfg, "quantization");
         json_object_object_del(jcfg, "quantization_config");
-        if (o->bits) tllm_config_set_quantization(jcfg, o->bits, o->group_size, NULL, NULL, 0);
+        if (o->bits) tllm_config_set_quantization(jcfg, &(struct tllm_quant_spec){o->bits, o->group_size, TLLM_QM_AFFINE}, NULL, NULL, 0);
         rc = tllm_write_json(out_dir, "config.json", jcfg);
     }
     if (!rc && o->tokenizer_dir) rc = tllm_copy_aux_files(o->tokenizer_dir, out_dir);

@@ -37,6 +37,11 @@ int tllm_qmode_parse(const char *s) {
 /* mlx.core.quantize's defaults when bits or group_size is left out */
 static const int mode_bits[] = {4, 4, 4, 8}, mode_group[] = {64, 32, 16, 32};
 
+void tllm_qmode_defaults(enum tllm_qmode mode, int *bits, int *group_size) {
+    *bits = mode_bits[mode];
+    *group_size = mode_group[mode];
+}
+
 static int parse_spec(struct json_object *o, const char *what, enum tllm_qmode dflt_mode, struct tllm_quant_spec *s,
                       const char *path) {
     const char *mode_s = NULL;

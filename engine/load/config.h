@@ -61,5 +61,7 @@ int tllm_quant_mode_supported(enum tllm_qmode mode, int bits, int group_size);
 /* "affine", "mxfp4", "nvfp4", "mxfp8"; and back (-1 when unknown). */
 const char *tllm_qmode_name(enum tllm_qmode mode);
 int tllm_qmode_parse(const char *s);
+/* mlx.core.quantize's bits and group size for a mode when they are not given. */
+void tllm_qmode_defaults(enum tllm_qmode mode, int *bits, int *group_size);
 
 #endif

@@ -17,7 +17,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cli_prompt_line_parse(&pl, line, size - 1, jsonl, 7, &base, stop, 1, 256);
     if (!pl.id) abort(); /* every line keeps an id for its output record */
     if (!pl.err[0]) {
-        if (!pl.n_msgs && (!pl.text || !pl.text_len)) abort();
+        /* a line runs as messages, token ids or text, and has one of them */
+        if (!pl.n_msgs && !pl.n_ids && (!pl.text || !pl.text_len)) abort();
+        if (pl.n_ids && !pl.ids) abort();
         if (pl.n_msgs) {
             struct tllm_chat_template t = {.kind = TLLM_CHAT_CHATML};
             struct tllm_buf out = {0};
