@@ -55,7 +55,7 @@ static void shape_init(struct shape_set *s, int cols, int rows, int bits, int gs
     s->x = malloc((size_t)cols * 4);
     s->y = malloc((size_t)rows * 4);
     int nb = cols / TLLM_XQ_BLOCK;
-    s->xq = (struct tllm_xq){1, cols, malloc((size_t)cols), malloc((size_t)cols), malloc((size_t)nb * 4), malloc((size_t)nb * 4), 1};
+    s->xq = (struct tllm_xq){1, cols, malloc((size_t)cols), malloc((size_t)cols), malloc((size_t)nb * 4), malloc((size_t)nb * 4), 1, NULL}; /* affine packs: no half-block sums */
     if (!s->w || !s->p || !s->x || !s->y || !s->xq.q || !s->xq.q2 || !s->xq.d || !s->xq.sum) cli_die("out of memory");
     for (int i = 0; i < cols; i++) s->x[i] = (float)(rnd() % 2001) / 1000.0f - 1.0f;
     tllm_xq_quantize(&s->xq, s->x, 0, 1);

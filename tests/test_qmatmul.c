@@ -162,19 +162,19 @@ static int int8_cases; /* packed runs whose error shows they really took the int
 static void check_packed_invariance(const struct tllm_qpack *p, const float *x, int n) {
     int cols = p->cols, nb = cols / TLLM_XQ_BLOCK, n2 = n / 3;
     struct tllm_xq all = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
-                          malloc((size_t)n * nb * 4), n2};
+                          malloc((size_t)n * nb * 4), n2, malloc((size_t)n * 2 * nb * 4)};
     float *y = malloc((size_t)n * p->rows * 4), *y1 = malloc((size_t)p->rows * 4);
     tllm_xq_quantize(&all, x, 0, n);
     tllm_qpack_matmul(p, &all, y, 0, p->n_blocks);
     for (int t = 0; t < n; t++) {
         struct tllm_xq one = {1, cols, all.q + (size_t)t * cols, all.q2 + (size_t)t * cols, all.d + (size_t)t * nb,
-                              all.sum + (size_t)t * nb, t < n2};
+                              all.sum + (size_t)t * nb, t < n2, all.sum16 + (size_t)t * 2 * nb};
         tllm_qpack_matmul(p, &one, y1, 0, p->n_blocks);
         CHECK(memcmp(y1, y + (size_t)t * p->rows, (size_t)p->rows * 4) == 0,
               "packed bits %d rows %d cols %d: token %d of %d (%s) differs from the same token alone", p->bits,
               p->rows, cols, t, n, t < n2 ? "two levels" : "one level");
     }
-    free(all.q), free(all.q2), free(all.d), free(all.sum), free(y), free(y1);
+    free(all.q), free(all.q2), free(all.d), free(all.sum), free(all.sum16), free(y), free(y1);
 }
 
 /* The int8-activation kernels: the portable one within TOL_INT8_REL of the float reference, and the
@@ -188,7 +188,7 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
     int nb = w->cols / TLLM_XQ_BLOCK;
     for (int levels = 1; levels <= 2; levels++) {
     struct tllm_xq xq = {n, w->cols, malloc((size_t)n * w->cols), levels == 2 ? malloc((size_t)n * w->cols) : NULL,
-                         malloc((size_t)n * nb * 4), malloc((size_t)n * nb * 4), levels == 2 ? n : 0};
+                         malloc((size_t)n * nb * 4), malloc((size_t)n * nb * 4), levels == 2 ? n : 0, malloc((size_t)n * 2 * nb * 4)};
     tllm_xq_quantize(&xq, x, 0, n);
     float *y1 = malloc((size_t)n * w->rows * 4), *y2 = malloc((size_t)n * w->rows * 4);
     /* two calls over split block ranges, as two threads would */
@@ -212,7 +212,7 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
         CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: AVX2 != portable",
               w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels);
     }
-    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(y1), free(y2);
+    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16), free(y1), free(y2);
     }
     check_packed_invariance(&p, x, n);
     tllm_qpack_free(&p);
@@ -221,7 +221,7 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
 /* Random matrices of every format; fast kernel == reference within TOL_KERNEL_REL. */
 
 /* The microscaling formats (random codes, scales of any exponent but NaN), and a GPTQ act-order
- * permutation on an affine matrix: the fast float kernel against the reference; mxfp4 packed too. */
+ * permutation on an affine matrix: the fast float kernel against the reference; mxfp4, nvfp4 packed too. */
 static void test_microscaling_kernels(void) {
     static const enum tllm_wformat fmts[] = {TLLM_WF_MXFP4, TLLM_WF_NVFP4, TLLM_WF_MXFP8, TLLM_WF_AFFINE};
     static const int rows_list[] = {1, 7, 33}, ntok[] = {1, 5, 11};
@@ -267,7 +267,7 @@ static void test_microscaling_kernels(void) {
                 tllm_qmatmul_tiled(&w, x, n, y1, 0, rows);
                 worst = worst_rel_err(&w, w.perm ? xp : x, n, y0, y1);
                 CHECK(worst <= TOL_KERNEL_REL, "%s tiled rows %d cols %d n %d: rel err %.3g", w.name, rows, cols, n, worst);
-                if (f == TLLM_WF_MXFP4) check_packed(&w, x, n, y0);
+                if (f == TLLM_WF_MXFP4 || f == TLLM_WF_NVFP4) check_packed(&w, x, n, y0);
                 if (w.perm) { /* packed, the permuted x given by the caller */
                     w.perm = NULL;
                     check_packed(&w, xp, n, y0);

@@ -1,6 +1,6 @@
 /* The packed int8 kernels against their portable oracle, bit for bit, with nothing but the kernels
  * linked (no checkpoint, no json-c), so that it also builds with a cross compiler and runs under
- * qemu-user (tests/cross_neon.sh: the NEON kernel). Every bits / group / scale dtype, a partial last
+ * qemu-user (tests/cross_neon.sh: the NEON kernel). Every bits / group / scale dtype (and mxfp4, nvfp4), a partial last
  * row block, 1 to 11 tokens (every tile size and a remainder), one and two activation levels, and the
  * dispatcher's choice (tllm_qpack_matmul) as well as each kernel this CPU runs called directly.
  * usage: test_qpack_kernels [PATH]   (PATH given: fail unless that is the path that runs) */
@@ -42,14 +42,21 @@ typedef void kernel_fn(const struct tllm_qpack *, const struct tllm_xq *, float 
 
 static int cases;
 
-static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
+/* fmt: affine (scales and biases of dt), or mxfp4 / nvfp4 (E8M0 / E4M3 scale bytes, dt ignored) */
+static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
     size_t words = (size_t)rows * cols * bits / 32, ng = (size_t)rows * (cols / gs);
     uint32_t *q = malloc(words * 4);
     void *sc = malloc(ng * 4), *bi = malloc(ng * 4);
     for (size_t i = 0; i < words; i++) q[i] = next();
-    fill(sc, dt, ng, 0.001f, 0.02f);
-    fill(bi, dt, ng, -0.05f, 0.05f);
-    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL, NULL};
+    if (fmt == TLLM_WF_AFFINE) {
+        fill(sc, dt, ng, 0.001f, 0.02f);
+        fill(bi, dt, ng, -0.05f, 0.05f);
+    } else {
+        dt = TLLM_DT_U8;
+        for (size_t i = 0; i < ng; i++) /* no NaN: E8M0 around 2^-8, E4M3 any positive but S.1111.111 */
+            ((uint8_t *)sc)[i] = (uint8_t)(fmt == TLLM_WF_NVFP4 ? next() % 0x7f : 115 + next() % 10);
+    }
+    struct tllm_qweights w = {"w", rows, cols, fmt, dt, bits, gs, q, sc, fmt == TLLM_WF_AFFINE ? bi : NULL, NULL, NULL};
     struct tllm_qpack p;
     if (tllm_qpack_init(&p, &w) != TLLM_OK) {
         CHECK(0, "pack: %s", tllm_errmsg());
@@ -69,7 +76,7 @@ static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
     for (int levels = 1; levels <= 2; levels++)
         for (int nt = 1; nt <= n; nt += nt < 4 ? 1 : 3) {
             struct tllm_xq xq = {nt, cols, malloc((size_t)nt * cols), malloc((size_t)nt * cols), malloc((size_t)nt * nb * 4),
-                                 malloc((size_t)nt * nb * 4), levels == 2 ? nt / 2 + 1 : 0};
+                                 malloc((size_t)nt * nb * 4), levels == 2 ? nt / 2 + 1 : 0, malloc((size_t)nt * 2 * nb * 4)};
             tllm_xq_quantize(&xq, x, 0, nt);
             tllm_qpack_matmul_ref(&p, &xq, y0, 0, p.n_blocks);
             for (size_t i = 0; i < (size_t)nt * rows; i++)
@@ -87,11 +94,13 @@ static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
                       k[j].name, bits, gs, tllm_dtype_name(dt), rows, cols, nt, levels);
                 cases++;
             }
-            free(xq.q), free(xq.q2), free(xq.d), free(xq.sum);
+            free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16);
         }
     tllm_qpack_free(&p);
     free(q), free(sc), free(bi), free(x), free(y0), free(y1);
 }
+
+static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) { one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols); }
 
 int main(int argc, char **argv) {
     const int bits[] = {2, 4, 8}, gss[] = {32, 64, 128};
@@ -101,6 +110,9 @@ int main(int argc, char **argv) {
             for (int d = 0; d < 3; d++) one(bits[b], gss[g], dts[d], 16 * (1 + (b + g) % 3) + (d ? 5 : 0), gss[g] * (1 + d));
     one(4, 64, TLLM_DT_BF16, 3, 64);  /* a single partial row block, one group */
     one(8, 32, TLLM_DT_F16, 40, 896); /* the decode shapes' group count */
+    one_fmt(TLLM_WF_MXFP4, 4, 32, TLLM_DT_U8, 21, 96); /* E2M1 codes in the 8-bit pack */
+    one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 37, 160); /* groups of half an activation block */
+    one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 16, 32);
     printf("packed kernels: %d comparisons with the portable kernel, bit for bit; path %s\n", cases, tllm_cpu_path());
     if (argc > 1) CHECK(!strcmp(argv[1], tllm_cpu_path()), "the path that runs is %s, not %s", tllm_cpu_path(), argv[1]);
     return check_done();

@@ -10,14 +10,17 @@
 #include "kernels/cpu/cpu_features.h"
 
 int tllm_qpack_supported(const struct tllm_qweights *w) {
-    return (w->format == TLLM_WF_AFFINE || w->format == TLLM_WF_MXFP4) && w->cols % TLLM_XQ_BLOCK == 0 &&
-           w->group_size % TLLM_XQ_BLOCK == 0;
+    if (w->cols % TLLM_XQ_BLOCK) return 0;
+    if (w->format == TLLM_WF_NVFP4) return w->group_size == 16;
+    return (w->format == TLLM_WF_AFFINE || w->format == TLLM_WF_MXFP4) && w->group_size % TLLM_XQ_BLOCK == 0;
 }
 
-/* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8); mxfp4's
- * E2M1 codes as 2 x value + 12, 0..24, in 8 bits */
+static int is_fp4(const struct tllm_qweights *w) { return w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4; }
+
+/* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8); E2M1
+ * codes (mxfp4, nvfp4) as 2 x value + 12, 0..24, in 8 bits */
 static int pack_bits(const struct tllm_qweights *w) {
-    if (w->format == TLLM_WF_MXFP4) return 8;
+    if (is_fp4(w)) return 8;
     return w->bits <= 2 ? 2 : w->bits <= 4 ? 4 : 8;
 }
 
@@ -28,7 +31,7 @@ static void *alloc64(size_t n) {
 
 /* Codes of row r as one byte each, as the pack holds them. */
 static void unpack_row(const struct tllm_qweights *w, int r, uint8_t *out) {
-    if (w->format == TLLM_WF_MXFP4) {
+    if (is_fp4(w)) {
         for (int j = 0; j < w->cols; j++) out[j] = (uint8_t)(tllm_e2m1_x2[tllm_qw_code(w, r, j)] + 12);
         return;
     }
@@ -43,16 +46,17 @@ static void unpack_row(const struct tllm_qweights *w, int r, uint8_t *out) {
         for (int e = 0; e < per_word; e++) out[k * per_word + e] = (uint8_t)((row[k] >> (e * bits)) & mask);
 }
 
-static uint16_t bf16_bits(float f) { /* exact for the powers of two (times 1 or 3) it is given */
+static uint16_t bf16_bits(float f) { /* exact for the values it is given (at most 8 significant bits) */
     uint32_t u;
     memcpy(&u, &f, 4);
     return (uint16_t)(u >> 16);
 }
 
-/* Scale and bias of group g of row r into the pack's dtype: copied, or (mxfp4) the E8M0 scale 2^(e-127)
- * halved for the doubled codes, and the bias taking the +12 back out */
+/* Scale and bias of group g of row r into the pack's dtype: copied, or (fp4) the E8M0 / E4M3 scale halved
+ * for the doubled codes, and the bias taking the +12 back out (both exact in bf16: at most 6
+ * significant bits) */
 static void group_params(const struct tllm_qweights *w, int r, int g, enum tllm_dtype pdt, void *s, void *b) {
-    if (w->format == TLLM_WF_MXFP4) {
+    if (is_fp4(w)) {
         float sc = 0.5f * tllm_qw_scale(w, r, g);
         uint16_t sv = bf16_bits(sc), bv = bf16_bits(-12.0f * sc);
         memcpy(s, &sv, 2);
@@ -68,7 +72,7 @@ int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
     memset(p, 0, sizeof *p);
     if (!tllm_qpack_supported(w)) return tllm_fail(TLLM_ERR_ARG, "%s: cannot be packed for int8 activations", w->name);
     const int R = TLLM_QPACK_ROWS, bits = pack_bits(w), per = 8 / bits, ng = w->cols / w->group_size;
-    const enum tllm_dtype pdt = w->format == TLLM_WF_MXFP4 ? TLLM_DT_BF16 : w->dtype;
+    const enum tllm_dtype pdt = is_fp4(w) ? TLLM_DT_BF16 : w->dtype;
     const size_t esz = tllm_dtype_size(pdt);
     p->rows = w->rows, p->cols = w->cols, p->bits = bits, p->group_size = w->group_size, p->dtype = pdt;
     p->n_blocks = (w->rows + R - 1) / R;
@@ -155,6 +159,12 @@ TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, in
              * bias (about -2^(bits-1) scales) does not multiply the rounding errors' sum */
             xq->d[(size_t)t * nb + b] = d;
             xq->sum[(size_t)t * nb + b] = d * (float)isum;
+            if (xq->sum16) { /* groups of 16 take half a block's sum (outside the loop above, which vectorizes) */
+                int isum_lo = 0;
+                for (int j = 0; j < TLLM_XQ_BLOCK / 2; j++) isum_lo += q2 ? 128 * q[j] + q2[j] : q[j];
+                xq->sum16[(size_t)t * 2 * nb + 2 * (size_t)b] = d * (float)isum_lo;
+                xq->sum16[(size_t)t * 2 * nb + 2 * (size_t)b + 1] = d * (float)(isum - isum_lo);
+            }
         }
 }
 

@@ -45,13 +45,31 @@ struct tllm_xq {
     float *d;        /* [n x cols/32] scale of each block (d / 128 with two levels) */
     float *sum;      /* [n x cols/32] sum of each block's quantized x (the bias term) */
     int n2;          /* tokens [0, n2) have two levels */
+    float *sum16;    /* [n x cols/16] the same sums per half block, for packs with groups of 16 (nvfp4);
+                      * NULL when no such pack reads this input */
 };
 
+/* A group of a pack is bpg activation sub-blocks of subcols columns: whole blocks of 32, or (groups of
+ * 16) half a block, whose bias term then takes the half block's sum. */
+static inline int tllm_qpack_subcols(const struct tllm_qpack *p) {
+    return p->group_size < TLLM_XQ_BLOCK ? p->group_size : TLLM_XQ_BLOCK;
+}
+static inline int tllm_qpack_subblocks(const struct tllm_qpack *p) {
+    return p->group_size < TLLM_XQ_BLOCK ? 1 : p->group_size / TLLM_XQ_BLOCK;
+}
+/* The bias term's x sum of the sub-block starting at column col0 (block kb) of token t0 + t; xs is
+ * x->sum from token t0 on. */
+static inline float tllm_xq_group_sum(const struct tllm_xq *x, const float *xs, int t0, int t, int nb, int kb, int group_size,
+                                      int col0) {
+    if (group_size < TLLM_XQ_BLOCK) return x->sum16[(size_t)(t0 + t) * (size_t)(x->cols / 16) + (size_t)(col0 / 16)];
+    return xs[(size_t)t * nb + kb];
+}
+
 /* 1 if w can be packed: affine (any bits: 1 and 3 take 2 and 4 bits in the pack, 5 and 6 take 8) or
- * mxfp4 (E2M1 codes as 2 x value + 12 in 8 bits, the E8M0 scale and the offset as bf16 scale and bias),
- * groups of whole activation blocks. The pack keeps w's stored column order: where w->perm is set,
- * the caller quantizes the activations in that order. nvfp4's groups of 16 and mxfp8's E4M3 codes
- * do not fit the integer form: they take the float kernels. */
+ * mxfp4 / nvfp4 (E2M1 codes as 2 x value + 12 in 8 bits, the E8M0 / E4M3 scale and the offset as bf16
+ * scale and bias), groups of whole activation blocks or (nvfp4) halves of them. The pack keeps w's
+ * stored column order: where w->perm is set, the caller quantizes the activations in that order.
+ * mxfp8's E4M3 codes do not fit the integer form: it takes the float kernels. */
 int tllm_qpack_supported(const struct tllm_qweights *w);
 /* Pack w (rows [0, rows)); returns TLLM_OK or TLLM_ERR_NOMEM. */
 int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w);
@@ -59,7 +77,7 @@ void tllm_qpack_free(struct tllm_qpack *p);
 size_t tllm_qpack_nbytes(const struct tllm_qpack *p);
 
 /* Quantize tokens [t0, t1) of x [n x cols] into xq (buffers sized by the caller; two levels when
- * xq->q2 is set). */
+ * xq->q2 is set; half-block sums when xq->sum16 is). */
 void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1);
 
 /* y[t x rows] for row blocks [b0, b1) and all tokens: the integer-activation matmul.

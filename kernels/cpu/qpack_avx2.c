@@ -60,8 +60,8 @@ TGT INLINE __m256i bcast4(const int8_t *p) {
 /* Rows of block b for tokens [t0, t0 + NT); NT, BITS and LEVELS are constants at every call site. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
                      const int BITS, const int LEVELS) {
-    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = p->group_size / TLLM_XQ_BLOCK;
-    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = TLLM_XQ_BLOCK / (4 * per);
+    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
+    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const __m256i mask = _mm256_set1_epi8((char)((1 << BITS) - 1)), nib = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
@@ -75,7 +75,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
         float ssum[8];
         for (int t = 0; t < NT; t++) f[t][0] = f[t][1] = _mm256_setzero_ps(), ssum[t] = 0.0f;
         for (int k = 0; k < bpg; k++) {
-            const int kb = g * bpg + k;
+            const int col0 = g * p->group_size + k * TLLM_XQ_BLOCK, kb = col0 / TLLM_XQ_BLOCK;
             /* [token][half]: the low sums (all of 2/4-bit codes), the high nibbles' (8-bit), level two's */
             __m256i lo[8][2], hi[8][2], lo2[8][2], hi2[8][2];
             for (int t = 0; t < NT; t++)
@@ -89,7 +89,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 for (int m = 0; m < per; m++) {
                     __m256i w0 = BITS == 8 ? v0 : _mm256_and_si256(m ? _mm256_srli_epi16(v0, BITS * m) : v0, mask);
                     __m256i w1 = BITS == 8 ? v1 : _mm256_and_si256(m ? _mm256_srli_epi16(v1, BITS * m) : v1, mask);
-                    const size_t off = (size_t)kb * TLLM_XQ_BLOCK + ch * 4 * per + 4 * m;
+                    const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
                     for (int t = 0; t < NT; t++) {
                         __m256i xb = bcast4(xq + (size_t)t * p->cols + off);
                         MAC(lo[t][0], hi[t][0], w0, xb);
@@ -114,7 +114,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                     }
                     f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dt, f[t][h]);
                 }
-                ssum[t] += xs[(size_t)t * nb + kb];
+                ssum[t] += tllm_xq_group_sum(x, xs, t0, t, nb, kb, p->group_size, col0);
             }
         }
         for (int h = 0; h < 2; h++) {

@@ -48,8 +48,8 @@ TGT INLINE __m512i bcast4(const int8_t *p) {
  * token loops unroll and the accumulators live in registers. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
                      const int BITS, const int LEVELS) {
-    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = p->group_size / TLLM_XQ_BLOCK;
-    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = TLLM_XQ_BLOCK / (4 * per);
+    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
+    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const __m512i mask = _mm512_set1_epi8((char)((1 << BITS) - 1));
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
@@ -62,7 +62,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
         float ssum[8];  /* and of its blocks' x sums: scale and bias are applied once a group */
         for (int t = 0; t < NT; t++) f[t] = _mm512_setzero_ps(), ssum[t] = 0.0f;
         for (int k = 0; k < bpg; k++) {
-            const int kb = g * bpg + k;
+            const int col0 = g * p->group_size + k * TLLM_XQ_BLOCK, kb = col0 / TLLM_XQ_BLOCK;
             /* SPLIT independent sums per token and level: one chain of dependent vpdpbusd would make a
              * few-token tile latency-bound */
             const int SPLIT = NT * LEVELS == 1 ? 4 : NT * LEVELS <= 3 ? 2 : 1;
@@ -77,7 +77,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 for (int m = 0; m < per; m++) {
                     __m512i w = BITS == 8 ? v : _mm512_and_si512(m ? _mm512_srli_epi16(v, BITS * m) : v, mask);
                     const int h = (ch * per + m) % SPLIT;
-                    const size_t off = (size_t)kb * TLLM_XQ_BLOCK + ch * 4 * per + 4 * m;
+                    const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
                     for (int t = 0; t < NT; t++) {
                         dot[t][h] = _mm512_dpbusd_epi32(dot[t][h], w, bcast4(xq + (size_t)t * p->cols + off));
                         if (LEVELS == 2)
@@ -95,7 +95,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             for (int t = 0; t < NT; t++) {
                 __m512 dt = _mm512_set1_ps(xd[(size_t)t * nb + kb]);
                 f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t][0]), dt, f[t]);
-                ssum[t] += xs[(size_t)t * nb + kb];
+                ssum[t] += tllm_xq_group_sum(x, xs, t0, t, nb, kb, p->group_size, col0);
             }
         }
         __m512 S = load16(p->scales, p->dtype, so), B = load16(p->biases, p->dtype, so);

@@ -37,8 +37,8 @@ TGT INLINE int8x16_t bcast4(const int8_t *p) {
 /* Rows of block b for tokens [t0, t0 + NT); NT, BITS and LEVELS are constants at every call site. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
                      const int BITS, const int LEVELS) {
-    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = p->group_size / TLLM_XQ_BLOCK;
-    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = TLLM_XQ_BLOCK / (4 * per);
+    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
+    const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const uint8x16_t mask = vdupq_n_u8((uint8_t)((1 << BITS) - 1)), nib = vdupq_n_u8(0x0F);
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
@@ -55,7 +55,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             ssum[t] = 0.0f;
         }
         for (int k = 0; k < bpg; k++) {
-            const int kb = g * bpg + k;
+            const int col0 = g * p->group_size + k * TLLM_XQ_BLOCK, kb = col0 / TLLM_XQ_BLOCK;
             int32x4_t dot[4][4], hi[4][4], dot2[4][4], hi2[4][4];
             for (int t = 0; t < NT; t++)
                 for (int q = 0; q < 4; q++) dot[t][q] = hi[t][q] = dot2[t][q] = hi2[t][q] = vdupq_n_s32(0);
@@ -68,7 +68,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                         w[q] = vreinterpretq_s8_u8(BITS == 8 ? vandq_u8(u, nib) : u);
                         wh[q] = vreinterpretq_s8_u8(vshrq_n_u8(v[q], 4));
                     }
-                    const size_t off = (size_t)kb * TLLM_XQ_BLOCK + ch * 4 * per + 4 * m;
+                    const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
                     for (int t = 0; t < NT; t++) {
                         int8x16_t xb = bcast4(xq + (size_t)t * p->cols + off);
                         for (int q = 0; q < 4; q++) {
@@ -95,7 +95,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                     }
                     f[t][q] = vfmaq_f32(f[t][q], vcvtq_f32_s32(d), dt);
                 }
-                ssum[t] += xs[(size_t)t * nb + kb];
+                ssum[t] += tllm_xq_group_sum(x, xs, t0, t, nb, kb, p->group_size, col0);
             }
         }
         for (int q = 0; q < 4; q++) {

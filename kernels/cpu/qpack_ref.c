@@ -13,8 +13,8 @@ static void load_vec16(const void *src, enum tllm_dtype dt, size_t off, float *o
 /* Per block of 32 activations and each row: acc = fma(dot, s*d, acc); acc = fma(b, sum, acc). */
 void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int R = TLLM_QPACK_ROWS, per = 8 / p->bits, ng = p->cols / p->group_size;
-    const int bpg = p->group_size / TLLM_XQ_BLOCK, nb = p->cols / TLLM_XQ_BLOCK;
-    const int chunks = TLLM_XQ_BLOCK / (4 * per); /* 64-byte chunks per activation block */
+    const int bpg = tllm_qpack_subblocks(p), nb = p->cols / TLLM_XQ_BLOCK;
+    const int chunks = tllm_qpack_subcols(p) / (4 * per); /* 64-byte chunks per activation sub-block */
     const unsigned mask = (1u << p->bits) - 1;
     for (int b = b0; b < b1; b++)
         for (int t = 0; t < x->n; t++) {
@@ -26,8 +26,8 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                 load_vec16(p->biases, p->dtype, so, bi);
                 float f[16] = {0}, ssum = 0.0f; /* the group's sum of dot * d, and of the blocks' x sums */
                 for (int k = 0; k < bpg; k++) {
-                    int kb = g * bpg + k;
-                    const int8_t *xq = x->q + (size_t)t * p->cols + (size_t)kb * TLLM_XQ_BLOCK;
+                    const int col0 = g * p->group_size + k * TLLM_XQ_BLOCK, kb = col0 / TLLM_XQ_BLOCK;
+                    const int8_t *xq = x->q + (size_t)t * p->cols + col0;
                     const int8_t *xq2 = t < x->n2 ? x->q2 + (xq - x->q) : NULL;
                     int32_t dot[16] = {0}, dot2[16] = {0};
                     for (int ch = 0; ch < chunks; ch++, c += 64)
@@ -40,7 +40,7 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                                 }
                     if (xq2)
                         for (int i = 0; i < R; i++) dot[i] = dot[i] * 128 + dot2[i];
-                    float d = x->d[(size_t)t * nb + kb], s = x->sum[(size_t)t * nb + kb];
+                    float d = x->d[(size_t)t * nb + kb], s = tllm_xq_group_sum(x, x->sum, 0, t, nb, kb, p->group_size, col0);
                     for (int i = 0; i < R; i++) f[i] = fmaf((float)dot[i], d, f[i]);
                     ssum += s;
                 }

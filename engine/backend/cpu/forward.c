@@ -57,6 +57,7 @@ struct tllm_cpu {
     int8_t *xq2;        /* [n_batch x max_cols] second level, for generated tokens */
     float *xq_d;        /* [n_batch x max_cols/32] */
     float *xq_sum;      /* [n_batch x max_cols/32] */
+    float *xq_sum16;    /* [n_batch x max_cols/16] half-block sums, for nvfp4's packs (groups of 16), or NULL */
     float *xperm;       /* [n_batch x max_cols] a matmul input in a weight's column order (GPTQ act-order), or NULL */
     float *logits;      /* [n_logits x vocab], for steps that ask for argmax ids */
     int n_logits;
@@ -83,7 +84,7 @@ struct act {
 
 static struct act act_of(struct tllm_cpu *cpu, const float *x, int n, int cols, int n_gen) {
     int n2 = cpu->m->decode_levels == 1 ? 0 : n_gen;
-    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n2}, 0, cpu->xperm};
+    struct act a = {x, n, cols, n_gen, {n, cols, cpu->xq, cpu->xq2, cpu->xq_d, cpu->xq_sum, n2, cpu->xq_sum16}, 0, cpu->xperm};
     return a;
 }
 
@@ -433,6 +434,7 @@ static void cpu_free(struct tllm_backend *b) {
     free(cpu->xq);
     free(cpu->xq2);
     free(cpu->xperm);
+    free(cpu->xq_sum16);
     free(cpu->runs);
     free(cpu->tasks);
     free(cpu->seen);
@@ -482,12 +484,18 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->xq2 = malloc(nb * max_cols);
     cpu->xq_d = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
     cpu->xq_sum = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
-    int permuted = 0;
+    /* (by format, not by pack: the model may be packed after this is made) */
+    int permuted = 0, halves = m->lm_head.format == TLLM_WF_NVFP4;
     for (int l = 0; l < c->n_layers; l++) {
         const struct tllm_layer *L = &m->layers[l];
-        permuted |= L->wq.perm || L->wk.perm || L->wv.perm || L->wo.perm || L->w_gate.perm || L->w_up.perm || L->w_down.perm;
+        const struct tllm_qweights *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) {
+            permuted |= ws[i]->perm != NULL;
+            halves |= ws[i]->format == TLLM_WF_NVFP4;
+        }
     }
-    if (permuted && !(cpu->xperm = malloc(nb * max_cols * sizeof(float)))) {
+    if ((permuted && !(cpu->xperm = malloc(nb * max_cols * sizeof(float)))) ||
+        (halves && !(cpu->xq_sum16 = malloc(nb * (max_cols / 16 + 1) * sizeof(float))))) {
         cpu_free(&cpu->base);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
