@@ -18,9 +18,9 @@ int tllm_qpack_supported(const struct tllm_qweights *w) {
 static int is_fp4(const struct tllm_qweights *w) { return w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4; }
 
 /* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8); E2M1
- * codes (mxfp4, nvfp4) as 2 x value + 12, 0..24, in 8 bits */
+ * codes (mxfp4, nvfp4) as they are, read through tllm_qpack_e2m1 */
 static int pack_bits(const struct tllm_qweights *w) {
-    if (is_fp4(w)) return 8;
+    if (is_fp4(w)) return 4;
     return w->bits <= 2 ? 2 : w->bits <= 4 ? 4 : 8;
 }
 
@@ -31,11 +31,7 @@ static void *alloc64(size_t n) {
 
 /* Codes of row r as one byte each, as the pack holds them. */
 static void unpack_row(const struct tllm_qweights *w, int r, uint8_t *out) {
-    if (is_fp4(w)) {
-        for (int j = 0; j < w->cols; j++) out[j] = (uint8_t)(tllm_e2m1_x2[tllm_qw_code(w, r, j)] + 12);
-        return;
-    }
-    if (32 % w->bits) {
+    if (32 % w->bits || is_fp4(w)) {
         for (int j = 0; j < w->cols; j++) out[j] = (uint8_t)tllm_qw_code(w, r, j);
         return;
     }
@@ -53,14 +49,11 @@ static uint16_t bf16_bits(float f) { /* exact for the values it is given (at mos
 }
 
 /* Scale and bias of group g of row r into the pack's dtype: copied, or (fp4) the E8M0 / E4M3 scale halved
- * for the doubled codes, and the bias taking the +12 back out (both exact in bf16: at most 6
- * significant bits) */
+ * for the doubled codes (exact in bf16: at most 4 significant bits), and no bias (the table's offset) */
 static void group_params(const struct tllm_qweights *w, int r, int g, enum tllm_dtype pdt, void *s, void *b) {
     if (is_fp4(w)) {
-        float sc = 0.5f * tllm_qw_scale(w, r, g);
-        uint16_t sv = bf16_bits(sc), bv = bf16_bits(-12.0f * sc);
+        uint16_t sv = bf16_bits(0.5f * tllm_qw_scale(w, r, g));
         memcpy(s, &sv, 2);
-        memcpy(b, &bv, 2);
         return;
     }
     size_t esz = tllm_dtype_size(pdt), i = ((size_t)r * (size_t)(w->cols / w->group_size) + (size_t)g) * esz;
@@ -74,14 +67,14 @@ int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
     const int R = TLLM_QPACK_ROWS, bits = pack_bits(w), per = 8 / bits, ng = w->cols / w->group_size;
     const enum tllm_dtype pdt = is_fp4(w) ? TLLM_DT_BF16 : w->dtype;
     const size_t esz = tllm_dtype_size(pdt);
-    p->rows = w->rows, p->cols = w->cols, p->bits = bits, p->group_size = w->group_size, p->dtype = pdt;
+    p->rows = w->rows, p->cols = w->cols, p->bits = bits, p->group_size = w->group_size, p->dtype = pdt, p->lut = is_fp4(w);
     p->n_blocks = (w->rows + R - 1) / R;
     p->block_bytes = (size_t)R * w->cols * bits / 8;
     p->codes = alloc64((size_t)p->n_blocks * p->block_bytes);
     p->scales = alloc64((size_t)p->n_blocks * ng * R * esz);
-    p->biases = alloc64((size_t)p->n_blocks * ng * R * esz);
+    p->biases = p->lut ? NULL : alloc64((size_t)p->n_blocks * ng * R * esz);
     uint8_t *tmp = malloc((size_t)R * w->cols);
-    if (!p->codes || !p->scales || !p->biases || !tmp) {
+    if (!p->codes || !p->scales || (!p->lut && !p->biases) || !tmp) {
         free(tmp);
         tllm_qpack_free(p);
         return tllm_fail(TLLM_ERR_NOMEM, "%s: out of memory packing %d x %d weights", w->name, w->rows, w->cols);
@@ -106,10 +99,10 @@ int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
                 int r = b * R + i;
                 size_t d = (((size_t)b * ng + g) * R + i) * esz;
                 if (r < w->rows) {
-                    group_params(w, r, g, pdt, (char *)p->scales + d, (char *)p->biases + d);
+                    group_params(w, r, g, pdt, (char *)p->scales + d, p->biases ? (char *)p->biases + d : NULL);
                 } else {
                     memset((char *)p->scales + d, 0, esz);
-                    memset((char *)p->biases + d, 0, esz);
+                    if (p->biases) memset((char *)p->biases + d, 0, esz);
                 }
             }
     }
@@ -125,7 +118,8 @@ void tllm_qpack_free(struct tllm_qpack *p) {
 }
 
 size_t tllm_qpack_nbytes(const struct tllm_qpack *p) {
-    return (size_t)p->n_blocks * (p->block_bytes + 2 * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS * tllm_dtype_size(p->dtype));
+    return (size_t)p->n_blocks * (p->block_bytes + (p->lut ? 1 : 2) * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS *
+                                                         tllm_dtype_size(p->dtype));
 }
 
 TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {

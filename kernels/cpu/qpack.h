@@ -21,14 +21,20 @@
 #define TLLM_QPACK_ROWS 16  /* rows per block: one 32-bit lane each in a 512-bit vector */
 #define TLLM_XQ_BLOCK 32    /* activation elements per int8 scale */
 
+/* E2M1 codes (mxfp4, nvfp4) as unsigned integers: 2 x value + 12, 0..24; w = s (u - 12) with s half the
+ * group's scale. Read through this table from 4-bit codes (tllm_qpack.lut). */
+static const uint8_t tllm_qpack_e2m1[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+#define TLLM_QPACK_E2M1_OFFSET 12.0f
+
 struct tllm_qpack {
     int rows, cols, bits, group_size; /* bits: the pack's code width, 2, 4 or 8 */
+    int lut;                 /* 1: 4-bit E2M1 codes read through tllm_qpack_e2m1, one scale a group, no biases */
     enum tllm_dtype dtype;   /* of scales and biases */
     int n_blocks;            /* ceil(rows / 16) */
     size_t block_bytes;      /* codes per row block: 16 * cols * bits / 8 */
     uint8_t *codes;          /* [n_blocks x block_bytes], 64-byte aligned */
     void *scales;            /* [n_blocks x cols/group_size x 16] */
-    void *biases;            /* [n_blocks x cols/group_size x 16] */
+    void *biases;            /* [n_blocks x cols/group_size x 16]; NULL with lut */
 };
 
 /* Activations of n tokens, quantized per block of 32: x ~ d * q with d = max|x| / 127, or with a
@@ -49,6 +55,11 @@ struct tllm_xq {
                       * NULL when no such pack reads this input */
 };
 
+/* Which tile family runs p: 0, 1, 2 for 2-, 4-, 8-bit codes, 3 for 4-bit codes through the E2M1 table */
+static inline int tllm_qpack_kind(const struct tllm_qpack *p) {
+    return p->lut ? 3 : p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+}
+
 /* A group of a pack is bpg activation sub-blocks of subcols columns: whole blocks of 32, or (groups of
  * 16) half a block, whose bias term then takes the half block's sum. */
 static inline int tllm_qpack_subcols(const struct tllm_qpack *p) {
@@ -66,8 +77,8 @@ static inline float tllm_xq_group_sum(const struct tllm_xq *x, const float *xs, 
 }
 
 /* 1 if w can be packed: affine (any bits: 1 and 3 take 2 and 4 bits in the pack, 5 and 6 take 8) or
- * mxfp4 / nvfp4 (E2M1 codes as 2 x value + 12 in 8 bits, the E8M0 / E4M3 scale and the offset as bf16
- * scale and bias), groups of whole activation blocks or (nvfp4) halves of them. The pack keeps w's
+ * mxfp4 / nvfp4 (4-bit E2M1 codes read through tllm_qpack_e2m1 as 2 x value + 12, the E8M0 / E4M3 scale
+ * halved as a bf16 scale, no biases), groups of whole activation blocks or (nvfp4) halves of them. The pack keeps w's
  * stored column order: where w->perm is set, the caller quantizes the activations in that order.
  * mxfp8's E4M3 codes do not fit the integer form: it takes the float kernels. */
 int tllm_qpack_supported(const struct tllm_qweights *w);

@@ -46,11 +46,11 @@ TGT INLINE __m256i bcast4(const int8_t *p) {
 }
 
 /* The block's 16-bit sums for the codes w (one half) against the activations at xo: 2- and 4-bit codes
- * directly; 8-bit codes as low and high nibble, the high one's sums kept apart (sixteen times them
- * would not fit 16 bits) */
+ * directly; wider values (8-bit codes, and the E2M1 table's 0..24) as low and high nibble, the high
+ * one's sums kept apart (sixteen times them would not fit 16 bits) */
 #define MAC(s_lo, s_hi, w, xb)                                                                   \
     do {                                                                                          \
-        if (BITS == 8) {                                                                          \
+        if (WIDE) {                                                                               \
             s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(_mm256_and_si256(w, nib), xb));    \
             s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), nib), xb)); \
         } else                                                                                    \
@@ -59,11 +59,12 @@ TGT INLINE __m256i bcast4(const int8_t *p) {
 
 /* Rows of block b for tokens [t0, t0 + NT); NT, BITS and LEVELS are constants at every call site. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
-                     const int BITS, const int LEVELS) {
-    const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
+                     const int BITS, const int LEVELS, const int LUT) {
+    const int WIDE = BITS == 8 || LUT, per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
     const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const __m256i mask = _mm256_set1_epi8((char)((1 << BITS) - 1)), nib = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tllm_qpack_e2m1)); /* per 128-bit lane */
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
@@ -89,6 +90,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 for (int m = 0; m < per; m++) {
                     __m256i w0 = BITS == 8 ? v0 : _mm256_and_si256(m ? _mm256_srli_epi16(v0, BITS * m) : v0, mask);
                     __m256i w1 = BITS == 8 ? v1 : _mm256_and_si256(m ? _mm256_srli_epi16(v1, BITS * m) : v1, mask);
+                    if (LUT) w0 = _mm256_shuffle_epi8(lut, w0), w1 = _mm256_shuffle_epi8(lut, w1);
                     const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
                     for (int t = 0; t < NT; t++) {
                         __m256i xb = bcast4(xq + (size_t)t * p->cols + off);
@@ -106,10 +108,10 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 __m256 dt = _mm256_set1_ps(xd[(size_t)t * nb + kb]);
                 for (int h = 0; h < 2; h++) {
                     __m256i dot = _mm256_madd_epi16(lo[t][h], ones);
-                    if (BITS == 8) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 4));
+                    if (WIDE) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 4));
                     if (LEVELS == 2) {
                         __m256i dot2 = _mm256_madd_epi16(lo2[t][h], ones);
-                        if (BITS == 8) dot2 = _mm256_add_epi32(dot2, _mm256_slli_epi32(_mm256_madd_epi16(hi2[t][h], ones), 4));
+                        if (WIDE) dot2 = _mm256_add_epi32(dot2, _mm256_slli_epi32(_mm256_madd_epi16(hi2[t][h], ones), 4));
                         dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 7), dot2);
                     }
                     f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dt, f[t][h]);
@@ -118,7 +120,14 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             }
         }
         for (int h = 0; h < 2; h++) {
-            __m256 S = load8(p->scales, p->dtype, so + 8 * h), B = load8(p->biases, p->dtype, so + 8 * h);
+            __m256 S = load8(p->scales, p->dtype, so + 8 * h);
+            if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
+                for (int t = 0; t < NT; t++)
+                    acc[t][h] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(-TLLM_QPACK_E2M1_OFFSET), _mm256_set1_ps(ssum[t]), f[t][h]),
+                                                S, acc[t][h]);
+                continue;
+            }
+            __m256 B = load8(p->biases, p->dtype, so + 8 * h);
             for (int t = 0; t < NT; t++) {
                 acc[t][h] = _mm256_fmadd_ps(f[t][h], S, acc[t][h]);
                 acc[t][h] = _mm256_fmadd_ps(B, _mm256_set1_ps(ssum[t]), acc[t][h]);
@@ -143,25 +152,28 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
 #define TILE(BITS, NT, L)                                                                                     \
     TGT static void tile##L##_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                             int t0) {                                                          \
-        tile(p, x, y, b, t0, NT, BITS, L);                                                                     \
+        tile(p, x, y, b, t0, NT, BITS == 41 ? 4 : BITS, L, BITS == 41);                                        \
     }
 #define TILES(BITS, L) TILE(BITS, 1, L) TILE(BITS, 2, L) TILE(BITS, 3, L) TILE(BITS, 4, L) TILE(BITS, 5, L) TILE(BITS, 6, L) TILE(BITS, 7, L) TILE(BITS, 8, L)
 TILES(2, 1)
 TILES(4, 1)
 TILES(8, 1)
+TILES(41, 1) /* 4-bit codes through the E2M1 table */
 TILES(2, 2)
 TILES(4, 2)
 TILES(8, 2)
+TILES(41, 2)
 #define ROW(BITS, L) {tile##L##_##BITS##_1, tile##L##_##BITS##_2, tile##L##_##BITS##_3, tile##L##_##BITS##_4, \
                      tile##L##_##BITS##_5, tile##L##_##BITS##_6, tile##L##_##BITS##_7, tile##L##_##BITS##_8}
-static tllm_qpack_tile_fn *const tiles[2][3][8] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1)}, {ROW(2, 2), ROW(4, 2), ROW(8, 2)}};
+static tllm_qpack_tile_fn *const tiles[2][4][8] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1), ROW(41, 1)},
+                                                   {ROW(2, 2), ROW(4, 2), ROW(8, 2), ROW(41, 2)}};
 
 #if TLLM_QPACK_AVX2_TILE_TOKENS > 8 || TLLM_QPACK_AVX2_TILE_TOKENS < 1 || TLLM_QPACK_AVX2_TILE_TOKENS2 > 8 || TLLM_QPACK_AVX2_TILE_TOKENS2 < 1
 #error "TLLM_QPACK_AVX2_TILE_TOKENS and TLLM_QPACK_AVX2_TILE_TOKENS2 must be 1..8"
 #endif
 
 void tllm_qpack_matmul_avx2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
-    const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+    const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_AVX2_TILE_TOKENS, TLLM_QPACK_AVX2_TILE_TOKENS2},
                                        TLLM_QPACK_AVX2_TILE_BLOCKS};
     tllm_qpack_run_tiles(p, x, y, b0, b1, &t);

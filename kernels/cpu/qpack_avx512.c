@@ -47,10 +47,11 @@ TGT INLINE __m512i bcast4(const int8_t *p) {
 /* Rows of block b for tokens [t0, t0 + NT). NT and BITS are constants at every call site, so the
  * token loops unroll and the accumulators live in registers. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
-                     const int BITS, const int LEVELS) {
+                     const int BITS, const int LEVELS, const int LUT) {
     const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
     const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const __m512i mask = _mm512_set1_epi8((char)((1 << BITS) - 1));
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)tllm_qpack_e2m1)); /* per 128-bit lane */
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
@@ -76,6 +77,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 __m512i v = _mm512_load_si512((const void *)c);
                 for (int m = 0; m < per; m++) {
                     __m512i w = BITS == 8 ? v : _mm512_and_si512(m ? _mm512_srli_epi16(v, BITS * m) : v, mask);
+                    if (LUT) w = _mm512_shuffle_epi8(lut, w);
                     const int h = (ch * per + m) % SPLIT;
                     const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
                     for (int t = 0; t < NT; t++) {
@@ -98,10 +100,16 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 ssum[t] += tllm_xq_group_sum(x, xs, t0, t, nb, kb, p->group_size, col0);
             }
         }
-        __m512 S = load16(p->scales, p->dtype, so), B = load16(p->biases, p->dtype, so);
-        for (int t = 0; t < NT; t++) {
-            acc[t] = _mm512_fmadd_ps(f[t], S, acc[t]);
-            acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(ssum[t]), acc[t]);
+        __m512 S = load16(p->scales, p->dtype, so);
+        if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
+            for (int t = 0; t < NT; t++)
+                acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(-TLLM_QPACK_E2M1_OFFSET), _mm512_set1_ps(ssum[t]), f[t]), S, acc[t]);
+        } else {
+            __m512 B = load16(p->biases, p->dtype, so);
+            for (int t = 0; t < NT; t++) {
+                acc[t] = _mm512_fmadd_ps(f[t], S, acc[t]);
+                acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(ssum[t]), acc[t]);
+            }
         }
     }
     int n_out = p->rows - b * TLLM_QPACK_ROWS;
@@ -113,32 +121,34 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
 #define TILE(BITS, NT)                                                                                     \
     TGT static void tile_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                        int t0) {                                                           \
-        tile(p, x, y, b, t0, NT, BITS, 1);                                                                 \
+        tile(p, x, y, b, t0, NT, BITS == 41 ? 4 : BITS, 1, BITS == 41);                                    \
     }
 #define TILE2(BITS, NT)                                                                                     \
     TGT static void tile2_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                         int t0) {                                                           \
-        tile(p, x, y, b, t0, NT, BITS, 2);                                                                  \
+        tile(p, x, y, b, t0, NT, BITS == 41 ? 4 : BITS, 2, BITS == 41);                                     \
     }
 #define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4) TILE(BITS, 5) TILE(BITS, 6) TILE(BITS, 7) TILE(BITS, 8)
 TILES(2)
 TILES(4)
 TILES(8)
+TILES(41) /* 4-bit codes through the E2M1 table */
 #define TILES2(BITS) TILE2(BITS, 1) TILE2(BITS, 2) TILE2(BITS, 3) TILE2(BITS, 4) TILE2(BITS, 5) TILE2(BITS, 6) TILE2(BITS, 7) TILE2(BITS, 8)
 TILES2(2)
 TILES2(4)
 TILES2(8)
+TILES2(41)
 #define ROW(BITS) {tile_##BITS##_1, tile_##BITS##_2, tile_##BITS##_3, tile_##BITS##_4, tile_##BITS##_5, tile_##BITS##_6, tile_##BITS##_7, tile_##BITS##_8}
-static tllm_qpack_tile_fn *const tiles[3][8] = {ROW(2), ROW(4), ROW(8)};
+static tllm_qpack_tile_fn *const tiles[4][8] = {ROW(2), ROW(4), ROW(8), ROW(41)};
 #define ROW2(BITS) {tile2_##BITS##_1, tile2_##BITS##_2, tile2_##BITS##_3, tile2_##BITS##_4, tile2_##BITS##_5, tile2_##BITS##_6, tile2_##BITS##_7, tile2_##BITS##_8}
-static tllm_qpack_tile_fn *const tiles2[3][8] = {ROW2(2), ROW2(4), ROW2(8)};
+static tllm_qpack_tile_fn *const tiles2[4][8] = {ROW2(2), ROW2(4), ROW2(8), ROW2(41)};
 
 #if TLLM_QPACK_TILE_TOKENS > 8 || TLLM_QPACK_TILE_TOKENS < 1 || TLLM_QPACK_TILE_TOKENS2 > 8 || TLLM_QPACK_TILE_TOKENS2 < 1
 #error "TLLM_QPACK_TILE_TOKENS and TLLM_QPACK_TILE_TOKENS2 must be 1..8"
 #endif
 
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
-    const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+    const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[bi], tiles2[bi]}, {TLLM_QPACK_TILE_TOKENS, TLLM_QPACK_TILE_TOKENS2}, TLLM_QPACK_TILE_BLOCKS};
     tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
 }

@@ -36,10 +36,10 @@ TGT INLINE int8x16_t bcast4(const int8_t *p) {
 
 /* Rows of block b for tokens [t0, t0 + NT); NT, BITS and LEVELS are constants at every call site. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
-                     const int BITS, const int LEVELS) {
+                     const int BITS, const int LEVELS, const int LUT) {
     const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
     const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
-    const uint8x16_t mask = vdupq_n_u8((uint8_t)((1 << BITS) - 1)), nib = vdupq_n_u8(0x0F);
+    const uint8x16_t mask = vdupq_n_u8((uint8_t)((1 << BITS) - 1)), nib = vdupq_n_u8(0x0F), lut = vld1q_u8(tllm_qpack_e2m1);
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
@@ -65,6 +65,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                     int8x16_t w[4], wh[4];
                     for (int q = 0; q < 4; q++) {
                         uint8x16_t u = BITS == 8 ? v[q] : vandq_u8(m ? vshlq_u8(v[q], vdupq_n_s8((int8_t)(-BITS * m))) : v[q], mask);
+                        if (LUT) u = vqtbl1q_u8(lut, u); /* 0..24: a signed byte as it is */
                         w[q] = vreinterpretq_s8_u8(BITS == 8 ? vandq_u8(u, nib) : u);
                         wh[q] = vreinterpretq_s8_u8(vshrq_n_u8(v[q], 4));
                     }
@@ -99,7 +100,13 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             }
         }
         for (int q = 0; q < 4; q++) {
-            float32x4_t S = load4(p->scales, p->dtype, so + 4 * q), B = load4(p->biases, p->dtype, so + 4 * q);
+            float32x4_t S = load4(p->scales, p->dtype, so + 4 * q);
+            if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
+                for (int t = 0; t < NT; t++)
+                    acc[t][q] = vfmaq_f32(acc[t][q], vfmaq_f32(f[t][q], vdupq_n_f32(-TLLM_QPACK_E2M1_OFFSET), vdupq_n_f32(ssum[t])), S);
+                continue;
+            }
+            float32x4_t B = load4(p->biases, p->dtype, so + 4 * q);
             for (int t = 0; t < NT; t++) {
                 acc[t][q] = vfmaq_f32(acc[t][q], f[t][q], S);
                 acc[t][q] = vfmaq_f32(acc[t][q], B, vdupq_n_f32(ssum[t]));
@@ -117,24 +124,27 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
 #define TILE(BITS, NT, L)                                                                                     \
     TGT static void tile##L##_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                             int t0) {                                                          \
-        tile(p, x, y, b, t0, NT, BITS, L);                                                                     \
+        tile(p, x, y, b, t0, NT, BITS == 41 ? 4 : BITS, L, BITS == 41);                                        \
     }
 #define TILES(BITS, L) TILE(BITS, 1, L) TILE(BITS, 2, L) TILE(BITS, 3, L) TILE(BITS, 4, L)
 TILES(2, 1)
 TILES(4, 1)
 TILES(8, 1)
+TILES(41, 1) /* 4-bit codes through the E2M1 table */
 TILES(2, 2)
 TILES(4, 2)
 TILES(8, 2)
+TILES(41, 2)
 #define ROW(BITS, L) {tile##L##_##BITS##_1, tile##L##_##BITS##_2, tile##L##_##BITS##_3, tile##L##_##BITS##_4}
-static tllm_qpack_tile_fn *const tiles[2][3][4] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1)}, {ROW(2, 2), ROW(4, 2), ROW(8, 2)}};
+static tllm_qpack_tile_fn *const tiles[2][4][4] = {{ROW(2, 1), ROW(4, 1), ROW(8, 1), ROW(41, 1)},
+                                                   {ROW(2, 2), ROW(4, 2), ROW(8, 2), ROW(41, 2)}};
 
 #if TLLM_QPACK_NEON_TILE_TOKENS > 4 || TLLM_QPACK_NEON_TILE_TOKENS < 1
 #error "TLLM_QPACK_NEON_TILE_TOKENS must be 1..4"
 #endif
 
 void tllm_qpack_matmul_neon(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
-    const int bi = p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+    const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_NEON_TILE_TOKENS, TLLM_QPACK_NEON_TILE_TOKENS}, 1};
     tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
 }
