@@ -115,6 +115,11 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
         }
         return;
     }
+    if ((w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4 || w->format == TLLM_WF_MXFP8) && n <= QM_MATVEC_MAX_TOKENS &&
+        tllm_cpu_has_avx2()) {
+        for (int t = 0; t < n; t++) tllm_qmatvec_mx_avx2(w, x + (size_t)t * w->cols, y + (size_t)t * w->rows, r0, r1);
+        return;
+    }
     tllm_qmatmul_tiled(w, x, n, y, r0, r1);
 }
 

@@ -71,7 +71,52 @@ TGT void tllm_qmatvec_affine_avx2(const struct tllm_qweights *w, const float *x,
     }
 }
 
+/* 16 E2M1 codes (8 bytes, low nibble first) as 2 x value, times the group's scale s and x[0..16) */
+TGT static inline void dot16_e2m1(const uint8_t *q, const float *x, __m128i lut, __m256 s, __m256 *a0, __m256 *a1) {
+    const __m128i m = _mm_set1_epi8(0x0f);
+    __m128i v = _mm_loadl_epi64((const __m128i *)q);
+    __m128i e = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m)));
+    *a0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e)), s), _mm256_loadu_ps(x), *a0);
+    *a1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e, 8))), s), _mm256_loadu_ps(x + 8), *a1);
+}
+
+/* 8 E4M3 codes times s and x[0..8): magnitude bits at the top of a float's, times 2^120 (folded into s;
+ * tllm_e4m3_to_f32) */
+TGT static inline void dot8_e4m3(const uint8_t *q, const float *x, __m256 s, __m256 *a) {
+    __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x7f)), 20),
+                                   _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24));
+    *a = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_castsi256_ps(bits), s), _mm256_loadu_ps(x), *a);
+}
+
+TGT void tllm_qmatvec_mx_avx2(const struct tllm_qweights *w, const float *x, float *y, int r0, int r1) {
+    const int gs = w->group_size, ng = w->cols / gs, fp8 = w->format == TLLM_WF_MXFP8;
+    const size_t row_bytes = (size_t)w->cols * w->bits / 8, gbytes = (size_t)gs * w->bits / 8;
+    const __m128i lut = _mm_loadu_si128((const __m128i *)tllm_e2m1_x2);
+    /* the E2M1 table holds twice the values; E4M3's bit placement leaves a factor 2^-120 */
+    const float unit = fp8 ? 0x1p120f : 0.5f;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *q = (const uint8_t *)w->w + (size_t)r * row_bytes;
+        if (r + 1 < r1) _mm_prefetch((const char *)(q + row_bytes), _MM_HINT_T0);
+        /* the scale multiplies the decoded codes, so groups do not wait on each other (groups of 16 are
+         * too short to sum apart and scale once) */
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int g = 0; g < ng; g++, q += gbytes) {
+            const float *xg = x + (size_t)g * gs;
+            const __m256 sg = _mm256_set1_ps(unit * tllm_qw_scale(w, r, g));
+            if (fp8)
+                for (int k = 0; k < gs; k += 16) dot8_e4m3(q + k, xg + k, sg, &a0), dot8_e4m3(q + k + 8, xg + k + 8, sg, &a1);
+            else
+                for (int k = 0; k < gs; k += 16) dot16_e2m1(q + k / 2, xg + k, lut, sg, &a0, &a1);
+        }
+        y[r] = hsum8(_mm256_add_ps(a0, a1));
+    }
+}
+
 #else
+void tllm_qmatvec_mx_avx2(const struct tllm_qweights *w, const float *x, float *y, int r0, int r1) {
+    (void)w, (void)x, (void)y, (void)r0, (void)r1;
+}
 void tllm_qmatvec_affine_avx2(const struct tllm_qweights *w, const float *x, const float *xsum, float *y, int r0,
                               int r1) {
     (void)w, (void)x, (void)xsum, (void)y, (void)r0, (void)r1;

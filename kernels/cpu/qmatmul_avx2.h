@@ -10,4 +10,9 @@
 void tllm_qmatvec_affine_avx2(const struct tllm_qweights *w, const float *x, const float *xsum, float *y, int r0,
                               int r1);
 
+/* y[r] for rows [r0, r1) of one token: the microscaling formats (mxfp4, nvfp4, mxfp8). Codes decode
+ * in registers to their values (E2M1 through a byte shuffle, E4M3 by placing its bits in a float), are
+ * dotted with x, and each group is scaled once. */
+void tllm_qmatvec_mx_avx2(const struct tllm_qweights *w, const float *x, float *y, int r0, int r1);
+
 #endif
