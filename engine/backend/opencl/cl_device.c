@@ -180,7 +180,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
     int fmt[3] = {-1, -1, -1}, uniform = 1;
     for (int i = 0; i < tllm_cl_n_mats(cl->m) && uniform; i++) {
-        const struct tllm_qweights *w = tllm_cl_model_mat(cl->m, i);
+        const struct tllm_qweights *w = &cl->mats[i];
         int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, tllm_cl_dt_code(w->dtype)};
         if (i == 0) memcpy(fmt, f, sizeof f);
         uniform = !memcmp(fmt, f, sizeof f);
@@ -193,7 +193,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* int8 activations (XQ in kernels/opencl/common.cl) where the CPU path takes them too (a packed model, i.e. not
      * --exact), for 4-bit models whose inputs split into blocks of 32. NVIDIA gets dp4a and warp
      * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
-    int xq = int8_ok && uniform && fmt[0] == 4 && tllm_cl_model_mat(cl->m, 2)->pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
+    int xq = int8_ok && uniform && fmt[0] == 4 && cl->mats[2].pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
     int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */

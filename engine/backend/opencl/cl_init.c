@@ -54,7 +54,7 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateContext on %s: %s", cl->name, tllm_cl_err_name(e));
     cl->q = clCreateCommandQueue(cl->cx, cl->dev, cl->profile ? CL_QUEUE_PROFILING_ENABLE : 0, &e);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: clCreateCommandQueue: %s", tllm_cl_err_name(e));
-    int rc = tllm_cl_check_formats(m);
+    int rc = tllm_cl_device_mats(cl);
     if (!rc) rc = tllm_cl_build_program(cl, 1);
     if (!rc) rc = tllm_cl_read_tunables(cl);
     if (!rc) rc = tllm_cl_check_shapes(cl);
@@ -130,6 +130,9 @@ void tllm_cl_free(struct tllm_cl *cl) {
                 if (lk[i]->k) clReleaseKernel(lk[i]->k);
         }
     free(cl->layers);
+    for (int i = 0; i < cl->n_conv; i++) free(cl->conv[i]);
+    free(cl->conv);
+    free(cl->mats);
     cl_mem bufs[] = {cl->res_buf, cl->by_blocks, cl->done, cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) clReleaseMemObject(bufs[i]);

@@ -58,6 +58,9 @@ struct tllm_cl {
     struct cl_tunables t;
     int n_cu;
     struct cl_weights embed, lm_head;
+    struct tllm_qweights *mats; /* [n_mats] the matrices as the device holds them (tllm_cl_device_mats) */
+    void **conv;                /* [n_conv] buffers of the converted ones */
+    int n_conv;
     struct cl_launch l_embed, l_lm_head, l_argmax;
     struct cl_layer *layers;
     cl_mem vecs;       /* every norm weight and bias (the model's `vectors`) */
@@ -143,8 +146,9 @@ int tllm_cl_n_mats(const struct tllm_model *m);
 const struct tllm_qweights *tllm_cl_model_mat(const struct tllm_model *m, int i);
 int tllm_cl_upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, const char *what);
 void tllm_cl_mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, struct cl_weights **cw);
-/* Refuse a model with a weight format the device kernels do not implement (before compiling them). */
-int tllm_cl_check_formats(const struct tllm_model *m);
+/* cl->mats: every matrix in a form the device kernels read (converted where the model's is another),
+ * or an error naming one they cannot take; before the program is built (it compiles the formats in). */
+int tllm_cl_device_mats(struct tllm_cl *cl);
 int tllm_cl_upload_all_weights(struct tllm_cl *cl);
 void tllm_cl_release_weights(struct cl_weights *cw);
 int tllm_cl_device_buffer(struct tllm_cl *cl, cl_mem *out, size_t n, const char *what);

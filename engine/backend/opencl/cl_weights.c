@@ -21,15 +21,75 @@ const struct tllm_qweights *tllm_cl_model_mat(const struct tllm_model *m, int i)
     return ws[(i - 2) % 7];
 }
 
-int tllm_cl_check_formats(const struct tllm_model *m) {
-    for (int i = 0; i < tllm_cl_n_mats(m); i++) {
+/* A buffer the device's converted weights own (freed with cl) */
+static void *conv_alloc(struct tllm_cl *cl, size_t n) {
+    void **nc = realloc(cl->conv, (size_t)(cl->n_conv + 1) * sizeof *nc);
+    if (!nc) return NULL;
+    cl->conv = nc;
+    void *p = calloc(1, n ? n : 1);
+    if (p) cl->conv[cl->n_conv++] = p;
+    return p;
+}
+
+/* w in a form the device kernels read (affine 2/4/8-bit or dense), values unchanged: affine 1/3 and 5/6-bit
+ * codes widened to 2/4 and 8 bits; E2M1 codes (mxfp4, nvfp4) as 8-bit 2 x value + 12 with scale s/2 and
+ * bias -6 s (float32); mxfp8 as dense bf16 (E4M3 times a power of two has 4 significant bits: exact).
+ * Dense, 2/4/8-bit affine: w itself. GPTQ act-order (a column permutation) has no device form yet. */
+static int device_form(struct tllm_cl *cl, const struct tllm_qweights *w, struct tllm_qweights *out) {
+    *out = *w;
+    if (w->perm)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED,
+                         "opencl: %s: GPTQ act-order weights are not supported by the device kernels yet; run it on the CPU",
+                         w->name);
+    if (w->format == TLLM_WF_DENSE || (w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8)))
+        return TLLM_OK;
+    const size_t rows = (size_t)w->rows, cols = (size_t)w->cols, ng = rows * (cols / (size_t)w->group_size);
+    if (w->format == TLLM_WF_MXFP8) {
+        uint16_t *d = conv_alloc(cl, rows * cols * 2);
+        if (!d) return tllm_fail(TLLM_ERR_NOMEM, "opencl: out of memory converting %s", w->name);
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < cols; j++) {
+                float s = tllm_qw_scale(w, (int)r, (int)(j / (size_t)w->group_size));
+                d[r * cols + j] = tllm_f32_to_bf16(s * tllm_e4m3_to_f32((uint8_t)tllm_qw_code(w, (int)r, (int)j)));
+            }
+        out->format = TLLM_WF_DENSE, out->dtype = TLLM_DT_BF16, out->w = d, out->scales = out->biases = NULL;
+        out->bits = out->group_size = 0;
+        return TLLM_OK;
+    }
+    const int fp4 = w->format != TLLM_WF_AFFINE, bits = fp4 ? 8 : w->bits <= 2 ? 2 : w->bits <= 4 ? 4 : 8, per = 32 / bits;
+    uint32_t *q = conv_alloc(cl, rows * cols / (size_t)per * 4);
+    float *sb = fp4 ? conv_alloc(cl, 2 * ng * sizeof(float)) : NULL;
+    if (!q || (fp4 && !sb)) return tllm_fail(TLLM_ERR_NOMEM, "opencl: out of memory converting %s", w->name);
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < cols; j++) {
+            uint32_t c = tllm_qw_code(w, (int)r, (int)j);
+            if (fp4) c = (uint32_t)(tllm_e2m1_x2[c] + 12);
+            q[(r * cols + j) / (size_t)per] |= c << ((j % (size_t)per) * (size_t)bits);
+        }
+    if (fp4) {
+        for (size_t r = 0; r < rows; r++)
+            for (size_t g = 0; g < cols / (size_t)w->group_size; g++) {
+                float s = 0.5f * tllm_qw_scale(w, (int)r, (int)g);
+                sb[r * (cols / (size_t)w->group_size) + g] = s, sb[ng + r * (cols / (size_t)w->group_size) + g] = -12.0f * s;
+            }
+        out->format = TLLM_WF_AFFINE, out->dtype = TLLM_DT_F32, out->scales = sb, out->biases = sb + ng;
+    }
+    out->bits = bits, out->w = q;
+    return TLLM_OK;
+}
+
+int tllm_cl_device_mats(struct tllm_cl *cl) {
+    const struct tllm_model *m = cl->m;
+    int n = tllm_cl_n_mats(m);
+    if (!(cl->mats = calloc((size_t)n, sizeof *cl->mats))) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
         const struct tllm_qweights *w = tllm_cl_model_mat(m, i);
-        int ok = w->format == TLLM_WF_DENSE || (w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8));
-        if (!ok || w->perm)
-            return tllm_fail(TLLM_ERR_UNSUPPORTED,
-                             "opencl: %s: %s %d-bit weights%s are not supported by the device kernels yet (affine 2/4/8-bit "
-                             "and dense are); run it on the CPU",
-                             w->name, tllm_wformat_name(w->format), w->bits, w->perm ? " in act-order" : "");
+        if (i == 1 && w->w == m->embed.w) { /* tied: the embedding's device form */
+            cl->mats[1] = cl->mats[0];
+            continue;
+        }
+        int rc = device_form(cl, w, &cl->mats[i]);
+        if (rc) return rc;
     }
     return TLLM_OK;
 }
@@ -102,7 +162,7 @@ static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, str
 
 /* Matrix i of the model, and its device copy, in the descriptor table's order. */
 void tllm_cl_mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, struct cl_weights **cw) {
-    *w = tllm_cl_model_mat(cl->m, i);
+    *w = &cl->mats[i];
     if (i < 2) {
         *cw = i ? &cl->lm_head : &cl->embed;
         return;
@@ -125,7 +185,7 @@ int tllm_cl_upload_all_weights(struct tllm_cl *cl) {
         const struct tllm_qweights *w;
         struct cl_weights *cw;
         tllm_cl_mat(cl, i, &w, &cw);
-        int rc = plan_weights(cl, w, cw, i == 1 ? &cl->m->embed : NULL, &cl->embed);
+        int rc = plan_weights(cl, w, cw, i == 1 ? &cl->mats[0] : NULL, &cl->embed);
         if (rc) return rc;
     }
     if (cl->arena_size <= max_alloc && cl->arena_size / 16 < 0x7fffffff) {
@@ -184,13 +244,14 @@ void tllm_cl_by_blocks(const struct tllm_qweights *w, unsigned char *t) {
 
 int tllm_cl_upload_by_blocks(struct tllm_cl *cl) {
     const struct tllm_model *m = cl->m;
-    size_t o_bytes = bt_bytes(&m->layers[0].wo), per = o_bytes + bt_bytes(&m->layers[0].w_down);
+    const struct tllm_qweights *wo0 = &cl->mats[2 + 3], *down0 = &cl->mats[2 + 6]; /* the device forms */
+    size_t o_bytes = bt_bytes(wo0), per = o_bytes + bt_bytes(down0);
     int rc = tllm_cl_device_buffer(cl, &cl->by_blocks, per * (size_t)m->cfg.n_layers, "o_proj and down_proj by blocks");
     unsigned char *t = rc ? NULL : calloc(1, per);
     if (!rc && !t) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     for (int l = 0; l < m->cfg.n_layers && !rc; l++) {
-        tllm_cl_by_blocks(&m->layers[l].wo, t);
-        tllm_cl_by_blocks(&m->layers[l].w_down, t + o_bytes);
+        tllm_cl_by_blocks(&cl->mats[2 + 7 * l + 3], t);
+        tllm_cl_by_blocks(&cl->mats[2 + 7 * l + 6], t + o_bytes);
         cl_int e = clEnqueueWriteBuffer(cl->q, cl->by_blocks, CL_TRUE, per * (size_t)l, per, t, 0, NULL, NULL);
         if (e != CL_SUCCESS) rc = tllm_fail(TLLM_ERR_IO, "opencl: uploading o_proj and down_proj by blocks to %s: %s", cl->name, tllm_cl_err_name(e));
     }
