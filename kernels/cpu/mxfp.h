@@ -12,6 +12,10 @@
  * Bit 3 is the sign. */
 static const int8_t tllm_e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+/* The same plus an offset, 0..24: unsigned, as the int8 kernels take their weight operand */
+#define TLLM_E2M1_OFFSET 12
+static const uint8_t tllm_e2m1_u8[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
 static inline float tllm_e2m1_to_f32(uint32_t code) { return 0.5f * (float)tllm_e2m1_x2[code & 15]; }
 
 /* E8M0: 2^(e - 127), e = 255 is NaN */

@@ -18,7 +18,7 @@ int tllm_qpack_supported(const struct tllm_qweights *w) {
 static int is_fp4(const struct tllm_qweights *w) { return w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4; }
 
 /* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8); E2M1
- * codes (mxfp4, nvfp4) as they are, read through tllm_qpack_e2m1 */
+ * codes (mxfp4, nvfp4) as they are, read through tllm_e2m1_u8 */
 static int pack_bits(const struct tllm_qweights *w) {
     if (is_fp4(w)) return 4;
     return w->bits <= 2 ? 2 : w->bits <= 4 ? 4 : 8;

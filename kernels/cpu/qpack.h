@@ -21,14 +21,10 @@
 #define TLLM_QPACK_ROWS 16  /* rows per block: one 32-bit lane each in a 512-bit vector */
 #define TLLM_XQ_BLOCK 32    /* activation elements per int8 scale */
 
-/* E2M1 codes (mxfp4, nvfp4) as unsigned integers: 2 x value + 12, 0..24; w = s (u - 12) with s half the
- * group's scale. Read through this table from 4-bit codes (tllm_qpack.lut). */
-static const uint8_t tllm_qpack_e2m1[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-#define TLLM_QPACK_E2M1_OFFSET 12.0f
-
 struct tllm_qpack {
     int rows, cols, bits, group_size; /* bits: the pack's code width, 2, 4 or 8 */
-    int lut;                 /* 1: 4-bit E2M1 codes read through tllm_qpack_e2m1, one scale a group, no biases */
+    int lut;                 /* 1: 4-bit E2M1 codes read through tllm_e2m1_u8 (kernels/cpu/mxfp.h) as
+                              * u = 2 x value + 12, w = s (u - 12): one scale a group (half the format's), no biases */
     enum tllm_dtype dtype;   /* of scales and biases */
     int n_blocks;            /* ceil(rows / 16) */
     size_t block_bytes;      /* codes per row block: 16 * cols * bits / 8 */
@@ -77,8 +73,8 @@ static inline float tllm_xq_group_sum(const struct tllm_xq *x, const float *xs, 
 }
 
 /* 1 if w can be packed: affine (any bits: 1 and 3 take 2 and 4 bits in the pack, 5 and 6 take 8) or
- * mxfp4 / nvfp4 (4-bit E2M1 codes read through tllm_qpack_e2m1 as 2 x value + 12, the E8M0 / E4M3 scale
- * halved as a bf16 scale, no biases), groups of whole activation blocks or (nvfp4) halves of them. The pack keeps w's
+ * mxfp4 / nvfp4 (4-bit E2M1 codes read through tllm_e2m1_u8, the E8M0 / E4M3 scale halved as a bf16
+ * scale, no biases), groups of whole activation blocks or (nvfp4) halves of them. The pack keeps w's
  * stored column order: where w->perm is set, the caller quantizes the activations in that order.
  * mxfp8's E4M3 codes do not fit the integer form: it takes the float kernels. */
 int tllm_qpack_supported(const struct tllm_qweights *w);

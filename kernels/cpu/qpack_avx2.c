@@ -64,7 +64,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const __m256i mask = _mm256_set1_epi8((char)((1 << BITS) - 1)), nib = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tllm_qpack_e2m1)); /* per 128-bit lane */
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tllm_e2m1_u8)); /* per 128-bit lane */
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
@@ -123,7 +123,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             __m256 S = load8(p->scales, p->dtype, so + 8 * h);
             if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
                 for (int t = 0; t < NT; t++)
-                    acc[t][h] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(-TLLM_QPACK_E2M1_OFFSET), _mm256_set1_ps(ssum[t]), f[t][h]),
+                    acc[t][h] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(-(float)TLLM_E2M1_OFFSET), _mm256_set1_ps(ssum[t]), f[t][h]),
                                                 S, acc[t][h]);
                 continue;
             }

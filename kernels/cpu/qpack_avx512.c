@@ -51,7 +51,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
     const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
     const __m512i mask = _mm512_set1_epi8((char)((1 << BITS) - 1));
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)tllm_qpack_e2m1)); /* per 128-bit lane */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)tllm_e2m1_u8)); /* per 128-bit lane */
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
@@ -103,7 +103,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
         __m512 S = load16(p->scales, p->dtype, so);
         if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
             for (int t = 0; t < NT; t++)
-                acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(-TLLM_QPACK_E2M1_OFFSET), _mm512_set1_ps(ssum[t]), f[t]), S, acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(-(float)TLLM_E2M1_OFFSET), _mm512_set1_ps(ssum[t]), f[t]), S, acc[t]);
         } else {
             __m512 B = load16(p->biases, p->dtype, so);
             for (int t = 0; t < NT; t++) {

@@ -39,7 +39,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                      const int BITS, const int LEVELS, const int LUT) {
     const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
     const int nb = p->cols / TLLM_XQ_BLOCK, chunks = tllm_qpack_subcols(p) / (4 * per);
-    const uint8x16_t mask = vdupq_n_u8((uint8_t)((1 << BITS) - 1)), nib = vdupq_n_u8(0x0F), lut = vld1q_u8(tllm_qpack_e2m1);
+    const uint8x16_t mask = vdupq_n_u8((uint8_t)((1 << BITS) - 1)), nib = vdupq_n_u8(0x0F), lut = vld1q_u8(tllm_e2m1_u8);
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
@@ -103,7 +103,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             float32x4_t S = load4(p->scales, p->dtype, so + 4 * q);
             if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
                 for (int t = 0; t < NT; t++)
-                    acc[t][q] = vfmaq_f32(acc[t][q], vfmaq_f32(f[t][q], vdupq_n_f32(-TLLM_QPACK_E2M1_OFFSET), vdupq_n_f32(ssum[t])), S);
+                    acc[t][q] = vfmaq_f32(acc[t][q], vfmaq_f32(f[t][q], vdupq_n_f32(-(float)TLLM_E2M1_OFFSET), vdupq_n_f32(ssum[t])), S);
                 continue;
             }
             float32x4_t B = load4(p->biases, p->dtype, so + 4 * q);

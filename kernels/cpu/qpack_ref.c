@@ -35,7 +35,7 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                             for (int i = 0; i < R; i++)
                                 for (int j = 0; j < 4; j++) {
                                     int32_t code = (int32_t)((c[4 * i + j] >> (p->bits * m)) & mask);
-                                    if (p->lut) code = tllm_qpack_e2m1[code];
+                                    if (p->lut) code = tllm_e2m1_u8[code];
                                     dot[i] += code * xq[ch * 4 * per + 4 * m + j];
                                     if (xq2) dot2[i] += code * xq2[ch * 4 * per + 4 * m + j];
                                 }
@@ -48,7 +48,7 @@ void tllm_qpack_matmul_ref(const struct tllm_qpack *p, const struct tllm_xq *x, 
                 /* scale and bias once a group: sum_j (s q_j + b) x_j = s sum_k d_k dot_k + b sum_k sum_k(x) */
                 for (int i = 0; i < R; i++) {
                     if (p->lut) { /* w = s (u - offset): the offset times the x sum taken out first */
-                        acc[i] = fmaf(fmaf(-TLLM_QPACK_E2M1_OFFSET, ssum, f[i]), sc[i], acc[i]);
+                        acc[i] = fmaf(fmaf(-(float)TLLM_E2M1_OFFSET, ssum, f[i]), sc[i], acc[i]);
                         continue;
                     }
                     acc[i] = fmaf(f[i], sc[i], acc[i]);
