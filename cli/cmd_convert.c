@@ -12,8 +12,9 @@ static const char quantize_usage[] =
     "                     [--scale-dtype bf16|f16|f32] [--mixed mixed_LOW_HIGH] [--force]\n"
     "  Quantizes a Hugging Face checkpoint (bf16/f16/f32 safetensors) into MLX's layout, bit-identical\n"
     "  to mlx.core.quantize. Bits and group size default to mlx's for the mode (affine 4/64, mxfp4\n"
-    "  4/32, nvfp4 4/16, mxfp8 8/32). --mixed (affine) gives v_proj/down_proj in some layers and the\n"
-    "  lm_head HIGH bits (as mlx-lm's mixed recipes). OUT_DIR is never overwritten without --force.\n";
+    "  4/32, nvfp4 4/16, mxfp8 8/32). --mixed gives v_proj/down_proj in some layers and the lm_head\n"
+    "  HIGH and the rest LOW (as mlx-lm's mixed recipes), each side affine bits or a mode: mixed_2_6,\n"
+    "  mixed_4_8, mixed_mxfp4_mxfp8, mixed_nvfp4_8. OUT_DIR is never overwritten without --force.\n";
 
 int cmd_quantize(int argc, char **argv) {
     struct tllm_quantize_opts o = {.sb_dtype = TLLM_DT_INVALID, .progress = isatty(STDERR_FILENO)};
@@ -49,8 +50,8 @@ int cmd_quantize(int argc, char **argv) {
     if (bits) o.bits = bits;
     if (gs) o.group_size = gs;
     if (tllm_quantize_checkpoint(in, out, &o)) cli_die_lib();
-    fprintf(stderr, "tllm: wrote %s (%s %d-bit, group %d%s%s)\n", out, tllm_qmode_name(o.mode), o.bits, o.group_size,
-            o.mixed ? ", " : "", o.mixed ? o.mixed : "");
+    if (o.mixed) fprintf(stderr, "tllm: wrote %s (%s)\n", out, o.mixed);
+    else fprintf(stderr, "tllm: wrote %s (%s %d-bit, group %d)\n", out, tllm_qmode_name(o.mode), o.bits, o.group_size);
     return 0;
 }
 

@@ -24,7 +24,9 @@ python3 -c "import json,sys; q=json.load(open(sys.argv[1]))['quantization']; sys
 "$TLLM" logits -m "$tmp/nv" --ids 1,2,3 -o "$tmp/nv.f32" && "$TLLM" logits -m "$DATA/models/nvfp4" --ids 1,2,3 -o "$tmp/nvref.f32" && \
   cmp -s "$tmp/nv.f32" "$tmp/nvref.f32" && ok || bad "nvfp4 logits differ from mlx's checkpoint"
 case "$(err quantize "$DATA/models/bf16" "$tmp/mx" --mode mxfp4 --mixed mixed_4_8)" in
-  *"--mixed recipes are affine; mode mxfp4 takes none rc=1") ok ;; *) bad "--mixed with a float mode" ;; esac
+  *"--mixed names each side's mode (e.g. mixed_mxfp4_mxfp8); it takes no --mode mxfp4 rc=1") ok ;; *) bad "--mixed with --mode" ;; esac
+case "$(err quantize "$DATA/models/bf16" "$tmp/mx" --mixed mixed_mxfp8_mxfp4)" in
+  *"mixed recipe 'mixed_mxfp8_mxfp4' is not of the form mixed_LOW_HIGH"*) ok ;; *) bad "--mixed HIGH below LOW" ;; esac
 case "$(err quantize "$DATA/models/bf16" "$tmp/mx" --mode fp6)" in
   *"--mode: 'fp6' is not affine, mxfp4, nvfp4 or mxfp8 rc=1") ok ;; *) bad "unknown --mode" ;; esac
 

@@ -121,6 +121,29 @@ int main(int argc, char **argv) {
     free(run(mq));
     tllm_model_free(mq);
 
+    /* 3b. a recipe across modes: mxfp4 with mxfp8 where mlx-lm's recipes put more bits */
+    q = (struct tllm_quantize_opts){.bits = 4, .group_size = 64, .mixed = "mixed_mxfp4_mxfp8", .sb_dtype = TLLM_DT_INVALID};
+    out = path2(tmp, "mixed-modes");
+    CHECK(tllm_quantize_checkpoint(path2(models, "bf16"), out, &q) == TLLM_OK, "mixed modes: %s", tllm_errmsg());
+    CHECK(tllm_model_load(out, &mq) == TLLM_OK, "load mixed modes: %s", tllm_errmsg());
+    if (mq) {
+        CHECK(mq->layers[1].wv.format == TLLM_WF_MXFP8 && mq->layers[1].w_down.format == TLLM_WF_MXFP8 &&
+                  mq->layers[1].wq.format == TLLM_WF_MXFP4 && mq->layers[0].wv.format == TLLM_WF_MXFP4 &&
+                  mq->embed.format == TLLM_WF_MXFP4,
+              "mixed modes: layer 1 v %s down %s q %s, layer 0 v %s", tllm_wformat_name(mq->layers[1].wv.format),
+              tllm_wformat_name(mq->layers[1].w_down.format), tllm_wformat_name(mq->layers[1].wq.format),
+              tllm_wformat_name(mq->layers[0].wv.format));
+        free(run(mq));
+        tllm_model_free(mq);
+    }
+    struct tllm_quant_spec ms;
+    CHECK(tllm_mixed_recipe_spec("mixed_nvfp4_6", "lm_head", 2, 64, &ms) == TLLM_OK && ms.mode == TLLM_QM_AFFINE && ms.bits == 6,
+          "mixed_nvfp4_6: the lm_head gets affine 6-bit");
+    CHECK(tllm_mixed_recipe_spec("mixed_nvfp4_6", "model.layers.0.self_attn.q_proj", 2, 64, &ms) == TLLM_OK &&
+              ms.mode == TLLM_QM_NVFP4 && ms.group_size == 16,
+          "mixed_nvfp4_6: q_proj gets nvfp4");
+    CHECK(tllm_mixed_recipe_spec("mixed_fp3_8", "lm_head", 2, 64, &ms) == TLLM_ERR_ARG, "unknown mode in a recipe accepted");
+
     /* 4. a group size that does not divide a row: that tensor stays unquantized, the rest quantize */
     q = (struct tllm_quantize_opts){.bits = 8, .group_size = 128, .sb_dtype = TLLM_DT_INVALID};
     out = path2(tmp, "g128");

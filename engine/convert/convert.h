@@ -12,7 +12,8 @@ struct tllm_quantize_opts {
     int bits;                  /* affine: 1-6 or 8; mxfp4, nvfp4: 4; mxfp8: 8 */
     int group_size;            /* affine: 32, 64 or 128; nvfp4: 16; mx modes: 32 */
     enum tllm_dtype sb_dtype;  /* affine scales/biases dtype; TLLM_DT_INVALID = the source's dtype */
-    const char *mixed;         /* NULL, or a recipe "mixed_LOW_HIGH" (e.g. mixed_2_4, mixed_4_8) */
+    const char *mixed;         /* NULL, or a recipe "mixed_LOW_HIGH", each side affine bits or a mode
+                                * (e.g. mixed_2_4, mixed_4_8, mixed_mxfp4_mxfp8) */
     int force;                 /* allow writing into an existing non-empty OUT_DIR */
     int progress;              /* draw a progress bar on stderr */
 };

@@ -11,15 +11,34 @@
 #include "engine/base/json_util.h"
 #include "engine/convert/st_writer.h"
 
+/* One side of a mixed recipe: a number of bits (affine, in groups of group_size) or a float mode's name
+ * (its own bits and group); 0 when it is neither or not a supported combination */
+static int recipe_side(const char *tok, size_t len, int group_size, struct tllm_quant_spec *s) {
+    char buf[16];
+    if (len == 0 || len >= sizeof buf) return 0;
+    memcpy(buf, tok, len);
+    buf[len] = 0;
+    char *end;
+    long bits = strtol(buf, &end, 10);
+    if (!*end) *s = (struct tllm_quant_spec){(int)bits, group_size, TLLM_QM_AFFINE};
+    else {
+        int m = tllm_qmode_parse(buf);
+        if (m <= TLLM_QM_AFFINE) return 0;
+        s->mode = (enum tllm_qmode)m;
+        tllm_qmode_defaults(s->mode, &s->bits, &s->group_size);
+    }
+    return tllm_quant_mode_supported(s->mode, s->bits, s->group_size);
+}
+
 int tllm_mixed_recipe_spec(const char *recipe, const char *module, int n_layers, int group_size,
                            struct tllm_quant_spec *spec) {
-    int lo, hi;
-    char tail;
-    if (sscanf(recipe, "mixed_%d_%d%c", &lo, &hi, &tail) != 2 || !tllm_quant_supported(lo, group_size) ||
-        !tllm_quant_supported(hi, group_size) || lo >= hi)
+    struct tllm_quant_spec lo, hi;
+    const char *a = strncmp(recipe, "mixed_", 6) ? NULL : recipe + 6, *b = a ? strchr(a, '_') : NULL;
+    if (!b || !recipe_side(a, (size_t)(b - a), group_size, &lo) || !recipe_side(b + 1, strlen(b + 1), group_size, &hi) ||
+        lo.bits >= hi.bits)
         return tllm_fail(TLLM_ERR_ARG,
-                         "mixed recipe '%s' is not of the form mixed_LOW_HIGH with bits 2/4/8 and LOW < HIGH "
-                         "(e.g. mixed_2_4, mixed_4_8)",
+                         "mixed recipe '%s' is not of the form mixed_LOW_HIGH with LOW and HIGH affine bits (1-6, 8) or "
+                         "modes (mxfp4, nvfp4, mxfp8), LOW the fewer bits (e.g. mixed_2_4, mixed_4_8, mixed_mxfp4_mxfp8)",
                          recipe);
     /* As mlx-lm's mixed recipes: v_proj and down_proj get more bits in the first and last eighth of
      * the layers and every third layer between; so does the lm_head. */
@@ -30,8 +49,7 @@ int tllm_mixed_recipe_spec(const char *recipe, const char *module, int n_layers,
     size_t len = strlen(module);
     int sensitive = (len >= 6 && !strcmp(module + len - 6, "v_proj")) ||
                     (len >= 9 && !strcmp(module + len - 9, "down_proj"));
-    spec->group_size = group_size;
-    spec->bits = (sensitive && more) || !strcmp(module, "lm_head") ? hi : lo;
+    *spec = (sensitive && more) || !strcmp(module, "lm_head") ? hi : lo;
     return TLLM_OK;
 }
 
@@ -114,7 +132,8 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
                          "128; mxfp4: 4 and 32; nvfp4: 4 and 16; mxfp8: 8 and 32)",
                          o->bits, o->group_size, tllm_qmode_name(o->mode));
     if (o->mixed && o->mode != TLLM_QM_AFFINE)
-        return tllm_fail(TLLM_ERR_ARG, "--mixed recipes are affine; mode %s takes none", tllm_qmode_name(o->mode));
+        return tllm_fail(TLLM_ERR_ARG, "--mixed names each side's mode (e.g. mixed_mxfp4_mxfp8); it takes no --mode %s",
+                         tllm_qmode_name(o->mode));
     struct tllm_config cfg;
     char *cfg_path = tllm_path_join(in_dir, "config.json");
     int rc = tllm_model_dir_check(in_dir);
@@ -123,6 +142,9 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
         free(cfg_path);
         return rc;
     }
+    /* the spec most modules get, written as config.json's default: a recipe's LOW side, else the options' */
+    struct tllm_quant_spec dflt = {o->bits, o->group_size, o->mode};
+    if (o->mixed) rc = tllm_mixed_recipe_spec(o->mixed, "", cfg.n_layers, o->group_size, &dflt);
     struct tllm_ckpt *ck = NULL;
     const struct tllm_tensor **ts = NULL;
     struct item *items = NULL;
@@ -131,7 +153,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
     struct tllm_quant_spec *ov_specs = NULL;
     struct json_object *jcfg = NULL;
     int n = 0, n_specs = 0, n_ov = 0;
-    if (cfg.quant.bits) rc = tllm_fail(TLLM_ERR_ARG, "%s: is already quantized", in_dir);
+    if (!rc && cfg.quant.bits) rc = tllm_fail(TLLM_ERR_ARG, "%s: is already quantized", in_dir);
     if (!rc) rc = tllm_ckpt_open(in_dir, &ck);
     if (!rc) {
         for (int f = 0; f < ck->n_files; f++) n += ck->files[f]->n_tensors;
@@ -163,7 +185,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
             continue;
         }
         snprintf(it->module, sizeof it->module, "%.*s", (int)(strlen(t->name) - 7), t->name);
-        it->spec = (struct tllm_quant_spec){o->bits, o->group_size, o->mode};
+        it->spec = dflt;
         if (o->mixed && (rc = tllm_mixed_recipe_spec(o->mixed, it->module, cfg.n_layers, o->group_size, &it->spec)))
             break;
         int64_t rows = t->shape[0], cols = t->shape[1];
@@ -172,7 +194,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
                     t->name, (long long)cols, it->spec.group_size);
             it->spec.bits = 0;
         }
-        if (it->spec.bits != o->bits) {
+        if (it->spec.bits != dflt.bits || (it->spec.bits && (it->spec.mode != dflt.mode || it->spec.group_size != dflt.group_size))) {
             ov_names[n_ov] = it->module;
             ov_specs[n_ov++] = it->spec;
         }
@@ -195,7 +217,7 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
     if (!rc) rc = tllm_prepare_out_dir(out_dir, o->force);
     if (!rc) rc = tllm_json_load_file(cfg_path, TLLM_CONFIG_MAX_BYTES, &jcfg);
     if (!rc) {
-        tllm_config_set_quantization(jcfg, &(struct tllm_quant_spec){o->bits, o->group_size, o->mode}, ov_names, ov_specs, n_ov);
+        tllm_config_set_quantization(jcfg, &dflt, ov_names, ov_specs, n_ov);
         rc = tllm_write_json(out_dir, "config.json", jcfg);
     }
     if (!rc) rc = tllm_copy_aux_files(in_dir, out_dir);
