@@ -22,8 +22,9 @@ static const char usage[] =
     "                         scoring the tokens no earlier window scored (the first scores all but its first)\n"
     "  --chunks N             stop after N windows\n"
     "  Prints the running estimate after each window, then `Final estimate: PPL = X +/- E` (E: the standard\n"
-    "  error from the spread of the tokens' log-likelihoods, as llama-perplexity computes it). Prefill runs\n"
-    "  on the CPU threads.\n";
+    "  error from the spread of the tokens' log-likelihoods, as llama-perplexity computes it). On the CPU\n"
+    "  by default; with --device opencl each window's unscored tokens are a CPU prefill and every scored\n"
+    "  prediction is a decode step on the device.\n";
 
 /* The negative log-likelihood of `next` under one row of logits */
 static double nll(const float *row, int n, int32_t next) { return tllm_logsumexp(row, n) - row[next]; }
@@ -51,7 +52,7 @@ int cmd_perplexity(int argc, char **argv) {
     if (tllm_read_file(file, (size_t)1 << 30, &text, &len)) cli_die_lib();
     if (cli_check_utf8(file, text, len, bad, sizeof bad)) cli_die("%s", bad);
     mo.n_ctx = n_ctx;
-    mo.device = "cpu";
+    if (!mo.device) mo.device = "cpu"; /* the CPU's batched steps score a window fastest; a device when asked */
     struct cli_session s;
     cli_session_open(&s, &mo, 1);
     struct tllm_ids ids = {0};
@@ -77,7 +78,16 @@ int cmd_perplexity(int argc, char **argv) {
         int score0 = stride ? (scored_to > start + 1 ? scored_to : start + 1) : start + n_ctx / 2 + 1;
         tllm_ctx_reset(s.ctx);
         evaluated += end - start;
-        for (int p = start; p < end; p += nb) { /* a batch at a time, so the logits stay nb rows */
+        if (s.dev) { /* the device decodes one token a step: a prediction a step from the first scored one */
+            int pre = score0 - 1 - start;
+            if (pre > 0 && tllm_ctx_forward(s.ctx, ids.data + start, pre, NULL, TLLM_LOGITS_NONE)) cli_die_lib();
+            for (int p = score0 - 1; p < end - 1; p++) {
+                if (tllm_ctx_forward(s.ctx, ids.data + p, 1, logits, TLLM_LOGITS_LAST)) cli_die_lib();
+                double v = nll(logits, vocab, ids.data[p + 1]);
+                sum += v, sum2 += v * v, count++;
+            }
+        }
+        for (int p = start; p < end && !s.dev; p += nb) { /* a batch at a time, so the logits stay nb rows */
             int k = end - p < nb ? end - p : nb;
             if (tllm_ctx_forward(s.ctx, ids.data + p, k, logits, TLLM_LOGITS_ALL)) cli_die_lib();
             for (int j = 0; j < k; j++) {

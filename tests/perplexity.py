@@ -97,6 +97,17 @@ p8 = parse(r8.stdout)[1][0]
 check(r8.returncode == 0 and close(p8, want_run[0], 5e-2), "int8 activations: %s against %s" % (p8, want_run[0]))
 print("perplexity: float %.4f, int8 %.4f (%.2f%%)" % (want_run[0], p8 or 0, 100 * ((p8 or 0) / want_run[0] - 1)))
 
+# on an OpenCL device (PoCL in CI): the scored predictions are device decode steps, float32 activations;
+# the same chunk's estimate as the CPU's within the device's float error (skipped without a device)
+rd = run("perplexity", "-m", DEMO, "-f", path, "-c", str(c), "--exact", "--device", "opencl", "-t", "2")
+if b"running on the CPU" in rd.stderr:
+    print("perplexity: no OpenCL device, the device case skipped")
+else:
+    pd = parse(rd.stdout)[1][0]
+    check(rd.returncode == 0 and close(pd, want_run[0], 1e-3),
+          "--device opencl: %s against %s: %s" % (pd, want_run[0], rd.stderr[-300:]))
+    print("perplexity: device %.4f against the CPU's %.4f" % (pd or 0, want_run[0]))
+
 # errors: one line each
 for args, want in ((["-f", path, "-c", "4096"], "fewer than one window of 4096"),
                    (["-f", os.path.join(tmp, "none.txt")], "none.txt"),
