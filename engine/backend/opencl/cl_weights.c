@@ -33,8 +33,9 @@ static void *conv_alloc(struct tllm_cl *cl, size_t n) {
 
 /* w in a form the device kernels read (affine 2/4/8-bit or dense), values unchanged: affine 1/3 and 5/6-bit
  * codes widened to 2/4 and 8 bits; E2M1 codes (mxfp4, nvfp4) as 8-bit tllm_e2m1_u8 (2 x value + 12) with
- * scale s/2 and bias -6 s (float32); mxfp8 as dense bf16 (E4M3 times a power of two has 4 significant bits: exact).
- * Dense, 2/4/8-bit affine: w itself. GPTQ act-order (a column permutation) has no device form yet. */
+ * scale s/2 and bias -6 s (float32); mxfp8 as dense bf16 (E4M3 times a power of two has 4 significant
+ * bits: exact). Dense, 2/4/8-bit affine: w itself. GPTQ act-order (a column permutation) has no device
+ * form yet. */
 static int device_form(struct tllm_cl *cl, const struct tllm_qweights *w, struct tllm_qweights *out) {
     *out = *w;
     if (w->perm)
@@ -67,10 +68,11 @@ static int device_form(struct tllm_cl *cl, const struct tllm_qweights *w, struct
             q[(r * cols + j) / (size_t)per] |= c << ((j % (size_t)per) * (size_t)bits);
         }
     if (fp4) {
+        const size_t gpr = cols / (size_t)w->group_size;
         for (size_t r = 0; r < rows; r++)
-            for (size_t g = 0; g < cols / (size_t)w->group_size; g++) {
-                float s = 0.5f * tllm_qw_scale(w, (int)r, (int)g);
-                sb[r * (cols / (size_t)w->group_size) + g] = s, sb[ng + r * (cols / (size_t)w->group_size) + g] = -(float)TLLM_E2M1_OFFSET * s;
+            for (size_t g = 0; g < gpr; g++) {
+                float sc = 0.5f * tllm_qw_scale(w, (int)r, (int)g);
+                sb[r * gpr + g] = sc, sb[ng + r * gpr + g] = -(float)TLLM_E2M1_OFFSET * sc;
             }
         out->format = TLLM_WF_AFFINE, out->dtype = TLLM_DT_F32, out->scales = sb, out->biases = sb + ng;
     }
