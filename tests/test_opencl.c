@@ -13,6 +13,15 @@
 
 #define TOL_CL_REL_RMS 1e-3 /* relative RMS of a logits row (issue 7) */
 #define MARGIN_MIN_CL 1e-2  /* compare argmax where top1 - top2 exceeds this */
+/* Prompts on the device (kernels/opencl/gemm.cl, prefill.cl): float activations against the
+ * reference and the CPU as decode's (TOL_CL_REL_RMS); int8 activations (one level per block of 32, as
+ * the CPU's prompt path quantizes) against the reference as the CPU's int8 prefill is held
+ * (test_model_reference), and against the CPU's int8 prefill with the same bound: rows agree to 1e-6
+ * until one activation of one token rounds the other way (sums in another order), and then that
+ * token and the later ones (through its K and V) differ by int8 noise of their own (2e-2 on these
+ * random-weight fixtures) */
+#define TOL_CL_INT8_PREFILL_REL_RMS 4e-2
+#define MIN_CL_INT8_ARGMAX_AGREEMENT 0.9
 
 static int stop_after_3(const char *text, size_t len, void *user) {
     (void)text, (void)len;
@@ -75,6 +84,70 @@ static void test_generate_ahead(const char *dir, struct tllm_ctx *ctx, struct tl
     tllm_ctx_use_device(ctx, cl);
 }
 
+/* Prompt processing on the device (--prefill device), in chunks of the context's n_batch: every
+ * position's logits (tllm logits) against the reference and the CPU's prefill; the last token's
+ * (the lm_head matvec) equal to its row of all; the device's cache then serves greedy decode. */
+static void test_device_prefill(const char *dir, struct tllm_ctx *ctx, struct tllm_backend *cl, const struct ref_fixture *r,
+                                int packed, float *logits) {
+    size_t vocab = (size_t)r->vocab;
+    float *cpu = malloc((size_t)r->n_seq * vocab * sizeof(float)), *last = malloc(vocab * sizeof(float));
+    tllm_ctx_use_device(ctx, cl);
+    CHECK(tllm_ctx_set_prefill(ctx, TLLM_PREFILL_CPU) == TLLM_OK, "--prefill cpu");
+    tllm_ctx_reset(ctx);
+    CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, cpu, TLLM_LOGITS_ALL) == TLLM_OK, "cpu prefill: %s", tllm_errmsg());
+    CHECK(tllm_ctx_set_prefill(ctx, TLLM_PREFILL_DEVICE) == TLLM_OK, "%s: --prefill device: %s", dir, tllm_errmsg());
+    tllm_ctx_reset(ctx);
+    CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, logits, TLLM_LOGITS_ALL) == TLLM_OK, "%s: device prefill: %s", dir,
+          tllm_errmsg());
+    int int8 = packed && ctx->m->layers[0].wq.pack; /* the CPU's prompt path took int8 activations */
+    double worst = 0, worst_cpu = 0, tol = int8 ? TOL_CL_INT8_PREFILL_REL_RMS : TOL_CL_REL_RMS;
+    for (int j = 0; j < r->n_logits_rows; j++) {
+        double rms, mx;
+        ref_compare_row(r->logits + (size_t)j * vocab, logits + (size_t)r->logits_rows[j] * vocab, r->vocab, &rms, &mx);
+        CHECK(rms <= tol, "%s device prefill: position %d relative RMS %.3g > %.3g", dir, r->logits_rows[j], rms, tol);
+        worst = rms > worst ? rms : worst;
+    }
+    for (int p = 0; p < r->n_seq; p++) {
+        double rms, mx;
+        ref_compare_row(cpu + (size_t)p * vocab, logits + (size_t)p * vocab, r->vocab, &rms, &mx);
+        worst_cpu = rms > worst_cpu ? rms : worst_cpu;
+    }
+    CHECK(worst_cpu <= tol, "%s device prefill against the CPU's: relative RMS %.3g",
+          dir, worst_cpu);
+    int agree = 0, compared = 0;
+    for (int p = 0; p < r->n_seq - 1; p++) {
+        if (r->margins[p] <= MARGIN_MIN_CL) continue;
+        compared++;
+        agree += argmax_f32(logits + (size_t)p * vocab, r->vocab) == r->top1[p];
+    }
+    CHECK(agree >= (int8 ? MIN_CL_INT8_ARGMAX_AGREEMENT : 1.0) * compared, "%s device prefill: argmax %d/%d", dir, agree, compared);
+    /* the last token's logits alone (the decode path's lm_head) */
+    tllm_ctx_reset(ctx);
+    CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, last, TLLM_LOGITS_LAST) == TLLM_OK, "device prefill, last: %s", tllm_errmsg());
+    double rms_last, mx_last;
+    ref_compare_row(logits + (size_t)(r->n_seq - 1) * vocab, last, r->vocab, &rms_last, &mx_last);
+    /* (with int8 activations, the matvec takes the last token's in two levels, as decode steps do) */
+    CHECK(rms_last <= tol, "%s device prefill: the last token's logits alone differ from its row (%.3g)", dir, rms_last);
+    printf("  opencl prefill (the CPU's prompts in %s): worst rel RMS %.2e (against the CPU's %.2e), argmax %d/%d\n",
+           int8 ? "int8" : "float32", worst, worst_cpu, agree, compared);
+    if (!packed) { /* prompt on the device, greedy there: the reference's ids */
+        int32_t next, id = r->prompt_ids[r->n_prompt - 1];
+        int same = 0;
+        tllm_ctx_reset(ctx);
+        CHECK(tllm_ctx_forward(ctx, r->prompt_ids, r->n_prompt - 1, NULL, TLLM_LOGITS_NONE) == TLLM_OK, "prefill: %s", tllm_errmsg());
+        for (int i = 0; i < r->n_greedy; i++) {
+            CHECK(tllm_ctx_decode_argmax(ctx, id, &next) == TLLM_OK, "argmax step: %s", tllm_errmsg());
+            same += next == r->greedy_ids[i];
+            id = next;
+        }
+        CHECK(same == r->n_greedy, "%s: %d of %d greedy ids after a device prefill", dir, same, r->n_greedy);
+    }
+    CHECK(tllm_ctx_set_prefill(ctx, TLLM_PREFILL_AUTO) == TLLM_OK, "--prefill auto");
+    tllm_ctx_reset(ctx);
+    free(cpu);
+    free(last);
+}
+
 /* packed: the model as the CLI loads it without --exact, so 4-bit models get the int8-activation
  * matvecs on the device (the CPU's prefill then takes int8 activations too: the CPU/device greedy
  * comparison is left to the float run). */
@@ -111,6 +184,7 @@ static void test_fixture(const char *dir, int device, int packed) {
         goto out;
     }
     tllm_backend_describe(cl, &info);
+    test_device_prefill(dir, &ctx, cl, &r, packed, logits);
     tllm_ctx_use_device(&ctx, cl);
     if (packed && !info.int8) { /* no int8 form for this format: the float run covered it */
         printf("  (float32 activations: as above)\n");

@@ -1,8 +1,8 @@
 /* What the forward pass needs from a device: the table every backend fills (as ggml-backend's).
  * The CPU backend (engine/backend/cpu/) runs the Qwen2 forward pass on the thread pool over the
  * host's paged KV cache (engine/run/kv_cache.h); a device backend (engine/backend/opencl/) runs steps
- * of one sequence on its own copy of the weights and of the cache, which the context keeps in step
- * with the host's by ranges of positions.
+ * of one sequence (a generated token, or a chunk of prompt tokens) on its own copy of the weights and
+ * of the cache, which the context keeps in step with the host's by ranges of positions.
  * The context (engine/run/context.c) and the generation loop talk to backends only through this. */
 #ifndef TLLM_BACKEND_H
 #define TLLM_BACKEND_H
@@ -33,6 +33,8 @@ struct tllm_backend_info {
     int launches_per_token; /* kernel launches of one decode step (0 on the CPU) */
     int groups;             /* work-groups of a one-launch step (0: not one launch) */
     int int8;               /* matmuls take int8 activations */
+    int prefill;            /* prompt steps: 1 run here and faster than on the CPU (a GPU), 0 run here but
+                             * slower (a CPU device), -1 not here (single tokens only) */
 };
 
 struct tllm_backend;

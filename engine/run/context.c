@@ -97,6 +97,33 @@ static int host_sync(struct tllm_ctx *ctx) {
     return tllm_kv_seq_commit(ctx->kv, 0, NULL, p1 - p0); /* ids unknown here: those blocks are never shared */
 }
 
+int tllm_prefill_parse(const char *s, enum tllm_prefill *out) {
+    static const char *const names[] = {"auto", "cpu", "device"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) return *out = (enum tllm_prefill)i, TLLM_OK;
+    return tllm_fail(TLLM_ERR_ARG, "'%s' is not auto, cpu or device", s);
+}
+
+/* Whether prompt chunks go to the device: as the mode says, and (auto) where the device says it is
+ * faster than the CPU threads */
+static int pick_prefill(struct tllm_ctx *ctx, enum tllm_prefill mode, int *on_dev) {
+    *on_dev = 0;
+    if (!ctx->dev || mode == TLLM_PREFILL_CPU) return TLLM_OK;
+    struct tllm_backend_info info;
+    tllm_backend_describe(ctx->dev, &info);
+    if (mode == TLLM_PREFILL_DEVICE && info.prefill < 0)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "--prefill device: %s takes single tokens only (this model's shapes)", info.name);
+    *on_dev = mode == TLLM_PREFILL_DEVICE || info.prefill > 0;
+    return TLLM_OK;
+}
+
+int tllm_ctx_set_prefill(struct tllm_ctx *ctx, enum tllm_prefill mode) {
+    int on_dev, rc = pick_prefill(ctx, mode, &on_dev);
+    if (rc) return rc;
+    ctx->prefill = mode, ctx->dev_prefill = on_dev;
+    return TLLM_OK;
+}
+
 void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev) {
     drop_ahead(ctx);
     /* what the old device decoded comes home first; if it cannot, the sequence ends where the host's
@@ -104,6 +131,7 @@ void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev) {
     if (ctx->dev && ctx->dev != dev && host_sync(ctx)) ctx->pos = ctx->kv->seqs[0].n_tokens;
     ctx->dev = dev;
     ctx->dev_valid = 0;
+    if (pick_prefill(ctx, ctx->prefill, &ctx->dev_prefill)) ctx->dev_prefill = 0; /* the CPU's, as auto would */
 }
 
 /* The device's cache brought up to date with what the CPU computed */
@@ -173,7 +201,8 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
                              c->vocab_size);
     if (ctx->dev && n == 1 && mode != TLLM_LOGITS_ALL) /* a decode step */
         return one_token(ctx, ids[0], mode == TLLM_LOGITS_LAST ? logits : NULL, NULL);
-    int rc = host_sync(ctx);
+    int on_dev = ctx->dev && ctx->dev_prefill;
+    int rc = on_dev ? dev_sync(ctx) : host_sync(ctx);
     if (rc) return rc;
     for (int done = 0; done < n;) {
         int step = n - done < ctx->n_batch ? n - done : ctx->n_batch;
@@ -190,8 +219,11 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
         struct tllm_batch b = batch_of(ctx, ids + done, step, 0);
         for (int t = 0; t < step; t++)
             ctx->step_out[t] = smode == TLLM_LOGITS_ALL || (smode == TLLM_LOGITS_LAST && t == step - 1);
-        if ((rc = cpu_step(ctx, &b, out, NULL))) return rc;
+        if (on_dev) rc = ctx->dev->ops->step(ctx->dev, &b, out, NULL); /* the host's cache catches up in host_sync */
+        else rc = cpu_step(ctx, &b, out, NULL);
+        if (rc) return rc;
         ctx->pos += step;
+        if (on_dev) ctx->dev_valid = ctx->pos;
         done += step;
     }
     return TLLM_OK;

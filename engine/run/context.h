@@ -16,6 +16,15 @@ enum tllm_logits_mode {
     TLLM_LOGITS_ALL,  /* logits of every token fed: [n x vocab] */
 };
 
+/* Where prompt chunks run when a device decodes (--prefill) */
+enum tllm_prefill {
+    TLLM_PREFILL_AUTO,   /* on the device where it is faster than the CPU threads (a GPU), else the CPU */
+    TLLM_PREFILL_CPU,    /* on the CPU threads (the reference) */
+    TLLM_PREFILL_DEVICE, /* on the device (an error where it cannot) */
+};
+/* "auto", "cpu", "device" -> mode; TLLM_ERR_ARG with a message otherwise */
+int tllm_prefill_parse(const char *s, enum tllm_prefill *out);
+
 #define TLLM_GREEDY_AHEAD 2 /* greedy steps a context keeps pushed at most */
 
 struct tllm_ctx {
@@ -28,6 +37,8 @@ struct tllm_ctx {
     /* a device decoding single tokens (tllm_ctx_use_device): its own KV cache, synced by position ranges */
     struct tllm_backend *dev;
     int dev_valid;      /* positions [0, dev_valid) of the device cache are current */
+    enum tllm_prefill prefill; /* where prompt chunks run while a device decodes (default auto) */
+    int dev_prefill;    /* they run on the device now (prefill and what the device says of itself) */
     float *stage;       /* [n_stage floats] a range of positions on its way between the two caches */
     size_t n_stage;
     int32_t *step_pos;  /* [n_batch] the positions of a step's tokens */
@@ -57,8 +68,11 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
                      enum tllm_logits_mode mode);
 
 /* Run single-token steps on a device backend from now on (NULL: back to the CPU). The device's
- * cache must have been made for this context's n_ctx. Multi-token steps stay on the CPU threads. */
+ * cache must have been made for this context's n_ctx. Prompt chunks run where ctx->prefill says. */
 void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev);
+/* Where prompt chunks run from now on. TLLM_PREFILL_DEVICE with a device that cannot take them fails
+ * with its reason (and changes nothing). */
+int tllm_ctx_set_prefill(struct tllm_ctx *ctx, enum tllm_prefill mode);
 
 /* Feed one generated token (the decode role: kernels/cpu/qpack.h) and get its logits. */
 int tllm_ctx_decode(struct tllm_ctx *ctx, int32_t id, float *logits);

@@ -1,5 +1,5 @@
-/* The OpenCL device as a struct tllm_backend: the table over cl.h's calls. A step is one token of one
- * sequence (the decode kernels'); prefill stays on the CPU backend. */
+/* The OpenCL device as a struct tllm_backend: the table over cl.h's calls. A step is one sequence's:
+ * a generated token (the decode kernels), or a chunk of prompt tokens (the prefill GEMMs). */
 #include "engine/backend/opencl/opencl.h"
 
 #include <stdlib.h>
@@ -20,9 +20,18 @@ static int one_token(const struct tllm_batch *bt) {
     return TLLM_OK;
 }
 
+/* A prompt step: one sequence's tokens at consecutive positions */
+static int prompt_step(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
+    for (int t = 0; t < bt->n; t++) {
+        if (bt->seq[t] != bt->seq[0]) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: a step of several sequences");
+        if (bt->pos[t] != bt->pos[0] + t) return tllm_fail(TLLM_ERR_ARG, "opencl: a prompt step's positions are not consecutive");
+        if (bt->id[t] < 0) return tllm_fail(TLLM_ERR_ARG, "opencl: token id %d in a prompt step", bt->id[t]);
+    }
+    return tllm_cl_prefill(cl, bt->id, bt->n, bt->pos[0], bt->out, logits, argmax);
+}
+
 static int ocl_step(struct tllm_backend *b, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
-    int rc = one_token(bt);
-    if (rc) return rc;
+    if (bt->n > 1 || bt->n_gen == 0) return prompt_step(cl_of(b), bt, logits, argmax);
     int want = bt->out && bt->out[0];
     return tllm_cl_step(cl_of(b), bt->id[0], bt->pos[0], want ? logits : NULL, want ? argmax : NULL);
 }
@@ -51,6 +60,7 @@ static void ocl_describe(const struct tllm_backend *b, struct tllm_backend_info 
     info->launches_per_token = tllm_cl_launches_per_token(cl);
     info->groups = tllm_cl_token_groups(cl);
     info->int8 = tllm_cl_int8(cl);
+    info->prefill = tllm_cl_prefill_auto(cl);
 }
 
 static void ocl_free(struct tllm_backend *b) {

@@ -28,6 +28,15 @@ const char *tllm_cl_device_name(const struct tllm_cl *cl);
  * logits != NULL: copied back [vocab]; next != NULL: argmax on the device. */
 int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t *next);
 
+/* Prompt processing: tokens ids[0 .. n) at positions pos0 .. pos0 + n - 1 through every layer (tiled
+ * GEMMs, flash attention), their K and V into the device cache (which must hold [0, pos0)). For each
+ * token that out marks (NULL: none), in order, logits != NULL receives [vocab] floats; argmax != NULL
+ * (one token marked at most) its argmax. */
+int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, const int8_t *out, float *logits, int32_t *argmax);
+/* 1 if prompts run faster here than on the CPU threads (a GPU; what --prefill auto takes), 0 if they
+ * can run here but slower (a CPU device), -1 if they cannot (tllm_cl_prefill says why) */
+int tllm_cl_prefill_auto(const struct tllm_cl *cl);
+
 /* Greedy decoding a step ahead: tllm_cl_step_enqueue queues the step for token `id` at pos with the
  * argmax on the device and returns at once; id < 0 stands for the previous step's argmax, which the
  * host need not have read yet (so the device goes from one step to the next without waiting for the

@@ -113,6 +113,7 @@ struct tllm_cl {
     cl_mem res_buf;
     cl_int *res_host, res_own[2 * TLLM_CL_AHEAD];
     int32_t last_next; /* the latest argmax the host has: what an id < 0 stands for when a step is redone */
+    struct cl_prefill *pf; /* prompt processing's kernels and buffers (cl_prefill.c), made at its first chunk */
 };
 
 #define CL_TRY(call)                                                                                            \
@@ -120,6 +121,28 @@ struct tllm_cl {
         cl_int e_ = (call);                                                                                     \
         if (e_ != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: %s failed: %s (%d)", #call, tllm_cl_err_name(e_), e_); \
     } while (0)
+
+/* Kernel arguments in order, the first error kept; a weight takes 6 (W, S, B, bits, gs, dt). */
+struct args {
+    cl_kernel k;
+    cl_uint i;
+    cl_int err;
+};
+static inline void bind_arg(struct args *a, size_t size, const void *v) {
+    cl_int e = clSetKernelArg(a->k, a->i++, size, v);
+    if (e != CL_SUCCESS && a->err == CL_SUCCESS) a->err = e;
+}
+#define ARG_MEM(a, m) bind_arg(a, sizeof(cl_mem), &(m))
+#define ARG_INT(a, v) do { cl_int v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
+#define ARG_F32(a, v) do { cl_float v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
+static inline void arg_weights(struct args *a, const struct cl_weights *w) {
+    ARG_MEM(a, w->w);
+    ARG_MEM(a, w->s);
+    ARG_MEM(a, w->b);
+    ARG_INT(a, w->bits);
+    ARG_INT(a, w->gs);
+    ARG_INT(a, w->dt);
+}
 
 /* n floats rounded up to whole 128-byte lines, as `token` lays out its per-layer regions (LINE_PAD) */
 static inline size_t line_pad(size_t n) { return (n + 31) & ~(size_t)31; }
@@ -164,6 +187,11 @@ void tllm_cl_pick_persistent(struct tllm_cl *cl);
 size_t tllm_cl_phase_times_len(const struct tllm_cl *cl);
 int tllm_cl_token_buffers(struct tllm_cl *cl);
 void tllm_cl_pin_results(struct tllm_cl *cl);
+
+/* cl_prefill.c */
+/* NULL when prompts can be processed here, else why not (the model's shapes) */
+const char *tllm_cl_prefill_refusal(const struct tllm_cl *cl);
+void tllm_cl_prefill_free(struct tllm_cl *cl);
 
 /* cl_profile.c */
 void tllm_cl_print_profile(const struct tllm_cl *cl);

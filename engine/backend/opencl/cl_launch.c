@@ -9,28 +9,6 @@
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
 
-/* Kernel arguments in order; a weight takes 6 (W, S, B, bits, gs, dt). */
-struct args {
-    cl_kernel k;
-    cl_uint i;
-    cl_int err;
-};
-static void bind_arg(struct args *a, size_t size, const void *v) {
-    cl_int e = clSetKernelArg(a->k, a->i++, size, v);
-    if (e != CL_SUCCESS && a->err == CL_SUCCESS) a->err = e;
-}
-#define ARG_MEM(a, m) bind_arg(a, sizeof(cl_mem), &(m))
-#define ARG_INT(a, v) do { cl_int v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
-#define ARG_F32(a, v) do { cl_float v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
-static void arg_weights(struct args *a, const struct cl_weights *w) {
-    ARG_MEM(a, w->w);
-    ARG_MEM(a, w->s);
-    ARG_MEM(a, w->b);
-    ARG_INT(a, w->bits);
-    ARG_INT(a, w->gs);
-    ARG_INT(a, w->dt);
-}
-
 /* Sweeps that `groups` work-groups of MV_LWS threads take over `rows` row slots of tpr threads */
 static size_t cl_sweeps(const struct tllm_cl *cl, int rows, int tpr, size_t groups) {
     size_t rpg = (size_t)(cl->t.mv_lws / tpr), slots = ((size_t)rows + rpg - 1) / rpg;

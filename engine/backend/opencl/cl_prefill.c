@@ -1,0 +1,305 @@
+/* Prompt processing on the device: a chunk of one sequence's tokens through every layer as tiled
+ * GEMMs (kernels/opencl/gemm.cl) with the row-wise steps and flash attention between them
+ * (kernels/opencl/prefill.cl), K and V written straight into the device cache. The kernels and the
+ * buffers are made at the first chunk and grow with the longest one. */
+#include "engine/backend/opencl/cl_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+
+#define PF_LOGIT_ROWS 32 /* tokens whose logits one lm_head GEMM computes (every token's logits: tllm logits) */
+#define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
+
+struct cl_prefill {
+    int cap;  /* tokens the buffers hold */
+    int int8; /* GEMM inputs as int8 blocks (gemm_q8), else floats (gemm_f) */
+    int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
+    cl_kernel gemm, embed, norm, swiglu, rope, flash;
+    cl_mem ids;                 /* [cap] */
+    cl_mem x;                   /* [cap][dim] the residual stream */
+    cl_mem in, xd, xs;          /* a GEMM's input: [cap][wide] floats or int8, and per block of 32 d and sum */
+    cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
+    cl_mem h;                   /* [cap][2 ffn]: gate | up */
+    cl_mem logits;              /* [PF_LOGIT_ROWS][vocab], made when every token's logits are asked */
+};
+
+static int wide(const struct tllm_config *c) {
+    int w = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
+    return c->n_heads * c->head_dim > w ? c->n_heads * c->head_dim : w;
+}
+
+const char *tllm_cl_prefill_refusal(const struct tllm_cl *cl) {
+    const struct tllm_config *c = &cl->m->cfg;
+    if (c->head_dim > PF_MAX_HEAD_DIM) return "head_dim above 128";
+    if (c->dim % 32 || c->ffn_dim % 32 || (c->n_heads * c->head_dim) % 32)
+        return "hidden, intermediate or attention size not a multiple of 32";
+    return NULL;
+}
+
+int tllm_cl_prefill_auto(const struct tllm_cl *cl) {
+    if (tllm_cl_prefill_refusal(cl)) return -1;
+    cl_device_type type = 0;
+    clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+    return (type & CL_DEVICE_TYPE_GPU) != 0;
+}
+
+void tllm_cl_prefill_free(struct tllm_cl *cl) {
+    struct cl_prefill *p = cl->pf;
+    if (!p) return;
+    cl_kernel ks[] = {p->gemm, p->embed, p->norm, p->swiglu, p->rope, p->flash};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        if (ks[i]) clReleaseKernel(ks[i]);
+    cl_mem bs[] = {p->ids, p->x, p->in, p->xd, p->xs, p->qkv, p->q, p->att, p->h, p->logits};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        if (bs[i]) clReleaseMemObject(bs[i]);
+    free(p);
+    cl->pf = NULL;
+}
+
+/* The GEMMs take int8 inputs where the CPU's prompt path does (packed weights, i.e. not --exact) and
+ * every matrix they multiply is affine 2/4/8-bit with groups of whole blocks of 32 */
+static int int8_ok(const struct tllm_cl *cl) {
+    if (!cl->mats[2].pack) return 0;
+    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++) {
+        const struct tllm_qweights *w = &cl->mats[i];
+        if (w->format != TLLM_WF_AFFINE || !(w->bits == 2 || w->bits == 4 || w->bits == 8) || w->group_size % 32) return 0;
+    }
+    return 1;
+}
+
+static int make(struct tllm_cl *cl) {
+    struct cl_prefill *p = calloc(1, sizeof *p);
+    if (!p) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    cl->pf = p;
+    p->int8 = int8_ok(cl);
+    int rc = tllm_cl_make_kernel(cl, &p->gemm, p->int8 ? "gemm_q8" : "gemm_f");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->embed, "pf_embed");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->norm, "pf_norm");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->swiglu, "pf_swiglu");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->rope, "pf_rope");
+    if (!rc && tllm_cl_make_kernel(cl, &p->flash, "flash_prefill"))
+        rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
+    if (rc) return rc;
+    cl_kernel k;
+    if ((rc = tllm_cl_make_kernel(cl, &k, "prefill_tunables"))) return rc;
+    cl_int e, v[6] = {0};
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof v, NULL, &e);
+    size_t one = 1;
+    if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
+    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, NULL);
+    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, buf, CL_TRUE, 0, sizeof v, v, 0, NULL, NULL);
+    if (buf) clReleaseMemObject(buf);
+    clReleaseKernel(k);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the prefill kernels' tunables: %s", tllm_cl_err_name(e));
+    p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
+    if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 1 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN, PF_LWS (a power of two), FL_QB and FL_LWS must be positive");
+    return TLLM_OK;
+}
+
+/* Room for chunks of n tokens */
+static int reserve(struct tllm_cl *cl, int n) {
+    struct cl_prefill *p = cl->pf;
+    if (n <= p->cap) return TLLM_OK;
+    const struct tllm_config *c = &cl->m->cfg;
+    cl_mem *bs[] = {&p->ids, &p->x, &p->in, &p->xd, &p->xs, &p->qkv, &p->q, &p->att, &p->h};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
+    p->cap = 0;
+    size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t sizes[] = {N * 4, N * c->dim * 4, N * wide(c) * 4, N * wide(c) / 32 * 4, N * wide(c) / 32 * 4,
+                      N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
+        int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
+        if (rc) return rc;
+    }
+    p->cap = n;
+    return TLLM_OK;
+}
+
+static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
+
+static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1) {
+    size_t g[2] = {round_up(g0, l0), round_up(g1, l1)}, l[2] = {l0, l1};
+    return clEnqueueNDRangeKernel(cl->q, k, 2, NULL, g, l, 0, NULL, NULL);
+}
+
+/* y[t][y_off + r] (+)= W . input[t] (+ bias) for the chunk's n tokens (the input: the last pf_norm or pf_swiglu) */
+static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add) {
+    struct cl_prefill *p = cl->pf;
+    struct args a = {p->gemm, 0, CL_SUCCESS};
+    arg_weights(&a, w);
+    ARG_INT(&a, w->rows);
+    ARG_INT(&a, w->cols);
+    ARG_INT(&a, n);
+    ARG_MEM(&a, p->in);
+    if (p->int8) {
+        ARG_MEM(&a, p->xd);
+        ARG_MEM(&a, p->xs);
+    }
+    ARG_MEM(&a, cl->vecs);
+    ARG_INT(&a, bias_off);
+    ARG_MEM(&a, y);
+    ARG_INT(&a, y_off);
+    ARG_INT(&a, ldy);
+    ARG_INT(&a, add);
+    if (a.err) return a.err;
+    size_t groups_r = ((size_t)w->rows + p->tm - 1) / p->tm, groups_t = ((size_t)n + p->tn - 1) / p->tn;
+    return run2(cl, p->gemm, groups_r * p->gt, groups_t * p->gt, p->gt, p->gt);
+}
+
+/* The input of the next GEMM: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at
+ * norm_off (< 0: none) */
+static cl_int norm(struct tllm_cl *cl, cl_mem x, int t_off, int n, int cols, int norm_off) {
+    struct cl_prefill *p = cl->pf;
+    struct args a = {p->norm, 0, CL_SUCCESS};
+    ARG_MEM(&a, x);
+    ARG_INT(&a, t_off);
+    ARG_INT(&a, cols);
+    ARG_MEM(&a, cl->vecs);
+    ARG_INT(&a, norm_off);
+    ARG_F32(&a, cl->m->cfg.norm_eps);
+    ARG_INT(&a, p->int8);
+    ARG_MEM(&a, p->in);
+    ARG_MEM(&a, p->in);
+    ARG_MEM(&a, p->xd);
+    ARG_MEM(&a, p->xs);
+    if (a.err) return a.err;
+    return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1);
+}
+
+static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
+    struct cl_prefill *p = cl->pf;
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    const struct tllm_layer *L = &m->layers[l];
+    struct cl_layer *D = &cl->layers[l];
+    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
+    cl_int e = norm(cl, p->x, 0, n, c->dim, (int)(L->attn_norm - m->vectors));
+    if (!e) e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0);
+    if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0);
+    if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0);
+    if (!e) {
+        struct args a = {p->rope, 0, CL_SUCCESS};
+        ARG_MEM(&a, p->qkv);
+        ARG_INT(&a, c->n_heads);
+        ARG_INT(&a, c->n_kv_heads);
+        ARG_INT(&a, c->head_dim);
+        ARG_INT(&a, pos0);
+        ARG_MEM(&a, cl->inv_freq);
+        ARG_INT(&a, l);
+        ARG_INT(&a, cl->ctx_stride);
+        ARG_MEM(&a, p->q);
+        ARG_MEM(&a, cl->kt);
+        ARG_MEM(&a, cl->vc);
+        e = a.err ? a.err : run2(cl, p->rope, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1);
+    }
+    if (!e) {
+        struct args a = {p->flash, 0, CL_SUCCESS};
+        ARG_MEM(&a, p->q);
+        ARG_MEM(&a, cl->kt);
+        ARG_MEM(&a, cl->vc);
+        ARG_INT(&a, l);
+        ARG_INT(&a, c->n_heads);
+        ARG_INT(&a, c->n_kv_heads);
+        ARG_INT(&a, cl->ctx_stride);
+        ARG_INT(&a, pos0);
+        ARG_INT(&a, n);
+        ARG_MEM(&a, p->att);
+        size_t blocks = ((size_t)n + p->fl_qb - 1) / p->fl_qb;
+        e = a.err ? a.err : run2(cl, p->flash, blocks * p->fl_lws, (size_t)c->n_heads, (size_t)p->fl_lws, 1);
+    }
+    if (!e) e = norm(cl, p->att, 0, n, q_dim, -1);
+    if (!e) e = gemm(cl, &D->wo, n, -1, p->x, 0, c->dim, 1);
+    if (!e) e = norm(cl, p->x, 0, n, c->dim, (int)(L->ffn_norm - m->vectors));
+    if (!e) e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0);
+    if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0);
+    if (!e) {
+        struct args a = {p->swiglu, 0, CL_SUCCESS};
+        ARG_MEM(&a, p->h);
+        ARG_INT(&a, c->ffn_dim);
+        ARG_INT(&a, p->int8);
+        ARG_MEM(&a, p->in);
+        ARG_MEM(&a, p->in);
+        ARG_MEM(&a, p->xd);
+        ARG_MEM(&a, p->xs);
+        e = a.err ? a.err : run2(cl, p->swiglu, (size_t)(c->ffn_dim / 32), (size_t)n, 64, 1);
+    }
+    if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1);
+    return e;
+}
+
+/* The logits of the marked tokens: one marked, the decode path's lm_head (a matvec, with its argmax);
+ * more, lm_head GEMMs over windows of PF_LOGIT_ROWS tokens */
+static cl_int outputs(struct tllm_cl *cl, int n, const int8_t *out, int n_out, float *logits, int32_t *argmax) {
+    struct cl_prefill *p = cl->pf;
+    const struct tllm_config *c = &cl->m->cfg;
+    size_t vocab = (size_t)c->vocab_size;
+    cl_int e = CL_SUCCESS;
+    if (n_out == 1) {
+        int t = 0;
+        while (!out[t]) t++;
+        e = clEnqueueCopyBuffer(cl->q, p->x, cl->x, (size_t)t * c->dim * 4, 0, (size_t)c->dim * 4, 0, NULL, NULL);
+        if (!e) e = clEnqueueNDRangeKernel(cl->q, cl->l_lm_head.k, 1, NULL, cl->l_lm_head.global, cl->l_lm_head.local, 0, NULL, NULL);
+        if (!e && argmax) {
+            cl_int res[2];
+            e = clEnqueueNDRangeKernel(cl->q, cl->l_argmax.k, 1, NULL, cl->l_argmax.global, cl->l_argmax.local, 0, NULL, NULL);
+            if (!e) e = clEnqueueReadBuffer(cl->q, cl->next, CL_TRUE, 0, sizeof res, res, 0, NULL, NULL);
+            if (!e) *argmax = res[0];
+        }
+        if (!e && logits) e = clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, vocab * 4, logits, 0, NULL, NULL);
+        return e;
+    }
+    if (!p->logits) {
+        p->logits = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE, PF_LOGIT_ROWS * vocab * 4, NULL, &e);
+        if (e != CL_SUCCESS) return e;
+    }
+    int done = 0;
+    for (int t0 = 0; t0 < n && !e; t0 += PF_LOGIT_ROWS) {
+        int nt = n - t0 < PF_LOGIT_ROWS ? n - t0 : PF_LOGIT_ROWS, any = 0;
+        for (int t = t0; t < t0 + nt; t++) any |= out[t];
+        if (!any) continue;
+        e = norm(cl, p->x, t0, nt, c->dim, (int)(cl->m->final_norm - cl->m->vectors));
+        if (!e) e = gemm(cl, &cl->lm_head, nt, -1, p->logits, 0, c->vocab_size, 0);
+        for (int t = t0; t < t0 + nt && !e; t++)
+            if (out[t]) e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, (size_t)(t - t0) * vocab * 4, vocab * 4,
+                                                logits + (size_t)done++ * vocab, 0, NULL, NULL);
+    }
+    return e;
+}
+
+int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, const int8_t *out, float *logits, int32_t *argmax) {
+    const struct tllm_config *c = &cl->m->cfg;
+    if (cl->pend_n) return tllm_fail(TLLM_ERR_ARG, "opencl: a prompt step while %d greedy steps are pending", cl->pend_n);
+    if (n < 1 || pos0 < 0 || pos0 > cl->n_ctx - n)
+        return tllm_fail(TLLM_ERR_LIMIT, "opencl: positions %d to %d outside the cache of %d", pos0, pos0 + n, cl->n_ctx);
+    const char *why = tllm_cl_prefill_refusal(cl);
+    if (why) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: prompts cannot be processed on %s: %s", cl->name, why);
+    int n_out = 0;
+    for (int t = 0; out && t < n; t++) n_out += out[t] != 0;
+    if (n_out > 1 && argmax) return tllm_fail(TLLM_ERR_ARG, "opencl: the argmax of %d tokens of a prompt step", n_out);
+    int rc = cl->pf ? TLLM_OK : make(cl);
+    if (!rc) rc = reserve(cl, n);
+    if (rc) return rc;
+    struct cl_prefill *p = cl->pf;
+    cl_int e = clEnqueueWriteBuffer(cl->q, p->ids, CL_FALSE, 0, (size_t)n * 4, ids, 0, NULL, NULL);
+    if (!e) {
+        struct args a = {p->embed, 0, CL_SUCCESS};
+        arg_weights(&a, &cl->embed);
+        ARG_INT(&a, c->dim);
+        ARG_MEM(&a, p->ids);
+        ARG_INT(&a, n);
+        ARG_INT(&a, c->vocab_size);
+        ARG_MEM(&a, p->x);
+        e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)n, 64, 1);
+    }
+    for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, n, pos0);
+    if (!e && n_out) e = outputs(cl, n, out, n_out, logits, argmax);
+    if (!e) e = clFinish(cl->q);
+    if (e) return tllm_fail(TLLM_ERR_IO, "opencl: prompt step on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
+    if (argmax && (*argmax < 0 || *argmax >= c->vocab_size))
+        return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos0 + n - 1);
+    return TLLM_OK;
+}

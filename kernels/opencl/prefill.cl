@@ -1,0 +1,189 @@
+/* Prompt processing on the device: the row-wise steps between prefill's GEMMs (kernels/opencl/gemm.cl)
+ * for a chunk of n_tok tokens of one sequence at positions pos0 .. pos0 + n_tok - 1, activations
+ * [n_tok][width] row-major. engine/backend/opencl/cl_prefill.c runs a layer as
+ *   pf_norm (attn_norm) -> gemm q, k, v -> pf_rope (K and V into the cache) -> flash_prefill ->
+ *   pf_norm (no weight: the attention output quantized) -> gemm o_proj (+= x) -> pf_norm (ffn_norm) ->
+ *   gemm gate, up -> pf_swiglu -> gemm down_proj (+= x)
+ * A GEMM's input is either float rows (xf) or int8 blocks of 32 (xq, with the block's scale xd and
+ * sum xs: one level, d = max|x| / 127, as the CPU quantizes prompt tokens). */
+
+#ifndef PF_LWS
+#define PF_LWS 256 /* work-group of the row-wise kernels: one a token */
+#endif
+#ifndef FL_QB
+#define FL_QB 16 /* queries of a flash_prefill work-group */
+#endif
+#ifndef FL_KB
+#define FL_KB 32 /* keys it stages at a time */
+#endif
+#ifndef FL_LWS
+#define FL_LWS 256
+#endif
+
+__kernel void prefill_tunables(__global int *out) {
+    out[0] = GEMM_TM, out[1] = GEMM_TN, out[2] = GEMM_T, out[3] = PF_LWS, out[4] = FL_QB, out[5] = FL_LWS;
+}
+
+/* Block b of 32 values v of token t: as floats, or quantized */
+inline void emit_block(const float *v, int t, int b, int cols, int int8, __global float *xf, __global char *xq,
+                       __global float *xd, __global float *xs) {
+    if (!int8) {
+        for (int j = 0; j < 32; j++) xf[(size_t)t * cols + 32 * b + j] = v[j];
+        return;
+    }
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(v[j]));
+    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    int isum = 0;
+    __global char *q = xq + (size_t)t * cols + 32 * b;
+    for (int j = 0; j < 32; j++) {
+        int c = (int)rint(v[j] * id);
+        q[j] = (char)c;
+        isum += c;
+    }
+    xd[(size_t)t * (cols / 32) + b] = d;
+    xs[(size_t)t * (cols / 32) + b] = d * (float)isum;
+}
+
+__kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, int vocab, __global float *x) {
+    int j = get_global_id(0), t = get_global_id(1);
+    if (j < cols && t < n_tok) x[(size_t)t * cols + j] = embed_one(WPASS(0), cols, clamp(ids[t], 0, vocab - 1), j);
+}
+
+/* Token t_off + t's row of x (t: the work-group), RMS-normalized with weight vecs[norm_off ..] (norm_off < 0: as it is), as a
+ * GEMM's input (cols % 32 == 0) */
+__kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
+pf_norm(__global const float *x, int t_off, int cols, __global const float *vecs, int norm_off, float eps, int int8,
+        __global float *xf, __global char *xq, __global float *xd, __global float *xs) {
+    __local float red[PF_LWS];
+    int t = get_group_id(0), lid = get_local_id(0);
+    __global const float *row = x + (size_t)(t_off + t) * cols;
+    float inv = 1.0f;
+    if (norm_off >= 0) {
+        float ss = 0.0f;
+        for (int j = lid; j < cols; j += PF_LWS) ss += row[j] * row[j];
+        red[lid] = ss;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int s = PF_LWS / 2; s > 0; s >>= 1) {
+            if (lid < s) red[lid] += red[lid + s];
+            barrier(CLK_LOCAL_MEM_FENCE);
+        }
+        inv = 1.0f / sqrt(red[0] / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
+    }
+    for (int b = lid; b < cols / 32; b += PF_LWS) {
+        float v[32];
+        for (int j = 0; j < 32; j++) {
+            int k = 32 * b + j;
+            v[j] = norm_off >= 0 ? vecs[norm_off + k] * (row[k] * inv) : row[k];
+        }
+        emit_block(v, t, b, cols, int8, xf, xq, xd, xs);
+    }
+}
+
+/* h = [gate | up] ([n_tok][2 ffn]): silu(gate) * up as down_proj's input */
+__kernel void pf_swiglu(__global const float *h, int ffn, int int8, __global float *xf, __global char *xq,
+                        __global float *xd, __global float *xs) {
+    int b = get_global_id(0), t = get_global_id(1);
+    if (b >= ffn / 32) return;
+    __global const float *g = h + (size_t)t * 2 * ffn + 32 * b, *u = g + ffn;
+    float v[32];
+    for (int j = 0; j < 32; j++) v[j] = g[j] / (1.0f + exp(-g[j])) * u[j];
+    emit_block(v, t, b, ffn, int8, xf, xq, xd, xs);
+}
+
+/* qkv = [q | k | v] ([n_tok][q_dim + 2 kv_dim], biases added): RoPE on q (into q) and k, then k and
+ * v into the layer's cache at their positions (keys transposed: [kv_head][dim][position]). One
+ * work-item per RoPE pair (or pair of values). */
+__kernel void pf_rope(__global const float *qkv, int n_heads, int n_kv, int hd, int pos0, __global const float *inv_freq,
+                      int layer, int ctx_stride, __global float *q, __global float *kt, __global float *vc) {
+    int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
+    if (u >= (n_heads + 2 * n_kv) * half_d) return;
+    int head = u / half_d, i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = pos0 + t;
+    __global const float *row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
+    float a = row[head * hd + i], b = row[head * hd + i + half_d];
+    float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle);
+    if (head < n_heads) {
+        q[(size_t)t * q_dim + head * hd + i] = a * c - b * s;
+        q[(size_t)t * q_dim + head * hd + i + half_d] = b * c + a * s;
+        return;
+    }
+    size_t base = (size_t)layer * kv_dim * ctx_stride;
+    if (head < n_heads + n_kv) {
+        int r = (head - n_heads) * hd + i;
+        kt[base + (size_t)r * ctx_stride + pos] = a * c - b * s;
+        kt[base + (size_t)(r + half_d) * ctx_stride + pos] = b * c + a * s;
+    } else {
+        int r = (head - n_heads - n_kv) * hd + i;
+        vc[base + (size_t)pos * kv_dim + r] = a;
+        vc[base + (size_t)pos * kv_dim + r + half_d] = b;
+    }
+}
+
+#ifdef HEAD_DIM
+#define FL_OUT ((FL_QB * HEAD_DIM + FL_LWS - 1) / FL_LWS) /* outputs a thread accumulates */
+
+/* Causal attention of the chunk's queries over the cache (positions 0 .. each query's own), one
+ * work-group per (block of FL_QB queries, head): the keys of FL_KB positions at a time staged, scores,
+ * then an online softmax (running max and sum per query) and the values' weighted sum. */
+__kernel __attribute__((reqd_work_group_size(FL_LWS, 1, 1))) void
+flash_prefill(__global const float *q, __global const float *kt, __global const float *vc, int layer, int n_heads,
+              int n_kv, int ctx_stride, int pos0, int n_tok, __global float *out) {
+    const int hd = HEAD_DIM, kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM;
+    __local float Qs[FL_QB][HEAD_DIM + 1], KV[FL_KB][HEAD_DIM + 1], P[FL_QB][FL_KB + 1];
+    __local float m_s[FL_QB], l_s[FL_QB], a_s[FL_QB];
+    int lid = get_local_id(0), h = get_group_id(1), g = h / (n_heads / n_kv), t0 = get_group_id(0) * FL_QB;
+    int nq = min(FL_QB, n_tok - t0), last = pos0 + t0 + nq - 1;
+    kt += (size_t)layer * kv_dim * ctx_stride + (size_t)g * HEAD_DIM * ctx_stride;
+    vc += (size_t)layer * kv_dim * ctx_stride + (size_t)g * HEAD_DIM;
+    float scale = rsqrt((float)hd);
+    for (int i = lid; i < FL_QB * HEAD_DIM; i += FL_LWS) {
+        int t = i / HEAD_DIM, d = i % HEAD_DIM;
+        Qs[t][d] = t < nq ? q[(size_t)(t0 + t) * q_dim + h * HEAD_DIM + d] * scale : 0.0f;
+    }
+    if (lid < FL_QB) m_s[lid] = -INFINITY, l_s[lid] = 0.0f;
+    float acc[FL_OUT];
+    for (int i = 0; i < FL_OUT; i++) acc[i] = 0.0f;
+    for (int p0 = 0; p0 <= last; p0 += FL_KB) {
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
+            int d = i / FL_KB, k = i % FL_KB;
+            KV[k][d] = p0 + k <= last ? kt[(size_t)d * ctx_stride + p0 + k] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = lid; i < FL_QB * FL_KB; i += FL_LWS) {
+            int t = i / FL_KB, k = i % FL_KB;
+            float s = 0.0f;
+            for (int d = 0; d < HEAD_DIM; d++) s = fma(Qs[t][d], KV[k][d], s);
+            P[t][k] = p0 + k <= pos0 + t0 + t ? s : -INFINITY;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (lid < FL_QB) {
+            float mx = m_s[lid];
+            for (int k = 0; k < FL_KB; k++) mx = fmax(mx, P[lid][k]);
+            float a = mx == -INFINITY ? 1.0f : exp(m_s[lid] - mx), sum = 0.0f;
+            for (int k = 0; k < FL_KB; k++) {
+                float p = mx == -INFINITY ? 0.0f : exp(P[lid][k] - mx);
+                P[lid][k] = p;
+                sum += p;
+            }
+            l_s[lid] = l_s[lid] * a + sum, m_s[lid] = mx, a_s[lid] = a;
+        }
+        for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
+            int k = i / HEAD_DIM, d = i % HEAD_DIM;
+            KV[k][d] = p0 + k <= last ? vc[(size_t)(p0 + k) * kv_dim + d] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int i = 0; i < FL_OUT; i++) {
+            int o = lid + i * FL_LWS, t = o / HEAD_DIM, d = o % HEAD_DIM;
+            if (t >= FL_QB) break;
+            float s = acc[i] * a_s[t];
+            for (int k = 0; k < FL_KB; k++) s = fma(P[t][k], KV[k][d], s);
+            acc[i] = s;
+        }
+    }
+    for (int i = 0; i < FL_OUT; i++) {
+        int o = lid + i * FL_LWS, t = o / HEAD_DIM, d = o % HEAD_DIM;
+        if (t < nq) out[(size_t)(t0 + t) * q_dim + h * HEAD_DIM + d] = acc[i] / l_s[t];
+    }
+}
+#endif
