@@ -137,8 +137,11 @@ int cmd_bench(int argc, char **argv) {
         int n = info.launches_per_token, g = info.groups;
         char grid[48] = "";
         if (g) snprintf(grid, sizeof grid, " (%d work-groups)", g);
-        fprintf(stderr, "decode on %s, %d kernel launch%s per token%s, %s activations; prefill on %d CPU threads\n",
-                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, info.int8 ? "int8" : "float32", th[0]);
+        char pf[48];
+        if (s.ctx->dev_prefill) snprintf(pf, sizeof pf, "the device");
+        else snprintf(pf, sizeof pf, "%d CPU threads", th[0]);
+        fprintf(stderr, "decode on %s, %d kernel launch%s per token%s, %s activations; prefill on %s\n",
+                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, info.int8 ? "int8" : "float32", pf);
     }
     if (max_len > s.ctx->n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx->n_ctx);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);

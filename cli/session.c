@@ -24,7 +24,9 @@ const char cli_model_opts_help[] =
     "                         float32: free for one sequence, 1.4x the time of a step of many; the default\n"
     "                         but for batch files and bench -np) or in one, as prompt tokens' (llama.cpp's)\n"
     "  --device D             cpu, opencl (first GPU, else first device), opencl:N (tllm devices), or\n"
-    "                         auto (default: OpenCL when a GPU is there); decode runs there, prefill on the CPU\n";
+    "                         auto (default: OpenCL when a GPU is there); decode runs there\n"
+    "  --prefill P            where prompts run with a device: auto (default: on a GPU, not on a CPU device,\n"
+    "                         whose OpenCL is slower than tllm's own CPU kernels), device, or cpu\n";
 
 const char cli_sampling_help[] =
     "sampling options (defaults: the checkpoint's generation_config.json, else greedy):\n"
@@ -57,6 +59,11 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
         if (tllm_kv_type_parse(o->kv_type, &t)) cli_die("--kv-type: %s", tllm_errmsg());
     }
     else if (!strcmp(a, "--device")) o->device = cli_value(argc, argv, i);
+    else if (!strcmp(a, "--prefill")) {
+        enum tllm_prefill p;
+        o->prefill = cli_value(argc, argv, i);
+        if (tllm_prefill_parse(o->prefill, &p)) cli_die("--prefill: %s", tllm_errmsg());
+    }
     else return 0;
     return 1;
 }
@@ -131,6 +138,9 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     s->gd = &e->gd;
     s->ctx = &s->ss->ctx;
     open_device(s, o->device ? o->device : "auto");
+    enum tllm_prefill pf = TLLM_PREFILL_AUTO;
+    if (o->prefill) tllm_prefill_parse(o->prefill, &pf); /* checked when the option was read */
+    if (tllm_ctx_set_prefill(s->ctx, pf)) cli_die_lib();
     s->load_secs = tllm_now() - t0;
 }
 

@@ -19,6 +19,7 @@ struct cli_model_opts {
     int decode_levels;  /* --precise-decode 2, --fast-decode 1, 0: the command's default */
     const char *device; /* --device cpu|opencl|opencl:N|auto (NULL = auto) */
     const char *kv_type; /* --kv-type f16|f32 (NULL = f16) */
+    const char *prefill; /* --prefill auto|cpu|device (NULL = auto) */
 };
 
 /* Sampling flags given on the command line (each overrides generation_config.json). */
