@@ -148,3 +148,105 @@ gemm_f(WARGS(0), int rows, int cols, int n_tok, __global const float *x, __globa
     }
     GEMM_STORE(acc);
 }
+
+#if defined(MMA_PTX)
+/* gemm_q8 on NVIDIA's int8 tensor cores (the host adds -DMMA_PTX there): the same tiles of 64 rows x
+ * 64 tokens and the same sums, by `mma.sync.m16n8k32` (inline PTX; sm_80 and later) instead of dp4a.
+ * Four warps, each 32 rows x 32 tokens of the tile: two 16-row by four 8-token fragments a block of
+ * 32 inputs. Fragments as PTX lays them out for m16n8k32 with 8-bit operands (lane = 4 g + c):
+ *   A (16 x 32, row-major): rows g and g + 8, bytes 4c .. 4c + 3 and 16 + 4c .. 16 + 4c + 3
+ *   B (32 x 8, column-major): token g, bytes 4c .. 4c + 3 and 16 + 4c .. 16 + 4c + 3
+ *   C (16 x 8, int32): rows g and g + 8, tokens 2c and 2c + 1
+ * Staged rows are GEMM_KW + 4 words apart, so the 8 rows x 4 words a fragment load touches fall in
+ * 32 different banks. */
+#define MMA_TM 64
+#define MMA_TN 64
+#define MMA_LWS 128
+#define MMA_KS (GEMM_KW + 4) /* words between staged rows */
+
+inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 c) {
+    int4 d;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%10, %11, %12, %13};"
+                 : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
+    return d;
+}
+
+__kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void
+gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
+            __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
+            int add) {
+    Q_FIX(bits0, gs0, dt0);
+    __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS];
+    __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN];
+    int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
+    int wr = (warp % 2) * 32, wt = (warp / 2) * 32; /* the warp's rows and tokens in the tile */
+    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * MMA_TN;
+    size_t row_words = (size_t)cols * bits0 / 32;
+    int ng = cols / gs0, nb = cols / 32;
+    float acc[2][4][4];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+    for (int k0 = 0; k0 < cols; k0 += GEMM_TK) {
+        for (int i = lid; i < MMA_TM * GEMM_KW; i += MMA_LWS) {
+            int r = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
+            As[r * MMA_KS + kw] = r0 + r < rows && k < cols ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
+        }
+        for (int i = lid; i < MMA_TN * GEMM_KW; i += MMA_LWS) {
+            int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
+            Bs[t * MMA_KS + kw] =
+                t0 + t < n_tok && k < cols ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
+        }
+        for (int i = lid; i < 2 * MMA_TM; i += MMA_LWS) {
+            int b = i / MMA_TM, r = i % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < cols;
+            size_t gi = (size_t)(r0 + r) * ng + k / gs0;
+            Asc[b][r] = ok ? ld(S0, dt0, gi) : 0.0f;
+            Abi[b][r] = ok ? ld(B0, dt0, gi) : 0.0f;
+        }
+        for (int i = lid; i < 2 * MMA_TN; i += MMA_LWS) {
+            int b = i / MMA_TN, t = i % MMA_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < cols;
+            Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
+            Bsum[b][t] = ok ? xsum[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+            int kw = 8 * b + c;
+            uint a[2][4], v[4][2];
+            for (int i = 0; i < 2; i++) {
+                int r = wr + 16 * i + g;
+                a[i][0] = As[r * MMA_KS + kw], a[i][1] = As[(r + 8) * MMA_KS + kw];
+                a[i][2] = As[r * MMA_KS + kw + 4], a[i][3] = As[(r + 8) * MMA_KS + kw + 4];
+            }
+            for (int j = 0; j < 4; j++) {
+                int t = wt + 8 * j + g;
+                v[j][0] = Bs[t * MMA_KS + kw], v[j][1] = Bs[t * MMA_KS + kw + 4];
+            }
+            for (int i = 0; i < 2; i++) {
+                int r = wr + 16 * i + g;
+                float s0 = Asc[b][r], o0 = Abi[b][r], s1 = Asc[b][r + 8], o1 = Abi[b][r + 8];
+                for (int j = 0; j < 4; j++) {
+                    int4 d = mma_u8s8(a[i][0], a[i][1], a[i][2], a[i][3], v[j][0], v[j][1], (int4)(0));
+                    int t = wt + 8 * j + 2 * c;
+                    float d0 = Bd[b][t], d1 = Bd[b][t + 1], m0 = Bsum[b][t], m1 = Bsum[b][t + 1];
+                    acc[i][j][0] += s0 * (d0 * (float)d.x) + o0 * m0;
+                    acc[i][j][1] += s0 * (d1 * (float)d.y) + o0 * m1;
+                    acc[i][j][2] += s1 * (d0 * (float)d.z) + o1 * m0;
+                    acc[i][j][3] += s1 * (d1 * (float)d.w) + o1 * m1;
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            for (int e = 0; e < 4; e++) {
+                int r = r0 + wr + 16 * i + g + 8 * (e / 2), t = t0 + wt + 8 * j + 2 * c + e % 2;
+                if (r >= rows || t >= n_tok) continue;
+                __global float *p = y + y_off + (size_t)t * ldy + r;
+                float v = acc[i][j][e] + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);
+                *p = add ? *p + v : v;
+            }
+}
+#endif

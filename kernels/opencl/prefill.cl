@@ -22,6 +22,11 @@
 
 __kernel void prefill_tunables(__global int *out) {
     out[0] = GEMM_TM, out[1] = GEMM_TN, out[2] = GEMM_T, out[3] = PF_LWS, out[4] = FL_QB, out[5] = FL_LWS;
+#if defined(MMA_PTX)
+    out[6] = MMA_TM, out[7] = MMA_TN, out[8] = MMA_LWS; /* gemm_q8_mma's */
+#else
+    out[6] = out[7] = out[8] = 0;
+#endif
 }
 
 /* Block b of 32 values v of token t: as floats, or quantized */

@@ -197,14 +197,18 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
     int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */
+    /* and int8 tensor cores for the prompt GEMMs (mma.sync m16n8k32: sm_80 and later) */
+    cl_uint cc_major = 0;
+    if (nvidia) clGetDeviceInfo(cl->dev, 0x4000 /* CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV */, sizeof cc_major, &cc_major, NULL);
+    int mma = cc_major >= 8 && !(extra && strstr(extra, "MMA_PTX"));
     /* and `token` fuses gate_up with down_proj, attention with o_proj (PTX's float atomic add;
      * FFN_FUSED, ATT_FUSED in kernels/opencl/common.cl) */
     int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
     int fuse_att = nvidia && xq && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
     char rows[32] = ""; /* padding rows of the lm_head: never an argmax */
     if (cl->m->n_sample < c->vocab_size) snprintf(rows, sizeof rows, "-DARGMAX_ROWS=%d", cl->m->n_sample);
-    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s %s %s %s %s", rows, fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
-             nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s%s %s %s %s %s", rows, fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
+             nvidia ? "-DDP4A_PTX -DSHFL_PTX" : "", mma ? " -DMMA_PTX" : "", fuse_ffn ? "-DFUSE_FFN=1" : "", fuse_att ? "-DFUSE_ATT=1" : "",
              cl->phases ? "-DPHASE_TIMES" : "", extra ? extra : "");
     /* a GPU's program is kept as its binary; a CPU device's is not (PoCL builds the kernels it runs as
      * they are first launched and keeps them in its own cache; asking it for the binary would compile

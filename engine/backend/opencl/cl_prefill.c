@@ -7,14 +7,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/base/clock.h"
 #include "engine/base/error.h"
 
 #define PF_LOGIT_ROWS 32 /* tokens whose logits one lm_head GEMM computes (every token's logits: tllm logits) */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 
+/* What a chunk's launches do, for TLLM_CL_PROFILE */
+enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN, P_LM_HEAD, P_COUNT };
+static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k,v", "rope + cache", "flash attention",
+                                             "gemm o_proj", "gemm gate,up", "swiglu", "gemm down_proj", "lm_head"};
+
 struct cl_prefill {
     int cap;  /* tokens the buffers hold */
     int int8; /* GEMM inputs as int8 blocks (gemm_q8), else floats (gemm_f) */
+    int mma;  /* int8 GEMMs on NVIDIA's tensor cores (gemm_q8_mma: 1-D work-groups of gt threads) */
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     cl_kernel gemm, embed, norm, swiglu, rope, flash;
     cl_mem ids;                 /* [cap] */
@@ -23,6 +30,11 @@ struct cl_prefill {
     cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
     cl_mem h;                   /* [cap][2 ffn]: gate | up */
     cl_mem logits;              /* [PF_LOGIT_ROWS][vocab], made when every token's logits are asked */
+    /* TLLM_CL_PROFILE: device time and launches by kind, over all chunks (printed by tllm_cl_prefill_free) */
+    double prof_ns[P_COUNT], prof_wall_s;
+    long prof_n[P_COUNT], chunks, tokens;
+    cl_event *ev;
+    int *ev_kind, n_ev, cap_ev, launches; /* launches: the last chunk's */
 };
 
 static int wide(const struct tllm_config *c) {
@@ -48,6 +60,18 @@ int tllm_cl_prefill_auto(const struct tllm_cl *cl) {
 void tllm_cl_prefill_free(struct tllm_cl *cl) {
     struct cl_prefill *p = cl->pf;
     if (!p) return;
+    if (cl->profile && p->chunks) {
+        double total = 0;
+        for (int k = 0; k < P_COUNT; k++) total += p->prof_ns[k];
+        fprintf(stderr, "opencl prefill profile, %s: %ld chunks, %ld tokens, %.2f ms wall, %.2f ms in kernels, %ld launches a chunk\n",
+                cl->name, p->chunks, p->tokens, p->prof_wall_s * 1e3, total / 1e6, (long)p->launches);
+        for (int k = 0; k < P_COUNT; k++)
+            if (p->prof_n[k])
+                fprintf(stderr, "  %-16s %5ld launches %9.3f ms %5.1f%%\n", p_names[k], p->prof_n[k], p->prof_ns[k] / 1e6,
+                        100.0 * p->prof_ns[k] / (total > 0 ? total : 1));
+    }
+    free(p->ev);
+    free(p->ev_kind);
     cl_kernel ks[] = {p->gemm, p->embed, p->norm, p->swiglu, p->rope, p->flash};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
@@ -74,8 +98,7 @@ static int make(struct tllm_cl *cl) {
     if (!p) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     cl->pf = p;
     p->int8 = int8_ok(cl);
-    int rc = tllm_cl_make_kernel(cl, &p->gemm, p->int8 ? "gemm_q8" : "gemm_f");
-    if (!rc) rc = tllm_cl_make_kernel(cl, &p->embed, "pf_embed");
+    int rc = tllm_cl_make_kernel(cl, &p->embed, "pf_embed");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->norm, "pf_norm");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->swiglu, "pf_swiglu");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->rope, "pf_rope");
@@ -84,7 +107,7 @@ static int make(struct tllm_cl *cl) {
     if (rc) return rc;
     cl_kernel k;
     if ((rc = tllm_cl_make_kernel(cl, &k, "prefill_tunables"))) return rc;
-    cl_int e, v[6] = {0};
+    cl_int e, v[9] = {0};
     cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof v, NULL, &e);
     size_t one = 1;
     if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
@@ -96,7 +119,9 @@ static int make(struct tllm_cl *cl) {
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 1 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN, PF_LWS (a power of two), FL_QB and FL_LWS must be positive");
-    return TLLM_OK;
+    /* TLLM_CL_NO_MMA: the dp4a kernel on NVIDIA too (to compare) */
+    if (p->int8 && v[6] > 0 && !getenv("TLLM_CL_NO_MMA")) p->mma = 1, p->tm = v[6], p->tn = v[7], p->gt = v[8];
+    return tllm_cl_make_kernel(cl, &p->gemm, p->mma ? "gemm_q8_mma" : p->int8 ? "gemm_q8" : "gemm_f");
 }
 
 /* Room for chunks of n tokens */
@@ -121,13 +146,45 @@ static int reserve(struct tllm_cl *cl, int n) {
 
 static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
-static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1) {
+static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1, int kind) {
+    struct cl_prefill *p = cl->pf;
     size_t g[2] = {round_up(g0, l0), round_up(g1, l1)}, l[2] = {l0, l1};
-    return clEnqueueNDRangeKernel(cl->q, k, 2, NULL, g, l, 0, NULL, NULL);
+    cl_event *ev = NULL;
+    if (cl->profile) {
+        if (p->n_ev == p->cap_ev) {
+            int cap = p->cap_ev ? 2 * p->cap_ev : 512;
+            cl_event *ne = realloc(p->ev, (size_t)cap * sizeof *ne);
+            int *nk = ne ? realloc(p->ev_kind, (size_t)cap * sizeof *nk) : NULL;
+            if (ne) p->ev = ne;
+            if (!nk) return CL_OUT_OF_HOST_MEMORY;
+            p->ev_kind = nk, p->cap_ev = cap;
+        }
+        p->ev_kind[p->n_ev] = kind;
+        ev = &p->ev[p->n_ev++];
+    }
+    return clEnqueueNDRangeKernel(cl->q, k, 2, NULL, g, l, 0, NULL, ev);
+}
+
+/* TLLM_CL_PROFILE: the chunk's events, summed by kind */
+static void collect(struct tllm_cl *cl, double wall) {
+    struct cl_prefill *p = cl->pf;
+    for (int i = 0; i < p->n_ev; i++) {
+        cl_ulong a = 0, b = 0;
+        clGetEventProfilingInfo(p->ev[i], CL_PROFILING_COMMAND_START, sizeof a, &a, NULL);
+        clGetEventProfilingInfo(p->ev[i], CL_PROFILING_COMMAND_END, sizeof b, &b, NULL);
+        p->prof_ns[p->ev_kind[i]] += (double)(b - a);
+        p->prof_n[p->ev_kind[i]]++;
+        clReleaseEvent(p->ev[i]);
+    }
+    p->launches = p->n_ev;
+    p->n_ev = 0;
+    p->chunks++;
+    p->prof_wall_s += wall;
 }
 
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for the chunk's n tokens (the input: the last pf_norm or pf_swiglu) */
-static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add) {
+static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
+                   int kind) {
     struct cl_prefill *p = cl->pf;
     struct args a = {p->gemm, 0, CL_SUCCESS};
     arg_weights(&a, w);
@@ -147,7 +204,8 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
     ARG_INT(&a, add);
     if (a.err) return a.err;
     size_t groups_r = ((size_t)w->rows + p->tm - 1) / p->tm, groups_t = ((size_t)n + p->tn - 1) / p->tn;
-    return run2(cl, p->gemm, groups_r * p->gt, groups_t * p->gt, p->gt, p->gt);
+    if (p->mma) return run2(cl, p->gemm, groups_r * p->gt, groups_t, p->gt, 1, kind);
+    return run2(cl, p->gemm, groups_r * p->gt, groups_t * p->gt, p->gt, p->gt, kind);
 }
 
 /* The input of the next GEMM: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at
@@ -167,7 +225,7 @@ static cl_int norm(struct tllm_cl *cl, cl_mem x, int t_off, int n, int cols, int
     ARG_MEM(&a, p->xd);
     ARG_MEM(&a, p->xs);
     if (a.err) return a.err;
-    return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1);
+    return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1, P_NORM);
 }
 
 static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
@@ -178,9 +236,9 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
     struct cl_layer *D = &cl->layers[l];
     int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
     cl_int e = norm(cl, p->x, 0, n, c->dim, (int)(L->attn_norm - m->vectors));
-    if (!e) e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0);
-    if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0);
-    if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0);
+    if (!e) e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
+    if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
+    if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
     if (!e) {
         struct args a = {p->rope, 0, CL_SUCCESS};
         ARG_MEM(&a, p->qkv);
@@ -194,7 +252,7 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
         ARG_MEM(&a, p->q);
         ARG_MEM(&a, cl->kt);
         ARG_MEM(&a, cl->vc);
-        e = a.err ? a.err : run2(cl, p->rope, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1);
+        e = a.err ? a.err : run2(cl, p->rope, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1, P_ROPE);
     }
     if (!e) {
         struct args a = {p->flash, 0, CL_SUCCESS};
@@ -209,13 +267,13 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
         ARG_INT(&a, n);
         ARG_MEM(&a, p->att);
         size_t blocks = ((size_t)n + p->fl_qb - 1) / p->fl_qb;
-        e = a.err ? a.err : run2(cl, p->flash, blocks * p->fl_lws, (size_t)c->n_heads, (size_t)p->fl_lws, 1);
+        e = a.err ? a.err : run2(cl, p->flash, blocks * p->fl_lws, (size_t)c->n_heads, (size_t)p->fl_lws, 1, P_FLASH);
     }
     if (!e) e = norm(cl, p->att, 0, n, q_dim, -1);
-    if (!e) e = gemm(cl, &D->wo, n, -1, p->x, 0, c->dim, 1);
+    if (!e) e = gemm(cl, &D->wo, n, -1, p->x, 0, c->dim, 1, P_O);
     if (!e) e = norm(cl, p->x, 0, n, c->dim, (int)(L->ffn_norm - m->vectors));
-    if (!e) e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0);
-    if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0);
+    if (!e) e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
+    if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
     if (!e) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
@@ -225,9 +283,9 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
         ARG_MEM(&a, p->in);
         ARG_MEM(&a, p->xd);
         ARG_MEM(&a, p->xs);
-        e = a.err ? a.err : run2(cl, p->swiglu, (size_t)(c->ffn_dim / 32), (size_t)n, 64, 1);
+        e = a.err ? a.err : run2(cl, p->swiglu, (size_t)(c->ffn_dim / 32), (size_t)n, 64, 1, P_SWIGLU);
     }
-    if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1);
+    if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1, P_DOWN);
     return e;
 }
 
@@ -262,7 +320,7 @@ static cl_int outputs(struct tllm_cl *cl, int n, const int8_t *out, int n_out, f
         for (int t = t0; t < t0 + nt; t++) any |= out[t];
         if (!any) continue;
         e = norm(cl, p->x, t0, nt, c->dim, (int)(cl->m->final_norm - cl->m->vectors));
-        if (!e) e = gemm(cl, &cl->lm_head, nt, -1, p->logits, 0, c->vocab_size, 0);
+        if (!e) e = gemm(cl, &cl->lm_head, nt, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
         for (int t = t0; t < t0 + nt && !e; t++)
             if (out[t]) e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, (size_t)(t - t0) * vocab * 4, vocab * 4,
                                                 logits + (size_t)done++ * vocab, 0, NULL, NULL);
@@ -293,11 +351,16 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
         ARG_INT(&a, n);
         ARG_INT(&a, c->vocab_size);
         ARG_MEM(&a, p->x);
-        e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)n, 64, 1);
+        e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)n, 64, 1, P_EMBED);
     }
+    double t0 = cl->profile ? tllm_now() : 0;
     for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, n, pos0);
     if (!e && n_out) e = outputs(cl, n, out, n_out, logits, argmax);
     if (!e) e = clFinish(cl->q);
+    if (cl->profile) {
+        p->tokens += n;
+        collect(cl, tllm_now() - t0);
+    }
     if (e) return tllm_fail(TLLM_ERR_IO, "opencl: prompt step on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
     if (argmax && (*argmax < 0 || *argmax >= c->vocab_size))
         return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos0 + n - 1);
