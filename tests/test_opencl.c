@@ -121,6 +121,19 @@ static void test_device_prefill(const char *dir, struct tllm_ctx *ctx, struct tl
         agree += argmax_f32(logits + (size_t)p * vocab, r->vocab) == r->top1[p];
     }
     CHECK(agree >= (int8 ? MIN_CL_INT8_ARGMAX_AGREEMENT : 1.0) * compared, "%s device prefill: argmax %d/%d", dir, agree, compared);
+    /* split-K (each GEMM's inputs in slices summed by gemm_reduce; on a small device only where
+     * TLLM_CL_SPLIT asks): the same logits but for the order of the sums */
+    setenv("TLLM_CL_SPLIT", "3", 1);
+    tllm_ctx_reset(ctx);
+    CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, cpu, TLLM_LOGITS_ALL) == TLLM_OK, "split-K prefill: %s", tllm_errmsg());
+    unsetenv("TLLM_CL_SPLIT");
+    double worst_split = 0;
+    for (int p = 0; p < r->n_seq; p++) {
+        double rms, mx;
+        ref_compare_row(logits + (size_t)p * vocab, cpu + (size_t)p * vocab, r->vocab, &rms, &mx);
+        worst_split = rms > worst_split ? rms : worst_split;
+    }
+    CHECK(worst_split <= tol, "%s device prefill split in 3: relative RMS %.3g from unsplit", dir, worst_split);
     /* the last token's logits alone (the decode path's lm_head) */
     tllm_ctx_reset(ctx);
     CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, last, TLLM_LOGITS_LAST) == TLLM_OK, "device prefill, last: %s", tllm_errmsg());
@@ -128,8 +141,8 @@ static void test_device_prefill(const char *dir, struct tllm_ctx *ctx, struct tl
     ref_compare_row(logits + (size_t)(r->n_seq - 1) * vocab, last, r->vocab, &rms_last, &mx_last);
     /* (with int8 activations, the matvec takes the last token's in two levels, as decode steps do) */
     CHECK(rms_last <= tol, "%s device prefill: the last token's logits alone differ from its row (%.3g)", dir, rms_last);
-    printf("  opencl prefill (the CPU's prompts in %s): worst rel RMS %.2e (against the CPU's %.2e), argmax %d/%d\n",
-           int8 ? "int8" : "float32", worst, worst_cpu, agree, compared);
+    printf("  opencl prefill (the CPU's prompts in %s): worst rel RMS %.2e (against the CPU's %.2e, split-K %.2e), argmax %d/%d\n",
+           int8 ? "int8" : "float32", worst, worst_cpu, worst_split, agree, compared);
     if (!packed) { /* prompt on the device, greedy there: the reference's ids */
         int32_t next, id = r->prompt_ids[r->n_prompt - 1];
         int same = 0;

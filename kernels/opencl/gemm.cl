@@ -36,21 +36,48 @@ inline uint codes4(__global const uchar *W, int bits, size_t row_words, int r, i
     return (v & 0x3u) | ((v & 0xcu) << 6) | ((v & 0x30u) << 12) | ((v & 0xc0u) << 18);
 }
 
-/* The epilogue: bias, residual (add: y already holds it), store at y + y_off + t ldy + r */
+/* Split-K (the host's choice where a GEMM has too few tiles to fill the device): work-group z of
+ * get_num_groups(2) takes inputs [z k_len, (z + 1) k_len) and leaves its sums in part[z][t][r];
+ * gemm_reduce adds the slices in order (so the result does not depend on timing), then the bias and
+ * the residual. Unsplit, the epilogue does that itself. */
+#define GEMM_K_RANGE(k_begin, k_end)                                                                    \
+    int k_begin = get_group_id(2) * k_len, k_end = min(cols, k_begin + k_len)
+inline void gemm_put(float acc, int r, int t, int rows, __global const float *vecs, int bias_off, __global float *y,
+                     int y_off, int ldy, int add, __global float *part, int n_tok) {
+    if (get_num_groups(2) > 1) {
+        part[((size_t)get_group_id(2) * n_tok + t) * rows + r] = acc;
+        return;
+    }
+    __global float *p = y + y_off + (size_t)t * ldy + r;
+    float v = acc + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);
+    *p = add ? *p + v : v;
+}
+
+/* The epilogue of the GEMM_T x GEMM_T kernels */
 #define GEMM_STORE(acc)                                                                                 \
     for (int i = 0; i < GEMM_RM; i++)                                                                   \
         for (int j = 0; j < GEMM_RN; j++) {                                                             \
             int r = r0 + tx + GEMM_T * i, t = t0 + ty + GEMM_T * j;                                     \
-            if (r >= rows || t >= n_tok) continue;                                                      \
-            __global float *p = y + y_off + (size_t)t * ldy + r;                                                \
-            float v = acc[i][j] + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);                         \
-            *p = add ? *p + v : v;                                                                      \
+            if (r < rows && t < n_tok) gemm_put(acc[i][j], r, t, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok); \
         }
+
+#define GEMM_SPLIT_ARGS __global float *part, int k_len
+
+__kernel void gemm_reduce(__global const float *part, int n_split, int rows, int n_tok, __global const float *vecs,
+                          int bias_off, __global float *y, int y_off, int ldy, int add) {
+    int r = get_global_id(0), t = get_global_id(1);
+    if (r >= rows || t >= n_tok) return;
+    float v = 0.0f;
+    for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * rows + r];
+    __global float *p = y + y_off + (size_t)t * ldy + r;
+    v += bias_off >= 0 ? vecs[bias_off + r] : 0.0f;
+    *p = add ? *p + v : v;
+}
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
 gemm_q8(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
         __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
-        int add) {
+        int add, GEMM_SPLIT_ARGS) {
     Q_FIX(bits0, gs0, dt0);
     __local uint As[GEMM_TM][GEMM_KW + 1], Bs[GEMM_TN][GEMM_KW + 1];
     __local float Asc[2][GEMM_TM], Abi[2][GEMM_TM], Bd[2][GEMM_TN], Bsum[2][GEMM_TN];
@@ -61,23 +88,24 @@ gemm_q8(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __glob
     float acc[GEMM_RM][GEMM_RN];
     for (int i = 0; i < GEMM_RM; i++)
         for (int j = 0; j < GEMM_RN; j++) acc[i][j] = 0.0f;
-    for (int k0 = 0; k0 < cols; k0 += GEMM_TK) {
+    GEMM_K_RANGE(k_begin, k_end);
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int i = lid; i < GEMM_TM * GEMM_KW; i += GEMM_LWS) {
             int r = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            As[r][kw] = r0 + r < rows && k < cols ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
+            As[r][kw] = r0 + r < rows && k < k_end ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
         }
         for (int i = lid; i < GEMM_TN * GEMM_KW; i += GEMM_LWS) {
             int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            Bs[t][kw] = t0 + t < n_tok && k < cols ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
+            Bs[t][kw] = t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
         }
         for (int i = lid; i < 2 * GEMM_TM; i += GEMM_LWS) {
-            int b = i / GEMM_TM, r = i % GEMM_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < cols;
+            int b = i / GEMM_TM, r = i % GEMM_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end;
             size_t g = (size_t)(r0 + r) * ng + k / gs0;
             Asc[b][r] = ok ? ld(S0, dt0, g) : 0.0f;
             Abi[b][r] = ok ? ld(B0, dt0, g) : 0.0f;
         }
         for (int i = lid; i < 2 * GEMM_TN; i += GEMM_LWS) {
-            int b = i / GEMM_TN, t = i % GEMM_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < cols;
+            int b = i / GEMM_TN, t = i % GEMM_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < k_end;
             Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
             Bsum[b][t] = ok ? xsum[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
         }
@@ -119,21 +147,22 @@ inline float w_at(WARGS(0), int cols, int r, int k) {
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
 gemm_f(WARGS(0), int rows, int cols, int n_tok, __global const float *x, __global const float *vecs, int bias_off,
-       __global float *y, int y_off, int ldy, int add) {
+       __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS) {
     __local float As[GEMM_TM][GEMM_FK + 1], Bs[GEMM_TN][GEMM_FK + 1];
     int tx = get_local_id(0), ty = get_local_id(1), lid = ty * GEMM_T + tx;
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;
     float acc[GEMM_RM][GEMM_RN];
     for (int i = 0; i < GEMM_RM; i++)
         for (int j = 0; j < GEMM_RN; j++) acc[i][j] = 0.0f;
-    for (int k0 = 0; k0 < cols; k0 += GEMM_FK) {
+    GEMM_K_RANGE(k_begin, k_end);
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_FK) {
         for (int i = lid; i < GEMM_TM * GEMM_FK; i += GEMM_LWS) {
             int r = i / GEMM_FK, k = k0 + i % GEMM_FK;
-            As[r][i % GEMM_FK] = r0 + r < rows && k < cols ? w_at(WPASS(0), cols, r0 + r, k) : 0.0f;
+            As[r][i % GEMM_FK] = r0 + r < rows && k < k_end ? w_at(WPASS(0), cols, r0 + r, k) : 0.0f;
         }
         for (int i = lid; i < GEMM_TN * GEMM_FK; i += GEMM_LWS) {
             int t = i / GEMM_FK, k = k0 + i % GEMM_FK;
-            Bs[t][i % GEMM_FK] = t0 + t < n_tok && k < cols ? x[(size_t)(t0 + t) * cols + k] : 0.0f;
+            Bs[t][i % GEMM_FK] = t0 + t < n_tok && k < k_end ? x[(size_t)(t0 + t) * cols + k] : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll 8
@@ -176,7 +205,7 @@ inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 
 __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void
 gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
             __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
-            int add) {
+            int add, GEMM_SPLIT_ARGS) {
     Q_FIX(bits0, gs0, dt0);
     __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS];
     __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN];
@@ -188,24 +217,25 @@ gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __
     float acc[2][4][4];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-    for (int k0 = 0; k0 < cols; k0 += GEMM_TK) {
+    GEMM_K_RANGE(k_begin, k_end);
+    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int i = lid; i < MMA_TM * GEMM_KW; i += MMA_LWS) {
             int r = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            As[r * MMA_KS + kw] = r0 + r < rows && k < cols ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
+            As[r * MMA_KS + kw] = r0 + r < rows && k < k_end ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
         }
         for (int i = lid; i < MMA_TN * GEMM_KW; i += MMA_LWS) {
             int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
             Bs[t * MMA_KS + kw] =
-                t0 + t < n_tok && k < cols ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
+                t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
         }
         for (int i = lid; i < 2 * MMA_TM; i += MMA_LWS) {
-            int b = i / MMA_TM, r = i % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < cols;
+            int b = i / MMA_TM, r = i % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end;
             size_t gi = (size_t)(r0 + r) * ng + k / gs0;
             Asc[b][r] = ok ? ld(S0, dt0, gi) : 0.0f;
             Abi[b][r] = ok ? ld(B0, dt0, gi) : 0.0f;
         }
         for (int i = lid; i < 2 * MMA_TN; i += MMA_LWS) {
-            int b = i / MMA_TN, t = i % MMA_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < cols;
+            int b = i / MMA_TN, t = i % MMA_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < k_end;
             Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
             Bsum[b][t] = ok ? xsum[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
         }
@@ -243,10 +273,7 @@ gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __
         for (int j = 0; j < 4; j++)
             for (int e = 0; e < 4; e++) {
                 int r = r0 + wr + 16 * i + g + 8 * (e / 2), t = t0 + wt + 8 * j + 2 * c + e % 2;
-                if (r >= rows || t >= n_tok) continue;
-                __global float *p = y + y_off + (size_t)t * ldy + r;
-                float v = acc[i][j][e] + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);
-                *p = add ? *p + v : v;
+                if (r < rows && t < n_tok) gemm_put(acc[i][j][e], r, t, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
             }
 }
 #endif

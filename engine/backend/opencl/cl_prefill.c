@@ -11,6 +11,7 @@
 #include "engine/base/error.h"
 
 #define PF_LOGIT_ROWS 32 /* tokens whose logits one lm_head GEMM computes (every token's logits: tllm logits) */
+#define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 
 /* What a chunk's launches do, for TLLM_CL_PROFILE */
@@ -23,12 +24,13 @@ struct cl_prefill {
     int int8; /* GEMM inputs as int8 blocks (gemm_q8), else floats (gemm_f) */
     int mma;  /* int8 GEMMs on NVIDIA's tensor cores (gemm_q8_mma: 1-D work-groups of gt threads) */
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
-    cl_kernel gemm, embed, norm, swiglu, rope, flash;
+    cl_kernel gemm, reduce, embed, norm, swiglu, rope, flash;
     cl_mem ids;                 /* [cap] */
     cl_mem x;                   /* [cap][dim] the residual stream */
     cl_mem in, xd, xs;          /* a GEMM's input: [cap][wide] floats or int8, and per block of 32 d and sum */
     cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
     cl_mem h;                   /* [cap][2 ffn]: gate | up */
+    cl_mem part;                /* [PF_PART x cap x dim] split-K slices of a GEMM's sums */
     cl_mem logits;              /* [PF_LOGIT_ROWS][vocab], made when every token's logits are asked */
     /* TLLM_CL_PROFILE: device time and launches by kind, over all chunks (printed by tllm_cl_prefill_free) */
     double prof_ns[P_COUNT], prof_wall_s;
@@ -72,10 +74,10 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->gemm, p->embed, p->norm, p->swiglu, p->rope, p->flash};
+    cl_kernel ks[] = {p->gemm, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->ids, p->x, p->in, p->xd, p->xs, p->qkv, p->q, p->att, p->h, p->logits};
+    cl_mem bs[] = {p->ids, p->x, p->in, p->xd, p->xs, p->qkv, p->q, p->att, p->h, p->part, p->logits};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -99,6 +101,7 @@ static int make(struct tllm_cl *cl) {
     cl->pf = p;
     p->int8 = int8_ok(cl);
     int rc = tllm_cl_make_kernel(cl, &p->embed, "pf_embed");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->reduce, "gemm_reduce");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->norm, "pf_norm");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->swiglu, "pf_swiglu");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->rope, "pf_rope");
@@ -129,13 +132,14 @@ static int reserve(struct tllm_cl *cl, int n) {
     struct cl_prefill *p = cl->pf;
     if (n <= p->cap) return TLLM_OK;
     const struct tllm_config *c = &cl->m->cfg;
-    cl_mem *bs[] = {&p->ids, &p->x, &p->in, &p->xd, &p->xs, &p->qkv, &p->q, &p->att, &p->h};
+    cl_mem *bs[] = {&p->ids, &p->x, &p->in, &p->xd, &p->xs, &p->qkv, &p->q, &p->att, &p->h, &p->part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     size_t sizes[] = {N * 4, N * c->dim * 4, N * wide(c) * 4, N * wide(c) / 32 * 4, N * wide(c) / 32 * 4,
-                      N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4};
+                      N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4,
+                      PF_PART * N * c->dim * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
         if (rc) return rc;
@@ -146,9 +150,10 @@ static int reserve(struct tllm_cl *cl, int n) {
 
 static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
-static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1, int kind) {
+/* A launch over [g0 x g1 x g2] work-items in groups of [l0 x l1 x 1] (g0, g1 rounded up) */
+static cl_int run3(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t g2, size_t l0, size_t l1, int kind) {
     struct cl_prefill *p = cl->pf;
-    size_t g[2] = {round_up(g0, l0), round_up(g1, l1)}, l[2] = {l0, l1};
+    size_t g[3] = {round_up(g0, l0), round_up(g1, l1), g2}, l[3] = {l0, l1, 1};
     cl_event *ev = NULL;
     if (cl->profile) {
         if (p->n_ev == p->cap_ev) {
@@ -162,7 +167,11 @@ static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t
         p->ev_kind[p->n_ev] = kind;
         ev = &p->ev[p->n_ev++];
     }
-    return clEnqueueNDRangeKernel(cl->q, k, 2, NULL, g, l, 0, NULL, ev);
+    return clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
+}
+
+static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1, int kind) {
+    return run3(cl, k, g0, g1, 1, l0, l1, kind);
 }
 
 /* TLLM_CL_PROFILE: the chunk's events, summed by kind */
@@ -182,10 +191,28 @@ static void collect(struct tllm_cl *cl, double wall) {
     p->prof_wall_s += wall;
 }
 
+/* Split-K slices for a GEMM of `tiles` work-groups over cols inputs: enough for two work-groups per
+ * compute unit, each slice at least two staging steps, as many as the slices' buffer holds (1: none;
+ * TLLM_CL_SPLIT=N asks for N, TLLM_CL_SPLIT=1 for none) */
+static int splits(const struct tllm_cl *cl, size_t tiles, int cols, size_t n, int rows) {
+    const struct cl_prefill *p = cl->pf;
+    size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
+    size_t room = PF_PART * (size_t)p->cap * (size_t)cl->m->cfg.dim / (n * (size_t)rows);
+    size_t s = want < steps / 2 ? want : steps / 2;
+    const char *force = getenv("TLLM_CL_SPLIT"); /* tests: this many slices wherever there are the steps */
+    if (force) s = (size_t)atoi(force) < steps ? (size_t)atoi(force) : steps;
+    s = s < room ? s : room;
+    return s > 1 ? (int)s : 1;
+}
+
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for the chunk's n tokens (the input: the last pf_norm or pf_swiglu) */
 static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
                    int kind) {
     struct cl_prefill *p = cl->pf;
+    size_t groups_r = ((size_t)w->rows + p->tm - 1) / p->tm, groups_t = ((size_t)n + p->tn - 1) / p->tn;
+    int n_split = splits(cl, groups_r * groups_t, w->cols, (size_t)n, w->rows);
+    int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
+    n_split = (w->cols + k_len - 1) / k_len;
     struct args a = {p->gemm, 0, CL_SUCCESS};
     arg_weights(&a, w);
     ARG_INT(&a, w->rows);
@@ -202,10 +229,24 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
     ARG_INT(&a, y_off);
     ARG_INT(&a, ldy);
     ARG_INT(&a, add);
+    ARG_MEM(&a, p->part);
+    ARG_INT(&a, k_len);
     if (a.err) return a.err;
-    size_t groups_r = ((size_t)w->rows + p->tm - 1) / p->tm, groups_t = ((size_t)n + p->tn - 1) / p->tn;
-    if (p->mma) return run2(cl, p->gemm, groups_r * p->gt, groups_t, p->gt, 1, kind);
-    return run2(cl, p->gemm, groups_r * p->gt, groups_t * p->gt, p->gt, p->gt, kind);
+    cl_int e = p->mma ? run3(cl, p->gemm, groups_r * p->gt, groups_t, (size_t)n_split, p->gt, 1, kind)
+                      : run3(cl, p->gemm, groups_r * p->gt, groups_t * p->gt, (size_t)n_split, p->gt, p->gt, kind);
+    if (e || n_split == 1) return e;
+    struct args r = {p->reduce, 0, CL_SUCCESS};
+    ARG_MEM(&r, p->part);
+    ARG_INT(&r, n_split);
+    ARG_INT(&r, w->rows);
+    ARG_INT(&r, n);
+    ARG_MEM(&r, cl->vecs);
+    ARG_INT(&r, bias_off);
+    ARG_MEM(&r, y);
+    ARG_INT(&r, y_off);
+    ARG_INT(&r, ldy);
+    ARG_INT(&r, add);
+    return r.err ? r.err : run2(cl, p->reduce, (size_t)w->rows, (size_t)n, 64, 1, kind);
 }
 
 /* The input of the next GEMM: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at
