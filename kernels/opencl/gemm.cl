@@ -27,6 +27,13 @@
 #define GEMM_KW (GEMM_TK / 4)      /* words of 4 bytes along them */
 #define GEMM_FK 32                 /* inputs staged at a time by gemm_f */
 
+/* The 4 codes in the low 4 x bits bits of v as 4 bytes */
+inline uint unpack4(uint v, int bits) {
+    if (bits == 8) return v;
+    if (bits == 4) return (v & 0xfu) | ((v & 0xf0u) << 4) | ((v & 0xf00u) << 8) | ((v & 0xf000u) << 12);
+    return (v & 0x3u) | ((v & 0xcu) << 6) | ((v & 0x30u) << 12) | ((v & 0xc0u) << 18);
+}
+
 /* Codes k .. k + 3 of row r as 4 bytes (k % 4 == 0, bits 2, 4 or 8: they never straddle a word) */
 inline uint codes4(__global const uchar *W, int bits, size_t row_words, int r, int k) {
     int bit = k * bits;
@@ -202,6 +209,37 @@ inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 
     return d;
 }
 
+/* A thread's share of one staging step, read from global memory a step ahead (the loads of step
+ * k + 1 are in flight while step k multiplies): its words of codes as stored (bits of them: a tile's
+ * rows hold 2 x bits words a step), of activations, and one scale, bias, d and block sum */
+struct mma_stage {
+    uint a[8], x[8];
+    float s, o, d, m;
+};
+
+inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
+                                 __global const float *xsum, int r0, int t0, int k0, int k_end) {
+    Q_FIX(bits0, gs0, dt0);
+    struct mma_stage st;
+    int lid = get_local_id(0), wpr = 2 * bits0; /* words of a row a step */
+    size_t row_words = (size_t)cols * bits0 / 32;
+    for (int j = 0; j < 8; j++) {
+        int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr, k = k0 + w * (32 / bits0);
+        st.a[j] = j < bits0 && r0 + r < rows && k < k_end
+                      ? ((__global const uint *)W0)[(size_t)(r0 + r) * row_words + (size_t)k0 * bits0 / 32 + w] : 0u;
+        int t = i / GEMM_KW, kw = i % GEMM_KW;
+        k = k0 + 4 * kw;
+        st.x[j] = t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
+    }
+    int b = lid / MMA_TM, r = lid % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end; /* MMA_LWS == 2 MMA_TM */
+    size_t gi = (size_t)(r0 + r) * (cols / gs0) + k / gs0;
+    st.s = ok ? ld(S0, dt0, gi) : 0.0f, st.o = ok ? ld(B0, dt0, gi) : 0.0f;
+    ok = t0 + r < n_tok && k < k_end;
+    st.d = ok ? xd[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
+    st.m = ok ? xsum[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
+    return st;
+}
+
 __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void
 gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
             __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
@@ -211,35 +249,23 @@ gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __
     __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN];
     int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
     int wr = (warp % 2) * 32, wt = (warp / 2) * 32; /* the warp's rows and tokens in the tile */
-    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * MMA_TN;
-    size_t row_words = (size_t)cols * bits0 / 32;
-    int ng = cols / gs0, nb = cols / 32;
+    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * MMA_TN, wpr = 2 * bits0, per = 32 / bits0;
     float acc[2][4][4];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     GEMM_K_RANGE(k_begin, k_end);
+    struct mma_stage st = mma_load(WPASS(0), rows, cols, n_tok, xq, xd, xsum, r0, t0, k_begin, k_end);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
-        for (int i = lid; i < MMA_TM * GEMM_KW; i += MMA_LWS) {
-            int r = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            As[r * MMA_KS + kw] = r0 + r < rows && k < k_end ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
+        for (int j = 0; j < 8; j++) {
+            int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr;
+            if (j < bits0)
+                for (int q = 0; q < per / 4; q++) As[r * MMA_KS + w * (per / 4) + q] = unpack4(st.a[j] >> (4 * bits0 * q), bits0);
+            Bs[(i / GEMM_KW) * MMA_KS + i % GEMM_KW] = st.x[j];
         }
-        for (int i = lid; i < MMA_TN * GEMM_KW; i += MMA_LWS) {
-            int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            Bs[t * MMA_KS + kw] =
-                t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
-        }
-        for (int i = lid; i < 2 * MMA_TM; i += MMA_LWS) {
-            int b = i / MMA_TM, r = i % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end;
-            size_t gi = (size_t)(r0 + r) * ng + k / gs0;
-            Asc[b][r] = ok ? ld(S0, dt0, gi) : 0.0f;
-            Abi[b][r] = ok ? ld(B0, dt0, gi) : 0.0f;
-        }
-        for (int i = lid; i < 2 * MMA_TN; i += MMA_LWS) {
-            int b = i / MMA_TN, t = i % MMA_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < k_end;
-            Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
-            Bsum[b][t] = ok ? xsum[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
-        }
+        Asc[lid / MMA_TM][lid % MMA_TM] = st.s, Abi[lid / MMA_TM][lid % MMA_TM] = st.o;
+        Bd[lid / MMA_TM][lid % MMA_TM] = st.d, Bsum[lid / MMA_TM][lid % MMA_TM] = st.m;
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), rows, cols, n_tok, xq, xd, xsum, r0, t0, k0 + GEMM_TK, k_end);
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             int kw = 8 * b + c;
