@@ -29,25 +29,46 @@ __kernel void prefill_tunables(__global int *out) {
 #endif
 }
 
-/* Block b of 32 values v of token t: as floats, or quantized */
-inline void emit_block(const float *v, int t, int b, int cols, int int8, __global float *xf, __global char *xq,
-                       __global float *xd, __global float *xs) {
+/* The max (is_max) or sum of v over the n work-items (a power of two <= 32) that share lid / n,
+ * for each of them; every work-item of the group calls it (local memory and barriers, or shuffles
+ * within a warp where the host enabled them); red: [get_local_size(0)] floats */
+inline float lanes_reduce(float v, int n, __local float *red, int is_max) {
+#if defined(SHFL_PTX)
+    (void)red;
+    for (int m = n / 2; m > 0; m >>= 1) {
+        float o = shfl_xor(v, m);
+        v = is_max ? fmax(v, o) : v + o;
+    }
+    return v;
+#else
+    int lid = get_local_id(0);
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = n / 2; s > 0; s >>= 1) {
+        if (lid % n < s) red[lid] = is_max ? fmax(red[lid], red[lid + s]) : red[lid] + red[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    v = red[lid & ~(n - 1)];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return v;
+#endif
+}
+
+/* Element j of token t (the work-item's), v, as a GEMM's input: a float, or quantized with the 31
+ * work-items beside it (its block of 32). live: j < cols (a block is all live or not); every
+ * work-item of the group calls it. */
+inline void emit_lane(float v, int t, int j, int cols, int live, int int8, __global float *xf, __global char *xq,
+                      __global float *xd, __global float *xs, __local float *red) {
     if (!int8) {
-        for (int j = 0; j < 32; j++) xf[(size_t)t * cols + 32 * b + j] = v[j];
+        if (live) xf[(size_t)t * cols + j] = v;
         return;
     }
-    float amax = 0.0f;
-    for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(v[j]));
-    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-    int isum = 0;
-    __global char *q = xq + (size_t)t * cols + 32 * b;
-    for (int j = 0; j < 32; j++) {
-        int c = (int)rint(v[j] * id);
-        q[j] = (char)c;
-        isum += c;
-    }
-    xd[(size_t)t * (cols / 32) + b] = d;
-    xs[(size_t)t * (cols / 32) + b] = d * (float)isum;
+    float amax = lanes_reduce(fabs(v), 32, red, 1);
+    float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f, q = rint(v * id);
+    float sum = lanes_reduce(q, 32, red, 0); /* exact: integers below 2^12 */
+    if (!live) return;
+    xq[(size_t)t * cols + j] = (char)(int)q;
+    if (j % 32 == 0) xd[(size_t)t * (cols / 32) + j / 32] = d, xs[(size_t)t * (cols / 32) + j / 32] = d * sum;
 }
 
 __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, int vocab, __global float *x) {
@@ -74,26 +95,24 @@ pf_norm(__global const float *x, int t_off, int cols, __global const float *vecs
             barrier(CLK_LOCAL_MEM_FENCE);
         }
         inv = 1.0f / sqrt(red[0] / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
+        barrier(CLK_LOCAL_MEM_FENCE);                   /* (red is emit_lane's next) */
     }
-    for (int b = lid; b < cols / 32; b += PF_LWS) {
-        float v[32];
-        for (int j = 0; j < 32; j++) {
-            int k = 32 * b + j;
-            v[j] = norm_off >= 0 ? vecs[norm_off + k] * (row[k] * inv) : row[k];
-        }
-        emit_block(v, t, b, cols, int8, xf, xq, xd, xs);
+    for (int j0 = 0; j0 < cols; j0 += PF_LWS) {
+        int j = j0 + lid, live = j < cols;
+        float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (row[j] * inv) : row[j]) : 0.0f;
+        emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, red);
     }
 }
 
-/* h = [gate | up] ([n_tok][2 ffn]): silu(gate) * up as down_proj's input */
-__kernel void pf_swiglu(__global const float *h, int ffn, int int8, __global float *xf, __global char *xq,
-                        __global float *xd, __global float *xs) {
-    int b = get_global_id(0), t = get_global_id(1);
-    if (b >= ffn / 32) return;
-    __global const float *g = h + (size_t)t * 2 * ffn + 32 * b, *u = g + ffn;
-    float v[32];
-    for (int j = 0; j < 32; j++) v[j] = g[j] / (1.0f + exp(-g[j])) * u[j];
-    emit_block(v, t, b, ffn, int8, xf, xq, xd, xs);
+/* h = [gate | up] ([n_tok][2 ffn]): silu(gate) * up as down_proj's input; one work-item an element */
+__kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
+pf_swiglu(__global const float *h, int ffn, int int8, __global float *xf, __global char *xq, __global float *xd,
+          __global float *xs) {
+    __local float red[PF_LWS];
+    int j = get_global_id(0), t = get_global_id(1), live = j < ffn;
+    __global const float *g = h + (size_t)t * 2 * ffn;
+    float v = live ? g[j] / (1.0f + exp(-g[j])) * g[ffn + j] : 0.0f;
+    emit_lane(v, t, j, ffn, live, int8, xf, xq, xd, xs, red);
 }
 
 /* qkv = [q | k | v] ([n_tok][q_dim + 2 kv_dim], biases added): RoPE on q (into q) and k, then k and
@@ -126,26 +145,28 @@ __kernel void pf_rope(__global const float *qkv, int n_heads, int n_kv, int hd, 
 
 #ifdef HEAD_DIM
 #define FL_OUT ((FL_QB * HEAD_DIM + FL_LWS - 1) / FL_LWS) /* outputs a thread accumulates */
+#define FL_LANES (FL_LWS / FL_QB)                            /* work-items a query's scores take */
+#define FL_PER (FL_KB / FL_LANES)                            /* scores of a staged tile each of them takes */
 
 /* Causal attention of the chunk's queries over the cache (positions 0 .. each query's own), one
- * work-group per (block of FL_QB queries, head): the keys of FL_KB positions at a time staged, scores,
- * then an online softmax (running max and sum per query) and the values' weighted sum. */
+ * work-group per (block of FL_QB queries, head): the keys of FL_KB positions at a time staged; the
+ * FL_LANES work-items of a query score FL_PER keys each and keep its running max and sum (an online
+ * softmax, reduced among them); then the values' weighted sum. */
 __kernel __attribute__((reqd_work_group_size(FL_LWS, 1, 1))) void
 flash_prefill(__global const float *q, __global const float *kt, __global const float *vc, int layer, int n_heads,
               int n_kv, int ctx_stride, int pos0, int n_tok, __global float *out) {
-    const int hd = HEAD_DIM, kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM;
+    const int kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM;
     __local float Qs[FL_QB][HEAD_DIM + 1], KV[FL_KB][HEAD_DIM + 1], P[FL_QB][FL_KB + 1];
-    __local float m_s[FL_QB], l_s[FL_QB], a_s[FL_QB];
+    __local float l_s[FL_QB], a_s[FL_QB], red[FL_LWS];
     int lid = get_local_id(0), h = get_group_id(1), g = h / (n_heads / n_kv), t0 = get_group_id(0) * FL_QB;
-    int nq = min(FL_QB, n_tok - t0), last = pos0 + t0 + nq - 1;
+    int nq = min(FL_QB, n_tok - t0), last = pos0 + t0 + nq - 1, qt = lid / FL_LANES, lane = lid % FL_LANES;
     kt += (size_t)layer * kv_dim * ctx_stride + (size_t)g * HEAD_DIM * ctx_stride;
     vc += (size_t)layer * kv_dim * ctx_stride + (size_t)g * HEAD_DIM;
-    float scale = rsqrt((float)hd);
+    float scale = rsqrt((float)HEAD_DIM), m_row = -INFINITY, l_row = 0.0f;
     for (int i = lid; i < FL_QB * HEAD_DIM; i += FL_LWS) {
         int t = i / HEAD_DIM, d = i % HEAD_DIM;
         Qs[t][d] = t < nq ? q[(size_t)(t0 + t) * q_dim + h * HEAD_DIM + d] * scale : 0.0f;
     }
-    if (lid < FL_QB) m_s[lid] = -INFINITY, l_s[lid] = 0.0f;
     float acc[FL_OUT];
     for (int i = 0; i < FL_OUT; i++) acc[i] = 0.0f;
     for (int p0 = 0; p0 <= last; p0 += FL_KB) {
@@ -155,24 +176,24 @@ flash_prefill(__global const float *q, __global const float *kt, __global const 
             KV[k][d] = p0 + k <= last ? kt[(size_t)d * ctx_stride + p0 + k] : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int i = lid; i < FL_QB * FL_KB; i += FL_LWS) {
-            int t = i / FL_KB, k = i % FL_KB;
+        float sc[FL_PER], mx = -INFINITY;
+        for (int e = 0; e < FL_PER; e++) {
+            int k = lane + e * FL_LANES;
             float s = 0.0f;
-            for (int d = 0; d < HEAD_DIM; d++) s = fma(Qs[t][d], KV[k][d], s);
-            P[t][k] = p0 + k <= pos0 + t0 + t ? s : -INFINITY;
+            for (int d = 0; d < HEAD_DIM; d++) s = fma(Qs[qt][d], KV[k][d], s);
+            sc[e] = p0 + k <= pos0 + t0 + qt ? s : -INFINITY;
+            mx = fmax(mx, sc[e]);
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (lid < FL_QB) {
-            float mx = m_s[lid];
-            for (int k = 0; k < FL_KB; k++) mx = fmax(mx, P[lid][k]);
-            float a = mx == -INFINITY ? 1.0f : exp(m_s[lid] - mx), sum = 0.0f;
-            for (int k = 0; k < FL_KB; k++) {
-                float p = mx == -INFINITY ? 0.0f : exp(P[lid][k] - mx);
-                P[lid][k] = p;
-                sum += p;
-            }
-            l_s[lid] = l_s[lid] * a + sum, m_s[lid] = mx, a_s[lid] = a;
+        float m_new = fmax(m_row, lanes_reduce(mx, FL_LANES, red, 1)), sum = 0.0f;
+        float a = m_new == -INFINITY ? 1.0f : exp(m_row - m_new);
+        for (int e = 0; e < FL_PER; e++) {
+            float pe = m_new == -INFINITY ? 0.0f : exp(sc[e] - m_new);
+            P[qt][lane + e * FL_LANES] = pe;
+            sum += pe;
         }
+        l_row = l_row * a + lanes_reduce(sum, FL_LANES, red, 0), m_row = m_new;
+        if (lane == 0) a_s[qt] = a;
+        barrier(CLK_LOCAL_MEM_FENCE); /* the scores are read: K's tile can be V's */
         for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
             int k = i / HEAD_DIM, d = i % HEAD_DIM;
             KV[k][d] = p0 + k <= last ? vc[(size_t)(p0 + k) * kv_dim + d] : 0.0f;
@@ -186,6 +207,8 @@ flash_prefill(__global const float *q, __global const float *kt, __global const 
             acc[i] = s;
         }
     }
+    if (lane == 0) l_s[qt] = l_row;
+    barrier(CLK_LOCAL_MEM_FENCE);
     for (int i = 0; i < FL_OUT; i++) {
         int o = lid + i * FL_LWS, t = o / HEAD_DIM, d = o % HEAD_DIM;
         if (t < nq) out[(size_t)(t0 + t) * q_dim + h * HEAD_DIM + d] = acc[i] / l_s[t];

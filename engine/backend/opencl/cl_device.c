@@ -163,7 +163,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
      * options say otherwise */
     cl_ulong local_mem = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
-    char opts[768], fit[64] = "", lws[32] = "";
+    char opts[768], fit[64] = "", lws[48] = "";
     const struct tllm_config *c = &cl->m->cfg;
     int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = CL_MV_LOCAL_X;
     longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
@@ -177,6 +177,8 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     cl_device_type type = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
+    /* and so do prefill's row-wise kernels at 256 (a garbled or heap-smashing quantization of a row) */
+    if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "PF_LWS"))) strncat(lws, " -DPF_LWS=64", sizeof lws - strlen(lws) - 1);
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
     int fmt[3] = {-1, -1, -1}, uniform = 1;
     for (int i = 0; i < tllm_cl_n_mats(cl->m) && uniform; i++) {

@@ -120,8 +120,10 @@ static int make(struct tllm_cl *cl) {
     clReleaseKernel(k);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the prefill kernels' tunables: %s", tllm_cl_err_name(e));
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
-    if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 1 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
-        return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN, PF_LWS (a power of two), FL_QB and FL_LWS must be positive");
+    if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 ||
+        p->fl_lws % p->fl_qb || p->fl_lws / p->fl_qb > 32 || ((p->fl_lws / p->fl_qb) & (p->fl_lws / p->fl_qb - 1)))
+        return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32, "
+                                       "FL_LWS / FL_QB a power of two <= 32 dividing FL_KB");
     /* TLLM_CL_NO_MMA: the dp4a kernel on NVIDIA too (to compare) */
     if (p->int8 && v[6] > 0 && !getenv("TLLM_CL_NO_MMA")) p->mma = 1, p->tm = v[6], p->tn = v[7], p->gt = v[8];
     return tllm_cl_make_kernel(cl, &p->gemm, p->mma ? "gemm_q8_mma" : p->int8 ? "gemm_q8" : "gemm_f");
@@ -324,7 +326,7 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
         ARG_MEM(&a, p->in);
         ARG_MEM(&a, p->xd);
         ARG_MEM(&a, p->xs);
-        e = a.err ? a.err : run2(cl, p->swiglu, (size_t)(c->ffn_dim / 32), (size_t)n, 64, 1, P_SWIGLU);
+        e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
     if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1, P_DOWN);
     return e;
