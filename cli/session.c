@@ -26,7 +26,9 @@ const char cli_model_opts_help[] =
     "  --device D             cpu, opencl (first GPU, else first device), opencl:N (tllm devices), or\n"
     "                         auto (default: OpenCL when a GPU is there); decode runs there\n"
     "  --prefill P            where prompts run with a device: auto (default: on a GPU, not on a CPU device,\n"
-    "                         whose OpenCL is slower than tllm's own CPU kernels), device, or cpu\n";
+    "                         whose OpenCL is slower than tllm's own CPU kernels), device, or cpu\n"
+    "  --deterministic        a GPU's sums in a fixed order: the same logits every run, bit for bit (the default\n"
+    "                         folds some with float atomics, whose order varies): H100 decode 17% slower\n";
 
 const char cli_sampling_help[] =
     "sampling options (defaults: the checkpoint's generation_config.json, else greedy):\n"
@@ -59,6 +61,7 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
         if (tllm_kv_type_parse(o->kv_type, &t)) cli_die("--kv-type: %s", tllm_errmsg());
     }
     else if (!strcmp(a, "--device")) o->device = cli_value(argc, argv, i);
+    else if (!strcmp(a, "--deterministic")) o->deterministic = 1;
     else if (!strcmp(a, "--prefill")) {
         enum tllm_prefill p;
         o->prefill = cli_value(argc, argv, i);
@@ -122,7 +125,8 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     memset(s, 0, sizeof *s);
     double t0 = tllm_now();
     struct tllm_engine_params ep = {.threads = o->threads ? cli_threads(o->threads) : 0, .quantize_bits = o->quantize_bits,
-                                    .group_size = o->quantize_group, .exact = o->exact, .fast_decode = o->decode_levels == 1, .no_template = o->no_template};
+                                    .group_size = o->quantize_group, .exact = o->exact, .fast_decode = o->decode_levels == 1, .no_template = o->no_template,
+                                    .deterministic = o->deterministic};
     struct tllm_engine *e = calloc(1, sizeof *e);
     if (!e || !(e->dir = strdup(o->dir))) cli_die("out of memory");
     if (tllm_engine_load(e, o->dir, &ep)) cli_die_lib();

@@ -20,6 +20,7 @@ struct cli_model_opts {
     const char *device; /* --device cpu|opencl|opencl:N|auto (NULL = auto) */
     const char *kv_type; /* --kv-type f16|f32 (NULL = f16) */
     const char *prefill; /* --prefill auto|cpu|device (NULL = auto) */
+    int deterministic;   /* --deterministic */
 };
 
 /* Sampling flags given on the command line (each overrides generation_config.json). */

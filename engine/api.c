@@ -49,6 +49,7 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     if (p->quantize_bits && (rc = tllm_model_quantize(e->m, p->quantize_bits, p->group_size ? p->group_size : 64))) return rc;
     if (!p->exact && (rc = tllm_model_pack(e->m))) return rc;
     e->m->decode_levels = p->fast_decode ? 1 : 2;
+    e->m->deterministic = p->deterministic;
     char *tj = tllm_path_join(dir, "tokenizer.json"), *tc = tllm_path_join(dir, "tokenizer_config.json");
     if (!tj || !tc) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     else if (tllm_path_present(tj)) {

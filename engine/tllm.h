@@ -75,6 +75,9 @@ struct tllm_engine_params {
                          * precision): steps of many sequences take about 0.7x the time. Default: two
                          * levels, as good as float32 and free for one sequence (decode waits on memory) */
     int no_template;    /* ignore the checkpoint's chat template (plain prompts) */
+    int deterministic;  /* a GPU's decode sums in a fixed order: the same logits, bit for bit, every run
+                         * (default: o_proj and down_proj folded into the phases before them with float
+                         * atomic adds, whose order varies in the last bits; an H100 decodes 17% slower without) */
 };
 
 /* model: a checkpoint directory (config.json + safetensors [+ tokenizer.json]), a Hugging Face repo id

@@ -264,6 +264,42 @@ out:
     ref_free(&r);
 }
 
+/* model->deterministic (--deterministic): the device's sums in a fixed order, so the same steps give
+ * the same logits bit for bit, prompt on the device and decode (on NVIDIA the default folds phases
+ * together with float atomic adds; elsewhere every path is in a fixed order anyway) */
+static void test_deterministic(const char *dir, int device) {
+    struct ref_fixture r;
+    struct tllm_model *m;
+    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK || tllm_model_pack(m) != TLLM_OK) {
+        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+        return;
+    }
+    m->deterministic = 1;
+    size_t vocab = (size_t)r.vocab, n_dec = (size_t)r.n_seq - (size_t)r.n_seq / 2;
+    float *out[2] = {malloc((n_dec + 1) * vocab * sizeof(float)), malloc((n_dec + 1) * vocab * sizeof(float))};
+    struct tllm_ctx ctx;
+    struct tllm_backend *cl = NULL;
+    CHECK(tllm_ctx_init(&ctx, m, r.n_seq + 4, 16) == TLLM_OK && tllm_backend_device_init(&cl, m, ctx.n_ctx, device) == TLLM_OK,
+          "%s: deterministic device: %s", dir, tllm_errmsg());
+    tllm_ctx_use_device(&ctx, cl);
+    CHECK(tllm_ctx_set_prefill(&ctx, TLLM_PREFILL_DEVICE) == TLLM_OK, "--prefill device: %s", tllm_errmsg());
+    for (int run = 0; run < 2; run++) {
+        tllm_ctx_reset(&ctx);
+        CHECK(tllm_ctx_forward(&ctx, r.sequence, r.n_seq / 2, out[run], TLLM_LOGITS_LAST) == TLLM_OK, "prefill: %s", tllm_errmsg());
+        for (size_t p = 0; p < n_dec; p++)
+            CHECK(tllm_ctx_decode(&ctx, r.sequence[r.n_seq / 2 + p], out[run] + (p + 1) * vocab) == TLLM_OK, "decode: %s", tllm_errmsg());
+    }
+    CHECK(!memcmp(out[0], out[1], (n_dec + 1) * vocab * sizeof(float)), "%s: --deterministic: two runs differ", dir);
+    printf("%s: deterministic: a device prefill and %zu decode steps twice, the same bits\n", dir, n_dec);
+    tllm_ctx_use_device(&ctx, NULL);
+    tllm_backend_free(cl);
+    tllm_ctx_free(&ctx);
+    free(out[0]);
+    free(out[1]);
+    tllm_model_free(m);
+    ref_free(&r);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_opencl MODEL_DIR...\n");
@@ -287,5 +323,6 @@ int main(int argc, char **argv) {
     const char *dev = getenv("TLLM_TEST_CL_DEVICE"); /* default: the first GPU, else the first device */
     for (int i = 1; i < argc; i++)
         for (int packed = 0; packed < 2; packed++) test_fixture(argv[i], dev ? atoi(dev) : -1, packed);
+    test_deterministic(argv[1], dev ? atoi(dev) : -1);
     return check_done();
 }

@@ -39,6 +39,7 @@ struct tllm_model {
                                    * argmaxes and samplers never pick a row past it */
     int decode_levels;            /* int8 levels of generated tokens' activations: 2 (as float32; free for
                                    * one sequence) or 1 (as prompt tokens: faster steps of many) */
+    int deterministic;            /* a device's sums in a fixed order (no float atomics): the same bits every run */
 };
 
 /* Load DIR/config.json and DIR's safetensors. Errors name the file and the tensor. */

@@ -204,9 +204,10 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     if (nvidia) clGetDeviceInfo(cl->dev, 0x4000 /* CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV */, sizeof cc_major, &cc_major, NULL);
     int mma = cc_major >= 8 && !(extra && strstr(extra, "MMA_PTX"));
     /* and `token` fuses gate_up with down_proj, attention with o_proj (PTX's float atomic add;
-     * FFN_FUSED, ATT_FUSED in kernels/opencl/common.cl) */
-    int fuse_ffn = nvidia && xq && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
-    int fuse_att = nvidia && xq && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
+     * FFN_FUSED, ATT_FUSED in kernels/opencl/common.cl), unless the sums must come in a fixed order
+     * (--deterministic: every other reduction of decode and prefill has one) */
+    int fuse_ffn = nvidia && xq && !cl->m->deterministic && c->ffn_dim % 32 == 0 && c->dim + 256 <= local_x && !(extra && strstr(extra, "FUSE_FFN"));
+    int fuse_att = nvidia && xq && !cl->m->deterministic && !(extra && strstr(extra, "FUSE_ATT")); /* the kernel checks the head size */
     char rows[32] = ""; /* padding rows of the lm_head: never an argmax */
     if (cl->m->n_sample < c->vocab_size) snprintf(rows, sizeof rows, "-DARGMAX_ROWS=%d", cl->m->n_sample);
     snprintf(opts, sizeof opts, "-cl-std=CL1.2 %s %s %s %s %s %s%s %s %s %s %s", rows, fit, lws, fixed, xq ? "-DQ_INT8=1" : "",
