@@ -37,6 +37,12 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
  * can run here but slower (a CPU device), -1 if they cannot (tllm_cl_prefill says why) */
 int tllm_cl_prefill_auto(const struct tllm_cl *cl);
 
+/* For tests: y[n][rows] = W x for the n rows of x ([n][cols]) through prefill's GEMM kernels (int8:
+ * x quantized on the device in blocks of 32, as prompt activations are; else float32), with split-K
+ * as the device's size or TLLM_CL_SPLIT asks. W: dense, or 2/4/8-bit affine; the model cl was made
+ * for must have more than one weight format (else its format is compiled into the kernels). */
+int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y);
+
 /* Greedy decoding a step ahead: tllm_cl_step_enqueue queues the step for token `id` at pos with the
  * argmax on the device and returns at once; id < 0 stands for the previous step's argmax, which the
  * host need not have read yet (so the device goes from one step to the next without waiting for the

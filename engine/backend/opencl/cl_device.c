@@ -177,8 +177,9 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     cl_device_type type = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "MV_LWS"))) snprintf(lws, sizeof lws, "-DMV_LWS=64");
-    /* and so do prefill's row-wise kernels at 256 (a garbled or heap-smashing quantization of a row) */
-    if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "PF_LWS"))) strncat(lws, " -DPF_LWS=64", sizeof lws - strlen(lws) - 1);
+    /* and so do prefill's row-wise kernels at 256, and at 64 when part of a group is past the row's end
+     * (a garbled quantization of a row; right with -cl-opt-disable): 32, one block of 32 a group */
+    if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "PF_LWS"))) strncat(lws, " -DPF_LWS=32", sizeof lws - strlen(lws) - 1);
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
     int fmt[3] = {-1, -1, -1}, uniform = 1;
     for (int i = 0; i < tllm_cl_n_mats(cl->m) && uniform; i++) {

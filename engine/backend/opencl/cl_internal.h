@@ -174,6 +174,8 @@ void tllm_cl_mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, stru
 int tllm_cl_device_mats(struct tllm_cl *cl);
 int tllm_cl_upload_all_weights(struct tllm_cl *cl);
 void tllm_cl_release_weights(struct cl_weights *cw);
+/* w in buffers of its own (not the arena) */
+int tllm_cl_weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw);
 int tllm_cl_device_buffer(struct tllm_cl *cl, cl_mem *out, size_t n, const char *what);
 void tllm_cl_by_blocks(const struct tllm_qweights *w, unsigned char *t);
 int tllm_cl_upload_by_blocks(struct tllm_cl *cl);

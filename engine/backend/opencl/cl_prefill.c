@@ -19,18 +19,28 @@ enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN
 static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k,v", "rope + cache", "flash attention",
                                              "gemm o_proj", "gemm gate,up", "swiglu", "gemm down_proj", "lm_head"};
 
+/* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
+struct pf_mm {
+    cl_kernel k;
+    int int8;            /* int8 blocks (gemm_q8), else floats (gemm_f) */
+    int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
+    int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
+    cl_mem in, xd, xs;   /* [tokens][cols] floats or int8, and per block of 32 d and sum */
+    cl_mem part;         /* split-K slices of the sums */
+    size_t part_floats;  /* part's size */
+};
+
 struct cl_prefill {
     int cap;  /* tokens the buffers hold */
-    int int8; /* GEMM inputs as int8 blocks (gemm_q8), else floats (gemm_f) */
-    int mma;  /* int8 GEMMs on NVIDIA's tensor cores (gemm_q8_mma: 1-D work-groups of gt threads) */
+    int int8; /* the model's GEMMs take int8 inputs */
+    struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
-    cl_kernel gemm, reduce, embed, norm, swiglu, rope, flash;
+    int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
+    cl_kernel reduce, embed, norm, swiglu, rope, flash;
     cl_mem ids;                 /* [cap] */
     cl_mem x;                   /* [cap][dim] the residual stream */
-    cl_mem in, xd, xs;          /* a GEMM's input: [cap][wide] floats or int8, and per block of 32 d and sum */
     cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
     cl_mem h;                   /* [cap][2 ffn]: gate | up */
-    cl_mem part;                /* [PF_PART x cap x dim] split-K slices of a GEMM's sums */
     cl_mem logits;              /* [PF_LOGIT_ROWS][vocab], made when every token's logits are asked */
     /* TLLM_CL_PROFILE: device time and launches by kind, over all chunks (printed by tllm_cl_prefill_free) */
     double prof_ns[P_COUNT], prof_wall_s;
@@ -74,10 +84,10 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->gemm, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash};
+    cl_kernel ks[] = {p->mm.k, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->ids, p->x, p->in, p->xd, p->xs, p->qkv, p->q, p->att, p->h, p->part, p->logits};
+    cl_mem bs[] = {p->ids, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -93,6 +103,14 @@ static int int8_ok(const struct tllm_cl *cl) {
         if (w->format != TLLM_WF_AFFINE || !(w->bits == 2 || w->bits == 4 || w->bits == 8) || w->group_size % 32) return 0;
     }
     return 1;
+}
+
+/* mm's kernel for int8 or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
+static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
+    const struct cl_prefill *p = cl->pf;
+    mm->int8 = int8, mm->mma = int8 && p->mma_tm > 0 && !getenv("TLLM_CL_NO_MMA");
+    mm->tm = mm->mma ? p->mma_tm : p->tm, mm->tn = mm->mma ? p->mma_tn : p->tn, mm->gt = mm->mma ? p->mma_lws : p->gt;
+    return tllm_cl_make_kernel(cl, &mm->k, mm->mma ? "gemm_q8_mma" : int8 ? "gemm_q8" : "gemm_f");
 }
 
 static int make(struct tllm_cl *cl) {
@@ -125,8 +143,8 @@ static int make(struct tllm_cl *cl) {
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32, "
                                        "FL_LWS / FL_QB a power of two <= 32 dividing FL_KB");
     /* TLLM_CL_NO_MMA: the dp4a kernel on NVIDIA too (to compare) */
-    if (p->int8 && v[6] > 0 && !getenv("TLLM_CL_NO_MMA")) p->mma = 1, p->tm = v[6], p->tn = v[7], p->gt = v[8];
-    return tllm_cl_make_kernel(cl, &p->gemm, p->mma ? "gemm_q8_mma" : p->int8 ? "gemm_q8" : "gemm_f");
+    p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
+    return mm_kernel(cl, &p->mm, p->int8);
 }
 
 /* Room for chunks of n tokens */
@@ -134,7 +152,7 @@ static int reserve(struct tllm_cl *cl, int n) {
     struct cl_prefill *p = cl->pf;
     if (n <= p->cap) return TLLM_OK;
     const struct tllm_config *c = &cl->m->cfg;
-    cl_mem *bs[] = {&p->ids, &p->x, &p->in, &p->xd, &p->xs, &p->qkv, &p->q, &p->att, &p->h, &p->part};
+    cl_mem *bs[] = {&p->ids, &p->x, &p->mm.in, &p->mm.xd, &p->mm.xs, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
@@ -147,6 +165,7 @@ static int reserve(struct tllm_cl *cl, int n) {
         if (rc) return rc;
     }
     p->cap = n;
+    p->mm.part_floats = PF_PART * N * c->dim;
     return TLLM_OK;
 }
 
@@ -196,10 +215,9 @@ static void collect(struct tllm_cl *cl, double wall) {
 /* Split-K slices for a GEMM of `tiles` work-groups over cols inputs: enough for two work-groups per
  * compute unit, each slice at least two staging steps, as many as the slices' buffer holds (1: none;
  * TLLM_CL_SPLIT=N asks for N, TLLM_CL_SPLIT=1 for none) */
-static int splits(const struct tllm_cl *cl, size_t tiles, int cols, size_t n, int rows) {
-    const struct cl_prefill *p = cl->pf;
+static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, size_t tiles, int cols, size_t n, int rows) {
     size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
-    size_t room = PF_PART * (size_t)p->cap * (size_t)cl->m->cfg.dim / (n * (size_t)rows);
+    size_t room = mm->part_floats / (n * (size_t)rows);
     size_t s = want < steps / 2 ? want : steps / 2;
     const char *force = getenv("TLLM_CL_SPLIT"); /* tests: this many slices wherever there are the steps */
     if (force) s = (size_t)atoi(force) < steps ? (size_t)atoi(force) : steps;
@@ -207,23 +225,24 @@ static int splits(const struct tllm_cl *cl, size_t tiles, int cols, size_t n, in
     return s > 1 ? (int)s : 1;
 }
 
-/* y[t][y_off + r] (+)= W . input[t] (+ bias) for the chunk's n tokens (the input: the last pf_norm or pf_swiglu) */
-static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
-                   int kind) {
+/* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
+ * pf_swiglu left it) */
+static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *w, int n, int bias_off, cl_mem y,
+                     int y_off, int ldy, int add, int kind) {
     struct cl_prefill *p = cl->pf;
-    size_t groups_r = ((size_t)w->rows + p->tm - 1) / p->tm, groups_t = ((size_t)n + p->tn - 1) / p->tn;
-    int n_split = splits(cl, groups_r * groups_t, w->cols, (size_t)n, w->rows);
+    size_t groups_r = ((size_t)w->rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + mm->tn - 1) / mm->tn;
+    int n_split = splits(cl, mm, groups_r * groups_t, w->cols, (size_t)n, w->rows);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
-    struct args a = {p->gemm, 0, CL_SUCCESS};
+    struct args a = {mm->k, 0, CL_SUCCESS};
     arg_weights(&a, w);
     ARG_INT(&a, w->rows);
     ARG_INT(&a, w->cols);
     ARG_INT(&a, n);
-    ARG_MEM(&a, p->in);
-    if (p->int8) {
-        ARG_MEM(&a, p->xd);
-        ARG_MEM(&a, p->xs);
+    ARG_MEM(&a, mm->in);
+    if (mm->int8) {
+        ARG_MEM(&a, mm->xd);
+        ARG_MEM(&a, mm->xs);
     }
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
@@ -231,14 +250,14 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
     ARG_INT(&a, y_off);
     ARG_INT(&a, ldy);
     ARG_INT(&a, add);
-    ARG_MEM(&a, p->part);
+    ARG_MEM(&a, mm->part);
     ARG_INT(&a, k_len);
     if (a.err) return a.err;
-    cl_int e = p->mma ? run3(cl, p->gemm, groups_r * p->gt, groups_t, (size_t)n_split, p->gt, 1, kind)
-                      : run3(cl, p->gemm, groups_r * p->gt, groups_t * p->gt, (size_t)n_split, p->gt, p->gt, kind);
+    cl_int e = mm->mma ? run3(cl, mm->k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
+                       : run3(cl, mm->k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
     if (e || n_split == 1) return e;
     struct args r = {p->reduce, 0, CL_SUCCESS};
-    ARG_MEM(&r, p->part);
+    ARG_MEM(&r, mm->part);
     ARG_INT(&r, n_split);
     ARG_INT(&r, w->rows);
     ARG_INT(&r, n);
@@ -251,9 +270,13 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
     return r.err ? r.err : run2(cl, p->reduce, (size_t)w->rows, (size_t)n, 64, 1, kind);
 }
 
-/* The input of the next GEMM: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at
- * norm_off (< 0: none) */
-static cl_int norm(struct tllm_cl *cl, cl_mem x, int t_off, int n, int cols, int norm_off) {
+static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
+                   int kind) {
+    return mm_run(cl, &cl->pf->mm, w, n, bias_off, y, y_off, ldy, add, kind);
+}
+
+/* mm's input: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at norm_off (< 0: none) */
+static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int t_off, int n, int cols, int norm_off) {
     struct cl_prefill *p = cl->pf;
     struct args a = {p->norm, 0, CL_SUCCESS};
     ARG_MEM(&a, x);
@@ -262,13 +285,17 @@ static cl_int norm(struct tllm_cl *cl, cl_mem x, int t_off, int n, int cols, int
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, norm_off);
     ARG_F32(&a, cl->m->cfg.norm_eps);
-    ARG_INT(&a, p->int8);
-    ARG_MEM(&a, p->in);
-    ARG_MEM(&a, p->in);
-    ARG_MEM(&a, p->xd);
-    ARG_MEM(&a, p->xs);
+    ARG_INT(&a, mm->int8);
+    ARG_MEM(&a, mm->in);
+    ARG_MEM(&a, mm->in);
+    ARG_MEM(&a, mm->xd);
+    ARG_MEM(&a, mm->xs);
     if (a.err) return a.err;
     return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1, P_NORM);
+}
+
+static cl_int norm(struct tllm_cl *cl, cl_mem x, int t_off, int n, int cols, int norm_off) {
+    return mm_input(cl, &cl->pf->mm, x, t_off, n, cols, norm_off);
 }
 
 static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
@@ -321,11 +348,11 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
         ARG_INT(&a, c->ffn_dim);
-        ARG_INT(&a, p->int8);
-        ARG_MEM(&a, p->in);
-        ARG_MEM(&a, p->in);
-        ARG_MEM(&a, p->xd);
-        ARG_MEM(&a, p->xs);
+        ARG_INT(&a, p->mm.int8);
+        ARG_MEM(&a, p->mm.in);
+        ARG_MEM(&a, p->mm.in);
+        ARG_MEM(&a, p->mm.xd);
+        ARG_MEM(&a, p->mm.xs);
         e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
     if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1, P_DOWN);
@@ -408,4 +435,49 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
     if (argmax && (*argmax < 0 || *argmax >= c->vocab_size))
         return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos0 + n - 1);
     return TLLM_OK;
+}
+
+/* Whether the program has one weight format compiled in (-DQ_BITS: every matrix of the model alike) */
+static int one_format(const struct tllm_cl *cl) {
+    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++) {
+        const struct tllm_qweights *a = &cl->mats[0], *b = &cl->mats[i];
+        if (a->format != b->format || a->bits != b->bits || a->group_size != b->group_size || a->dtype != b->dtype) return 0;
+    }
+    return 1;
+}
+
+int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y) {
+    int affine = w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8);
+    if (!(affine || w->format == TLLM_WF_DENSE) || w->cols % 32 || n < 1)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: %s is not dense or 2/4/8-bit affine with a multiple of 32 columns", w->name);
+    if (int8 && (!affine || w->group_size % 32))
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of a multiple of 32 (%s)", w->name);
+    if (one_format(cl))
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's one weight format compiled in");
+    int rc = cl->pf ? TLLM_OK : make(cl);
+    if (rc) return rc;
+    size_t N = (size_t)n, cols = (size_t)w->cols, rows = (size_t)w->rows;
+    struct pf_mm mm = {.part_floats = 4 * N * rows};
+    struct cl_weights cw = {0};
+    cl_mem xb = NULL, yb = NULL;
+    rc = mm_kernel(cl, &mm, int8);
+    if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.in, N * cols * 4, "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xd, N * cols / 32 * 4, "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xs, N * cols / 32 * 4, "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
+    if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
+    if (!rc) {
+        cl_int e = mm_input(cl, &mm, xb, 0, n, w->cols, -1);
+        if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O);
+        if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
+        if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
+    }
+    tllm_cl_release_weights(&cw);
+    cl_mem bs[] = {xb, yb, mm.in, mm.xd, mm.xs, mm.part};
+    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
+        if (bs[i]) clReleaseMemObject(bs[i]);
+    if (mm.k) clReleaseKernel(mm.k);
+    return rc;
 }

@@ -104,9 +104,8 @@ int tllm_cl_upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, con
     return TLLM_OK;
 }
 
-/* The 16-byte row check, format and shape of w; its pieces placed in the arena (tied matrices share). */
-static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw, const struct tllm_qweights *same,
-                        const struct cl_weights *same_cw) {
+/* The 16-byte row check, format, shape and piece sizes of w */
+static int weight_lens(const struct tllm_qweights *w, struct cl_weights *cw) {
     cw->rows = w->rows, cw->cols = w->cols, cw->dt = tllm_cl_dt_code(w->dtype);
     if (w->format == TLLM_WF_DENSE) {
         cw->bits = 0, cw->gs = 0;
@@ -120,6 +119,14 @@ static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struc
         cw->len[0] = (size_t)w->rows * w->cols / 8 * w->bits;
         cw->len[1] = cw->len[2] = ng * tllm_dtype_size(w->dtype);
     }
+    return TLLM_OK;
+}
+
+/* weight_lens, and w's pieces placed in the arena (tied matrices share). */
+static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw, const struct tllm_qweights *same,
+                        const struct cl_weights *same_cw) {
+    int rc = weight_lens(w, cw);
+    if (rc) return rc;
     if (same && same->w == w->w && same->scales == w->scales && same->biases == w->biases) { /* tied: one copy */
         memcpy(cw->off, same_cw->off, sizeof cw->off);
         return TLLM_OK;
@@ -146,12 +153,7 @@ static int arena_write(struct tllm_cl *cl, const struct tllm_qweights *w, const 
 
 /* The kernels' view of cw: sub-buffers of the arena, or (no arena) buffers of their own. */
 static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
-    if (!cl->arena) {
-        int rc = tllm_cl_upload(cl, &cw->w, w->w, cw->len[0], w->name);
-        if (!rc) rc = tllm_cl_upload(cl, &cw->s, cw->bits ? w->scales : w->w, cw->len[1], w->name); /* dense: placeholders */
-        if (!rc) rc = tllm_cl_upload(cl, &cw->b, cw->bits ? w->biases : w->w, cw->len[2], w->name);
-        return rc;
-    }
+    if (!cl->arena) return tllm_cl_weights_own(cl, w, cw);
     cl_mem *out[3] = {&cw->w, &cw->s, &cw->b};
     for (int i = 0; i < 3; i++) {
         cl_buffer_region r = {cw->off[i], cw->len[i]};
@@ -160,6 +162,15 @@ static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, str
         if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: a view of %s on %s: %s", w->name, cl->name, tllm_cl_err_name(e));
     }
     return TLLM_OK;
+}
+
+int tllm_cl_weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
+    memset(cw, 0, sizeof *cw);
+    int rc = weight_lens(w, cw);
+    if (!rc) rc = tllm_cl_upload(cl, &cw->w, w->w, cw->len[0], w->name);
+    if (!rc) rc = tllm_cl_upload(cl, &cw->s, cw->bits ? w->scales : w->w, cw->len[1], w->name); /* dense: placeholders */
+    if (!rc) rc = tllm_cl_upload(cl, &cw->b, cw->bits ? w->biases : w->w, cw->len[2], w->name);
+    return rc;
 }
 
 /* Matrix i of the model, and its device copy, in the descriptor table's order. */

@@ -1,0 +1,133 @@
+/* Prefill's GEMM kernels (kernels/opencl/gemm.cl) against a scalar oracle in double precision, on
+ * shapes that do not fill their tiles: rows and tokens past a multiple of 64, K of one group or with
+ * a half-filled staging step, every code width (2, 4, 8 bits), group size (32, 64, 128), scale type
+ * (bf16, f16, f32) and dense weights; int8 inputs (gemm_q8, and gemm_q8_mma on NVIDIA) and float
+ * ones (gemm_f); unsplit and split along K. PoCL runs it in CI. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/check.h"
+#include "engine/backend/opencl/cl.h"
+#include "engine/base/dtype.h"
+#include "engine/base/error.h"
+#include "kernels/cpu/qmatmul.h"
+
+/* |y - oracle| <= TOL x sum_k |w_k x_k|: float32 sums of at most a few hundred products in another
+ * order. The int8 oracle multiplies the inputs as the device quantizes them (the same float
+ * operations, so the same codes). */
+#define TOL_GEMM 2e-6
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t next_u32(void) {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float uniform(float a, float b) { return a + (b - a) * (float)(next_u32() & 0xffffff) / 16777216.0f; }
+
+static void put(void *p, enum tllm_dtype dt, size_t i, float v) {
+    if (dt == TLLM_DT_F32) ((float *)p)[i] = v;
+    else if (dt == TLLM_DT_F16) ((uint16_t *)p)[i] = tllm_f32_to_f16(v);
+    else ((uint16_t *)p)[i] = tllm_f32_to_bf16(v);
+}
+
+/* x as the device's int8 inputs take it: per block of 32, d = max|x| / 127 and x ~ d rint(x / d) */
+static void quantize_like_device(const float *x, float *xq, size_t n) {
+    for (size_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b + j]));
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 32; j++) xq[b + j] = d * rintf(x[b + j] * id);
+    }
+}
+
+static void one_case(struct tllm_cl *cl, int bits, int gs, enum tllm_dtype dt, int rows, int cols, int n, int int8, const char *split) {
+    struct tllm_qweights w = {.name = "test", .rows = rows, .cols = cols, .dtype = dt, .bits = bits, .group_size = gs};
+    size_t es = tllm_dtype_size(dt), ng = bits ? (size_t)rows * (size_t)(cols / gs) : 0;
+    void *codes = malloc(bits ? (size_t)rows * cols / 8 * bits : (size_t)rows * cols * es);
+    void *sc = malloc(ng * es + 1), *bi = malloc(ng * es + 1);
+    if (bits) {
+        w.format = TLLM_WF_AFFINE;
+        for (size_t i = 0; i < (size_t)rows * cols / 32 * bits; i++) ((uint32_t *)codes)[i] = next_u32();
+        for (size_t g = 0; g < ng; g++) put(sc, dt, g, uniform(0.002f, 0.05f)), put(bi, dt, g, uniform(-0.4f, 0.1f));
+    } else {
+        w.format = TLLM_WF_DENSE;
+        for (size_t i = 0; i < (size_t)rows * cols; i++) put(codes, dt, i, uniform(-0.3f, 0.3f));
+    }
+    w.w = codes, w.scales = sc, w.biases = bi;
+    float *x = malloc((size_t)n * cols * sizeof(float)), *xo = malloc((size_t)n * cols * sizeof(float));
+    float *y = malloc((size_t)n * rows * sizeof(float)), *wr = malloc((size_t)cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform(-2.0f, 2.0f) * (i % 7 == 0 ? 4.0f : 1.0f);
+    if (int8) quantize_like_device(x, xo, (size_t)n * cols);
+    else memcpy(xo, x, (size_t)n * cols * sizeof(float));
+    if (split) setenv("TLLM_CL_SPLIT", split, 1);
+    int rc = tllm_cl_matmul(cl, &w, x, n, int8, y);
+    if (split) unsetenv("TLLM_CL_SPLIT");
+    char what[160];
+    snprintf(what, sizeof what, "%s %d-bit g%d %s, %d x %d, %d tokens, %s inputs%s%s", bits ? "affine" : "dense", bits, gs,
+             tllm_dtype_name(dt), rows, cols, n, int8 ? "int8" : "float", split ? ", split " : "", split ? split : "");
+    CHECK(rc == TLLM_OK, "%s: %s", what, tllm_errmsg());
+    double worst = 0;
+    for (int r = 0; r < rows && rc == TLLM_OK; r++) {
+        tllm_qw_dequant_row_ref(&w, r, wr);
+        for (int t = 0; t < n; t++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < cols; k++) s += (double)wr[k] * xo[(size_t)t * cols + k], mag += fabs((double)wr[k] * xo[(size_t)t * cols + k]);
+            double err = fabs(y[(size_t)t * rows + r] - s) / (mag > 0 ? mag : 1);
+            worst = err > worst ? err : worst;
+        }
+    }
+    CHECK(worst <= TOL_GEMM, "%s: error %.3g of sum |w x| (tolerance %.0e)", what, worst, TOL_GEMM);
+    free(codes), free(sc), free(bi), free(x), free(xo), free(y), free(wr);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_cl_gemm MODEL_DIR (a model of more than one weight format)\n");
+        return 2;
+    }
+    struct tllm_model *m;
+    struct tllm_cl *cl = NULL;
+    if (tllm_model_load(argv[1], &m) != TLLM_OK) {
+        fprintf(stderr, "%s\n", tllm_errmsg());
+        return 1;
+    }
+    const char *dev = getenv("TLLM_TEST_CL_DEVICE");
+    int rc = tllm_cl_init(&cl, m, 16, dev ? atoi(dev) : -1);
+    if (rc == TLLM_ERR_UNSUPPORTED) {
+        printf("no OpenCL device: skipped (%s)\n", tllm_errmsg());
+        tllm_cl_free(cl);
+        tllm_model_free(m);
+        return 77;
+    }
+    CHECK(rc == TLLM_OK, "opencl: %s", tllm_errmsg());
+    if (rc == TLLM_OK) {
+        printf("%s\n", tllm_cl_device_name(cl));
+        const enum tllm_dtype dts[3] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
+        int bits[3] = {2, 4, 8}, gss[3] = {32, 64, 128}, i = 0;
+        for (int b = 0; b < 3; b++)
+            for (int g = 0; g < 3; g++, i++) {
+                enum tllm_dtype dt = dts[i % 3];
+                /* K: one group (rows of whole 16 bytes: the decode kernels' condition) */
+                int k1 = gss[g] * bits[b] % 128 ? 128 / bits[b] : gss[g];
+                for (int int8 = 0; int8 < 2; int8++) {
+                    one_case(cl, bits[b], gss[g], dt, 67, k1, 5, int8, NULL);
+                    one_case(cl, bits[b], gss[g], dt, 130, 384, 70, int8, NULL); /* rows and tokens past the tiles */
+                    one_case(cl, bits[b], gss[g], dt, 130, 384, 70, int8, "3");  /* split along K */
+                }
+                if (gss[g] == 32 && bits[b] > 2) one_case(cl, bits[b], 32, dt, 67, 96, 3, 1, NULL); /* half a staging step */
+            }
+        for (int d = 0; d < 3; d++) {
+            one_case(cl, 0, 0, dts[d], 67, 96, 70, 0, NULL);
+            one_case(cl, 0, 0, dts[d], 130, 384, 9, 0, "2");
+        }
+        /* a program with the model's one format compiled in refuses other formats, with that said */
+        struct tllm_qweights w = {.name = "x", .rows = 1, .cols = 32, .format = TLLM_WF_AFFINE, .bits = 3, .group_size = 32};
+        float x[32] = {0}, y[1];
+        CHECK(tllm_cl_matmul(cl, &w, x, 1, 0, y) != TLLM_OK && strstr(tllm_errmsg(), "not dense or 2/4/8-bit"), "3-bit: %s",
+              tllm_errmsg());
+    }
+    tllm_cl_free(cl);
+    tllm_model_free(m);
+    return check_done();
+}
