@@ -53,6 +53,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_matvec(int argc, char **argv);
+int cmd_bench_gemm(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_serve(int argc, char **argv);

@@ -18,6 +18,7 @@ static const struct {
     {"perplexity", cmd_perplexity, "the perplexity of a text file (llama-perplexity's chunks, or --stride)"},
     {"bench", cmd_bench, "prefill and decode speed, llama-bench style"},
     {"bench-matvec", cmd_bench_matvec, "the decode matvec alone at real shapes, in GB/s"},
+    {"bench-gemm", cmd_bench_gemm, "prefill's GEMM alone on an OpenCL device, in TFLOPS"},
     {"devices", cmd_devices, "list OpenCL devices for --device opencl:N"},
     {"info", cmd_info, "describe a checkpoint: shapes, quantization, bytes per token"},
     {"tokenize", cmd_tokenize, "encode text (or a chat) to token ids, or decode ids to text"},

@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
             one_case(cl, 0, 0, dts[d], 67, 96, 70, 0, NULL);
             one_case(cl, 0, 0, dts[d], 130, 384, 9, 0, "2");
         }
-        /* a program with the model's one format compiled in refuses other formats, with that said */
+        /* a format the kernels do not read: refused, with that said */
         struct tllm_qweights w = {.name = "x", .rows = 1, .cols = 32, .format = TLLM_WF_AFFINE, .bits = 3, .group_size = 32};
         float x[32] = {0}, y[1];
         CHECK(tllm_cl_matmul(cl, &w, x, 1, 0, y) != TLLM_OK && strstr(tllm_errmsg(), "not dense or 2/4/8-bit"), "3-bit: %s",

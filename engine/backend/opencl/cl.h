@@ -39,9 +39,12 @@ int tllm_cl_prefill_auto(const struct tllm_cl *cl);
 
 /* For tests: y[n][rows] = W x for the n rows of x ([n][cols]) through prefill's GEMM kernels (int8:
  * x quantized on the device in blocks of 32, as prompt activations are; else float32), with split-K
- * as the device's size or TLLM_CL_SPLIT asks. W: dense, or 2/4/8-bit affine; the model cl was made
- * for must have more than one weight format (else its format is compiled into the kernels). */
+ * as the device's size or TLLM_CL_SPLIT asks. W: dense, or 2/4/8-bit affine, in the model's format
+ * where all of the model's matrices share one (then it is compiled into the kernels). */
 int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y);
+/* tllm bench-gemm: the same GEMM (its input quantized once) reps times after a warm-up; *secs: the
+ * wall time of the reps, launches included */
+int tllm_cl_matmul_bench(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, int reps, double *secs);
 
 /* Greedy decoding a step ahead: tllm_cl_step_enqueue queues the step for token `id` at pos with the
  * argmax on the device and returns at once; id < 0 stands for the previous step's argmax, which the

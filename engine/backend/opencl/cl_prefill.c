@@ -434,23 +434,30 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
     return TLLM_OK;
 }
 
-/* Whether the program has one weight format compiled in (-DQ_BITS: every matrix of the model alike) */
-static int one_format(const struct tllm_cl *cl) {
-    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++) {
-        const struct tllm_qweights *a = &cl->mats[0], *b = &cl->mats[i];
-        if (a->format != b->format || a->bits != b->bits || a->group_size != b->group_size || a->dtype != b->dtype) return 0;
-    }
-    return 1;
+static int same_format(const struct tllm_qweights *a, const struct tllm_qweights *b) {
+    return a->format == b->format && a->bits == b->bits && a->group_size == b->group_size && a->dtype == b->dtype;
 }
 
-int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y) {
+/* Whether the kernels read w's format: the program has none compiled in (-DQ_BITS: every matrix of
+ * the model alike), or w's */
+static int reads_format(const struct tllm_cl *cl, const struct tllm_qweights *w) {
+    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++)
+        if (!same_format(&cl->mats[0], &cl->mats[i])) return 1;
+    return same_format(&cl->mats[0], w);
+}
+
+/* tllm_cl_matmul, or with reps > 0 the GEMM alone reps times (its input quantized once) and *secs
+ * the wall time of those launches */
+static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,
+                  double *secs) {
     int affine = w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8);
     if (!(affine || w->format == TLLM_WF_DENSE) || w->cols % 32 || n < 1)
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: %s is not dense or 2/4/8-bit affine with a multiple of 32 columns", w->name);
     if (int8 && (!affine || w->group_size % 32))
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of a multiple of 32 (%s)", w->name);
-    if (one_format(cl))
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's one weight format compiled in");
+    if (!reads_format(cl, w))
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's one weight format compiled in, not %s's",
+                         w->name);
     int rc = cl->pf ? TLLM_OK : make(cl);
     if (rc) return rc;
     size_t N = (size_t)n, cols = (size_t)w->cols, rows = (size_t)w->rows;
@@ -467,8 +474,17 @@ int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const floa
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
     if (!rc) {
         cl_int e = mm_input(cl, &mm, xb, 0, n, w->cols, -1);
-        if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O);
-        if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
+        if (reps > 0) {
+            if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O); /* warm-up */
+            if (!e) e = clFinish(cl->q);
+            double t0 = tllm_now();
+            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O);
+            if (!e) e = clFinish(cl->q);
+            *secs = tllm_now() - t0;
+        } else {
+            if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O);
+            if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
+        }
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
     }
     tllm_cl_release_weights(&cw);
@@ -477,4 +493,13 @@ int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const floa
         if (bs[i]) clReleaseMemObject(bs[i]);
     if (mm.k) clReleaseKernel(mm.k);
     return rc;
+}
+
+int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y) {
+    return matmul(cl, w, x, n, int8, y, 0, NULL);
+}
+
+int tllm_cl_matmul_bench(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, int reps, double *secs) {
+    if (reps < 1) return tllm_fail(TLLM_ERR_ARG, "opencl matmul bench: %d repetitions", reps);
+    return matmul(cl, w, x, n, int8, NULL, reps, secs);
 }
