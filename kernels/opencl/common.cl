@@ -1,7 +1,7 @@
-/* OpenCL C 1.2 kernels for one decode step (engine/backend/opencl/ drives them), in five files joined
- * into one program in this order: common.cl (this: tunables, loads, reductions), weights.cl (inputs
- * staged, weight rows read and dotted), matvec.cl, attention.cl, token.cl (the one-launch step; the
- * list is CMakeLists.txt's TLLM_CL_SOURCES). No extension is needed: f16
+/* OpenCL C 1.2 kernels for one decode step (engine/backend/opencl/ drives them), in files joined into
+ * one program in this order: common.cl (this: tunables, loads, reductions), weights.cl (inputs staged,
+ * weight rows read and dotted), matvec.cl, attention.cl, token.cl (the one-launch step), then prompt
+ * processing's gemm.cl and prefill.cl (the list is CMakeLists.txt's TLLM_CL_SOURCES). No extension is needed: f16
  * scales are read with vload_half, bf16 as the top half of a float, and reductions go through local
  * memory (NVIDIA's OpenCL has neither cl_khr_fp16 nor subgroups); on NVIDIA the host also enables
  * inline PTX for dp4a and warp shuffles (DP4A_PTX, SHFL_PTX), each with a portable fallback here.
