@@ -118,6 +118,31 @@ inline float wg_reduce_shfl(float v, __local float *red, int n, int is_max) {
 }
 #endif
 
+/* The max (is_max) or sum of v over the n work-items (a power of two <= 32) that share lid / n,
+ * for each of them; every work-item of the group calls it (local memory and barriers, or shuffles
+ * within a warp where the host enabled them); red: [get_local_size(0)] floats */
+inline float lanes_reduce(float v, int n, __local float *red, int is_max) {
+#if defined(SHFL_PTX)
+    (void)red;
+    for (int m = n / 2; m > 0; m >>= 1) {
+        float o = shfl_xor(v, m);
+        v = is_max ? fmax(v, o) : v + o;
+    }
+    return v;
+#else
+    int lid = get_local_id(0);
+    red[lid] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = n / 2; s > 0; s >>= 1) {
+        if (lid % n < s) red[lid] = is_max ? fmax(red[lid], red[lid + s]) : red[lid] + red[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    v = red[lid & ~(n - 1)];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return v;
+#endif
+}
+
 /* Sum (is_max 0) or max (1) of one value per thread over a work-group of n threads (a power of two
  * >= 16); every thread gets the result. */
 inline float wg_reduce(float v, __local float *red, int n, int is_max) {

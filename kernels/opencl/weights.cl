@@ -70,24 +70,7 @@ inline void store_quant(__local float *xs, int c, uint4 w) {
 
 /* The max (is_max) or sum of v over the 4 threads 4m .. 4m + 3 of the work-group, which quantize one
  * block together; every thread of the group calls it (shuffles and barriers), red has MV_LWS floats. */
-inline float quad_reduce(float v, __local float *red, int is_max) {
-#if defined(SHFL_PTX)
-    (void)red;
-    for (int m = 1; m < 4; m <<= 1) {
-        float o = shfl_xor(v, m);
-        v = is_max ? fmax(v, o) : v + o;
-    }
-    return v;
-#else
-    int lid = get_local_id(0);
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    __local const float *r = red + (lid & ~3);
-    v = is_max ? fmax(fmax(r[0], r[1]), fmax(r[2], r[3])) : (r[0] + r[1]) + (r[2] + r[3]);
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return v;
-#endif
-}
+inline float quad_reduce(float v, __local float *red, int is_max) { return lanes_reduce(v, 4, red, is_max); }
 
 /* Thread lid quantizes word c = lid + it * MV_LWS (live: c < n / 8) of the input, y = its 8 values;
  * called by every thread of the group with the same it. */

@@ -297,20 +297,26 @@ void tllm_cl_measure_floor(struct tllm_cl *cl) {
 }
 
 /* The kernels' compile-time tunables (after any -D), so the host's launch shapes always match them. */
-int tllm_cl_read_tunables(struct tllm_cl *cl) {
+int tllm_cl_ints_of(struct tllm_cl *cl, const char *kernel, cl_int *v, int n) {
     cl_kernel k;
-    int rc = tllm_cl_make_kernel(cl, &k, "tunables");
+    int rc = tllm_cl_make_kernel(cl, &k, kernel);
     if (rc) return rc;
     cl_int e;
-    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * N_TUNABLES, NULL, &e);
-    cl_int v[N_TUNABLES] = {0};
+    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof(cl_int) * (size_t)n, NULL, &e);
     size_t one = 1;
     if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
     if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, NULL);
-    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, buf, CL_TRUE, 0, sizeof v, v, 0, NULL, NULL);
+    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, buf, CL_TRUE, 0, sizeof(cl_int) * (size_t)n, v, 0, NULL, NULL);
     if (buf) clReleaseMemObject(buf);
     clReleaseKernel(k);
-    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the kernels' tunables: %s", tllm_cl_err_name(e));
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading what %s reports: %s", kernel, tllm_cl_err_name(e));
+    return TLLM_OK;
+}
+
+int tllm_cl_read_tunables(struct tllm_cl *cl) {
+    cl_int v[N_TUNABLES] = {0};
+    int rc = tllm_cl_ints_of(cl, "tunables", v, N_TUNABLES);
+    if (rc) return rc;
     cl->t = (struct cl_tunables){v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
     int pow2 = !(v[0] & (v[0] - 1)) && !(v[4] & (v[4] - 1));
     if (v[0] < 16 || v[4] < 16 || !pow2 || v[1] < 1 || v[2] < 1 || v[3] < 256 || v[5] < 1 || v[7] < 1 || v[8] < 1 || v[9] < 0)

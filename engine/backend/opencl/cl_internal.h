@@ -162,6 +162,8 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok);
 int tllm_cl_make_kernel(struct tllm_cl *cl, cl_kernel *k, const char *name);
 void tllm_cl_measure_floor(struct tllm_cl *cl);
 int tllm_cl_read_tunables(struct tllm_cl *cl);
+/* v[0 .. n) from a one-work-item kernel that writes n ints (the tunables kernels) */
+int tllm_cl_ints_of(struct tllm_cl *cl, const char *kernel, cl_int *v, int n);
 
 /* cl_weights.c */
 int tllm_cl_dt_code(enum tllm_dtype d);

@@ -126,17 +126,8 @@ static int make(struct tllm_cl *cl) {
     if (!rc && tllm_cl_make_kernel(cl, &p->flash, "flash_prefill"))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
-    cl_kernel k;
-    if ((rc = tllm_cl_make_kernel(cl, &k, "prefill_tunables"))) return rc;
-    cl_int e, v[9] = {0};
-    cl_mem buf = clCreateBuffer(cl->cx, CL_MEM_WRITE_ONLY, sizeof v, NULL, &e);
-    size_t one = 1;
-    if (e == CL_SUCCESS) e = clSetKernelArg(k, 0, sizeof buf, &buf);
-    if (e == CL_SUCCESS) e = clEnqueueNDRangeKernel(cl->q, k, 1, NULL, &one, &one, 0, NULL, NULL);
-    if (e == CL_SUCCESS) e = clEnqueueReadBuffer(cl->q, buf, CL_TRUE, 0, sizeof v, v, 0, NULL, NULL);
-    if (buf) clReleaseMemObject(buf);
-    clReleaseKernel(k);
-    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: reading the prefill kernels' tunables: %s", tllm_cl_err_name(e));
+    cl_int v[9] = {0};
+    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 9))) return rc;
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
