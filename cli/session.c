@@ -142,14 +142,15 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     s->gd = &e->gd;
     s->ctx = &s->ss->ctx;
     open_device(s, o->device ? o->device : "auto");
-    enum tllm_prefill pf = TLLM_PREFILL_AUTO;
-    if (o->prefill) tllm_prefill_parse(o->prefill, &pf); /* checked when the option was read */
-    if (tllm_ctx_set_prefill(s->ctx, pf)) cli_die_lib();
+    if (o->prefill) tllm_prefill_parse(o->prefill, &s->prefill); /* checked when the option was read */
+    if (tllm_ctx_set_prefill(s->ctx, s->prefill)) cli_die_lib();
     s->load_secs = tllm_now() - t0;
 }
 
 void cli_session_attach_device(struct cli_session *s) {
-    if (s->dev) tllm_ctx_use_device(s->ctx, s->dev);
+    if (!s->dev) return;
+    tllm_ctx_use_device(s->ctx, s->dev);
+    tllm_ctx_set_prefill(s->ctx, s->prefill); /* as it was when the session opened, so it succeeds */
 }
 
 const char *cli_session_backend(const struct cli_session *s) { return tllm_session_device(s->ss); }

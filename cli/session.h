@@ -48,6 +48,7 @@ struct cli_session {
     struct tllm_gen_defaults *gd;
     struct tllm_ctx *ctx;
     struct tllm_backend *dev;        /* the device decoding, or NULL (CPU) */
+    enum tllm_prefill prefill;       /* --prefill */
     double load_secs;
 };
 

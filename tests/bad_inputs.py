@@ -122,6 +122,12 @@ os.unlink(os.path.join(d, "model-00002-of-00003.safetensors"))
 case("shard listed in the index but missing", ["generate", "-m", d] + IDS, 1,
      "tllm: {T}/missing-shard/model-00002-of-00003.safetensors: cannot open: No such file or directory (shard listed in model.safetensors.index.json)")
 
+# ---- where prompts run ----
+case("--prefill with no device", ["generate", "-m", os.path.join(DATA, "models", "q4-g64"), "--device", "cpu", "--prefill", "device"] + IDS, 1,
+     "tllm: --prefill device: no device is in use (--device opencl)")
+case("--prefill of an unknown place", ["generate", "-m", os.path.join(DATA, "models", "q4-g64"), "--prefill", "gpu"] + IDS, 1,
+     "tllm: --prefill: 'gpu' is not auto, cpu or device")
+
 d = copy_model("shape")
 edit_config(d, lambda c: c.update(intermediate_size=256))
 case("tensor shape disagrees with config", ["generate", "-m", d] + IDS, 1,

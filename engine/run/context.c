@@ -118,6 +118,7 @@ static int pick_prefill(struct tllm_ctx *ctx, enum tllm_prefill mode, int *on_de
 }
 
 int tllm_ctx_set_prefill(struct tllm_ctx *ctx, enum tllm_prefill mode) {
+    if (mode == TLLM_PREFILL_DEVICE && !ctx->dev) return tllm_fail(TLLM_ERR_ARG, "--prefill device: no device is in use (--device opencl)");
     int on_dev, rc = pick_prefill(ctx, mode, &on_dev);
     if (rc) return rc;
     ctx->prefill = mode, ctx->dev_prefill = on_dev;

@@ -70,8 +70,8 @@ int tllm_ctx_forward(struct tllm_ctx *ctx, const int32_t *ids, int n, float *log
 /* Run single-token steps on a device backend from now on (NULL: back to the CPU). The device's
  * cache must have been made for this context's n_ctx. Prompt chunks run where ctx->prefill says. */
 void tllm_ctx_use_device(struct tllm_ctx *ctx, struct tllm_backend *dev);
-/* Where prompt chunks run from now on. TLLM_PREFILL_DEVICE with a device that cannot take them fails
- * with its reason (and changes nothing). */
+/* Where prompt chunks run from now on. TLLM_PREFILL_DEVICE without a device, or with one that cannot
+ * take them, fails with the reason (and changes nothing). */
 int tllm_ctx_set_prefill(struct tllm_ctx *ctx, enum tllm_prefill mode);
 
 /* Feed one generated token (the decode role: kernels/cpu/qpack.h) and get its logits. */
