@@ -5,7 +5,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "engine/backend/opencl/cl.h"
+#include "engine/backend/registry.h"
+#include "engine/load/model.h"
 #include "engine/base/dtype.h"
 #include "engine/base/error.h"
 
@@ -40,9 +41,11 @@ int cmd_bench_gemm(int argc, char **argv) {
     else if (strcmp(device, "opencl")) cli_die("bench-gemm: --device '%s' is not opencl or opencl:N", device);
     if (K % gs || K % 32 || (bits != 2 && bits != 4 && bits != 8)) cli_die("bench-gemm: -K must be a multiple of 32 and of --group-size; --bits 2, 4 or 8");
     struct tllm_model *m;
-    struct tllm_cl *cl = NULL;
+    struct tllm_backend *cl = NULL;
+    struct tllm_backend_info info;
     if (tllm_model_load(cli_model_dir(dir), &m)) cli_die_lib();
-    if (tllm_cl_init(&cl, m, 16, index)) cli_die_lib();
+    if (tllm_backend_device_init(&cl, m, 16, index)) cli_die_lib();
+    tllm_backend_describe(cl, &info);
     size_t ng = (size_t)N * (size_t)(K / gs), nw = (size_t)N * (size_t)K / 32 * (size_t)bits;
     uint32_t *codes = malloc(nw * 4);
     uint16_t *sc = malloc(ng * 2), *bi = malloc(ng * 2);
@@ -55,12 +58,12 @@ int cmd_bench_gemm(int argc, char **argv) {
     struct tllm_qweights w = {.name = "bench", .rows = N, .cols = K, .format = TLLM_WF_AFFINE, .dtype = TLLM_DT_BF16,
                               .bits = bits, .group_size = gs, .w = codes, .scales = sc, .biases = bi};
     double secs = 0;
-    if (tllm_cl_matmul_bench(cl, &w, x, M, int8, reps, &secs)) cli_die_lib();
+    if (cl->ops->matmul(cl, &w, x, M, int8, NULL, reps, &secs)) cli_die_lib();
     double ms = secs / reps * 1e3, tflops = 2.0 * M * (double)N * K / (secs / reps) / 1e12;
     printf("%s: M=%d K=%d N=%d, %d-bit g%d, %s inputs: %.4f ms per GEMM, %.2f TFLOPS (%d repetitions)\n",
-           tllm_cl_device_name(cl), M, K, N, bits, gs, int8 ? "int8" : "float32", ms, tflops, reps);
+           info.name, M, K, N, bits, gs, int8 ? "int8" : "float32", ms, tflops, reps);
     free(codes), free(sc), free(bi), free(x);
-    tllm_cl_free(cl);
+    tllm_backend_free(cl);
     tllm_model_free(m);
     return 0;
 }

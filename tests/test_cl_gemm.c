@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "tests/check.h"
-#include "engine/backend/opencl/cl.h"
+#include "engine/backend/registry.h"
+#include "engine/load/model.h"
 #include "engine/base/dtype.h"
 #include "engine/base/error.h"
 #include "kernels/cpu/qmatmul.h"
@@ -41,7 +42,7 @@ static void quantize_like_device(const float *x, float *xq, size_t n) {
     }
 }
 
-static void one_case(struct tllm_cl *cl, int bits, int gs, enum tllm_dtype dt, int rows, int cols, int n, int int8, const char *split) {
+static void one_case(struct tllm_backend *cl, int bits, int gs, enum tllm_dtype dt, int rows, int cols, int n, int int8, const char *split) {
     struct tllm_qweights w = {.name = "test", .rows = rows, .cols = cols, .dtype = dt, .bits = bits, .group_size = gs};
     size_t es = tllm_dtype_size(dt), ng = bits ? (size_t)rows * (size_t)(cols / gs) : 0;
     void *codes = malloc(bits ? (size_t)rows * cols / 8 * bits : (size_t)rows * cols * es);
@@ -61,7 +62,7 @@ static void one_case(struct tllm_cl *cl, int bits, int gs, enum tllm_dtype dt, i
     if (int8) quantize_like_device(x, xo, (size_t)n * cols);
     else memcpy(xo, x, (size_t)n * cols * sizeof(float));
     if (split) setenv("TLLM_CL_SPLIT", split, 1);
-    int rc = tllm_cl_matmul(cl, &w, x, n, int8, y);
+    int rc = cl->ops->matmul(cl, &w, x, n, int8, y, 0, NULL);
     if (split) unsetenv("TLLM_CL_SPLIT");
     char what[160];
     snprintf(what, sizeof what, "%s %d-bit g%d %s, %d x %d, %d tokens, %s inputs%s%s", bits ? "affine" : "dense", bits, gs,
@@ -87,22 +88,24 @@ int main(int argc, char **argv) {
         return 2;
     }
     struct tllm_model *m;
-    struct tllm_cl *cl = NULL;
+    struct tllm_backend *cl = NULL;
     if (tllm_model_load(argv[1], &m) != TLLM_OK) {
         fprintf(stderr, "%s\n", tllm_errmsg());
         return 1;
     }
     const char *dev = getenv("TLLM_TEST_CL_DEVICE");
-    int rc = tllm_cl_init(&cl, m, 16, dev ? atoi(dev) : -1);
+    int rc = tllm_backend_device_init(&cl, m, 16, dev ? atoi(dev) : -1);
     if (rc == TLLM_ERR_UNSUPPORTED) {
         printf("no OpenCL device: skipped (%s)\n", tllm_errmsg());
-        tllm_cl_free(cl);
+        tllm_backend_free(cl);
         tllm_model_free(m);
         return 77;
     }
     CHECK(rc == TLLM_OK, "opencl: %s", tllm_errmsg());
     if (rc == TLLM_OK) {
-        printf("%s\n", tllm_cl_device_name(cl));
+        struct tllm_backend_info info;
+        tllm_backend_describe(cl, &info);
+        printf("%s\n", info.name);
         const enum tllm_dtype dts[3] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
         int bits[3] = {2, 4, 8}, gss[3] = {32, 64, 128}, i = 0;
         for (int b = 0; b < 3; b++)
@@ -124,10 +127,10 @@ int main(int argc, char **argv) {
         /* a format the kernels do not read: refused, with that said */
         struct tllm_qweights w = {.name = "x", .rows = 1, .cols = 32, .format = TLLM_WF_AFFINE, .bits = 3, .group_size = 32};
         float x[32] = {0}, y[1];
-        CHECK(tllm_cl_matmul(cl, &w, x, 1, 0, y) != TLLM_OK && strstr(tllm_errmsg(), "not dense or 2/4/8-bit"), "3-bit: %s",
+        CHECK(cl->ops->matmul(cl, &w, x, 1, 0, y, 0, NULL) != TLLM_OK && strstr(tllm_errmsg(), "not dense or 2/4/8-bit"), "3-bit: %s",
               tllm_errmsg());
     }
-    tllm_cl_free(cl);
+    tllm_backend_free(cl);
     tllm_model_free(m);
     return check_done();
 }

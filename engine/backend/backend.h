@@ -12,6 +12,7 @@
 
 struct tllm_model;
 struct tllm_kv;
+struct tllm_qweights;
 
 /* The tokens of one step. Each carries its sequence and its position in it, so that one step mixes
  * prefill chunks of some sequences with generated tokens of others. A sequence's tokens are together
@@ -55,6 +56,11 @@ struct tllm_backend_ops {
     int (*kv_upload)(struct tllm_backend *b, const float *kt, const float *v, int p0, int p1);
     int (*kv_download)(struct tllm_backend *b, float *kt, float *v, int p0, int p1);
     void (*describe)(const struct tllm_backend *b, struct tllm_backend_info *info);
+    /* Optional (tests, tllm bench-gemm): y[n][rows] = W x[n][cols] through the device's prompt GEMM
+     * (int8: x quantized there per block of 32, as prompt activations are), or with reps > 0 that GEMM
+     * alone reps times after a warm-up, *secs their wall time (y unused). */
+    int (*matmul)(struct tllm_backend *b, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,
+                  double *secs);
     void (*free)(struct tllm_backend *b);
 };
 

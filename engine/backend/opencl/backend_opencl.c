@@ -63,6 +63,11 @@ static void ocl_describe(const struct tllm_backend *b, struct tllm_backend_info 
     info->prefill = tllm_cl_prefill_auto(cl);
 }
 
+static int ocl_matmul(struct tllm_backend *b, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,
+                      double *secs) {
+    return reps > 0 ? tllm_cl_matmul_bench(cl_of(b), w, x, n, int8, reps, secs) : tllm_cl_matmul(cl_of(b), w, x, n, int8, y);
+}
+
 static void ocl_free(struct tllm_backend *b) {
     tllm_cl_free(cl_of(b));
     free(b);
@@ -76,6 +81,7 @@ static const struct tllm_backend_ops cl_ops = {
     .kv_upload = ocl_kv_upload,
     .kv_download = ocl_kv_download,
     .describe = ocl_describe,
+    .matmul = ocl_matmul,
     .free = ocl_free,
 };
 
