@@ -266,30 +266,47 @@ gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __
         Bd[lid / MMA_TM][lid % MMA_TM] = st.d, Bsum[lid / MMA_TM][lid % MMA_TM] = st.m;
         barrier(CLK_LOCAL_MEM_FENCE);
         if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), rows, cols, n_tok, xq, xd, xsum, r0, t0, k0 + GEMM_TK, k_end);
+        uint a[2][2][4], v[2][4][2]; /* [block of 32][fragment] */
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             int kw = 8 * b + c;
-            uint a[2][4], v[4][2];
             for (int i = 0; i < 2; i++) {
                 int r = wr + 16 * i + g;
-                a[i][0] = As[r * MMA_KS + kw], a[i][1] = As[(r + 8) * MMA_KS + kw];
-                a[i][2] = As[r * MMA_KS + kw + 4], a[i][3] = As[(r + 8) * MMA_KS + kw + 4];
+                a[b][i][0] = As[r * MMA_KS + kw], a[b][i][1] = As[(r + 8) * MMA_KS + kw];
+                a[b][i][2] = As[r * MMA_KS + kw + 4], a[b][i][3] = As[(r + 8) * MMA_KS + kw + 4];
             }
             for (int j = 0; j < 4; j++) {
                 int t = wt + 8 * j + g;
-                v[j][0] = Bs[t * MMA_KS + kw], v[j][1] = Bs[t * MMA_KS + kw + 4];
+                v[b][j][0] = Bs[t * MMA_KS + kw], v[b][j][1] = Bs[t * MMA_KS + kw + 4];
             }
-            for (int i = 0; i < 2; i++) {
-                int r = wr + 16 * i + g;
-                float s0 = Asc[b][r], o0 = Abi[b][r], s1 = Asc[b][r + 8], o1 = Abi[b][r + 8];
-                for (int j = 0; j < 4; j++) {
-                    int4 d = mma_u8s8(a[i][0], a[i][1], a[i][2], a[i][3], v[j][0], v[j][1], (int4)(0));
-                    int t = wt + 8 * j + 2 * c;
-                    float d0 = Bd[b][t], d1 = Bd[b][t + 1], m0 = Bsum[b][t], m1 = Bsum[b][t + 1];
-                    acc[i][j][0] += s0 * (d0 * (float)d.x) + o0 * m0;
-                    acc[i][j][1] += s0 * (d1 * (float)d.y) + o0 * m1;
-                    acc[i][j][2] += s1 * (d0 * (float)d.z) + o1 * m0;
-                    acc[i][j][3] += s1 * (d1 * (float)d.w) + o1 * m1;
+        }
+        /* both blocks of the step in one weight group (groups of 64 or more): one scale and bias for
+         * the two, so the float epilogue runs once a step, not once a block */
+        int one_group = gs0 % GEMM_TK == 0;
+        for (int i = 0; i < 2; i++) {
+            int r = wr + 16 * i + g;
+            for (int j = 0; j < 4; j++) {
+                int t = wt + 8 * j + 2 * c;
+                int4 p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v[0][j][0], v[0][j][1], (int4)(0));
+                int4 q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v[1][j][0], v[1][j][1], (int4)(0));
+                float x0 = Bd[0][t], x1 = Bd[0][t + 1], y0 = Bd[1][t], y1 = Bd[1][t + 1];
+                if (one_group) {
+                    float s0 = Asc[0][r], o0 = Abi[0][r], s1 = Asc[0][r + 8], o1 = Abi[0][r + 8];
+                    float m0 = Bsum[0][t] + Bsum[1][t], m1 = Bsum[0][t + 1] + Bsum[1][t + 1];
+                    acc[i][j][0] += s0 * (x0 * (float)p.x + y0 * (float)q.x) + o0 * m0;
+                    acc[i][j][1] += s0 * (x1 * (float)p.y + y1 * (float)q.y) + o0 * m1;
+                    acc[i][j][2] += s1 * (x0 * (float)p.z + y0 * (float)q.z) + o1 * m0;
+                    acc[i][j][3] += s1 * (x1 * (float)p.w + y1 * (float)q.w) + o1 * m1;
+                } else {
+                    for (int b = 0; b < 2; b++) {
+                        int4 d = b ? q : p;
+                        float d0 = b ? y0 : x0, d1 = b ? y1 : x1, m0 = Bsum[b][t], m1 = Bsum[b][t + 1];
+                        float s0 = Asc[b][r], o0 = Abi[b][r], s1 = Asc[b][r + 8], o1 = Abi[b][r + 8];
+                        acc[i][j][0] += s0 * (d0 * (float)d.x) + o0 * m0;
+                        acc[i][j][1] += s0 * (d1 * (float)d.y) + o0 * m1;
+                        acc[i][j][2] += s1 * (d0 * (float)d.z) + o1 * m0;
+                        acc[i][j][3] += s1 * (d1 * (float)d.w) + o1 * m1;
+                    }
                 }
             }
         }
