@@ -36,9 +36,8 @@ int cmd_bench_gemm(int argc, char **argv) {
             return 0;
         } else cli_die("bench-gemm: unknown option '%s' (see tllm bench-gemm --help)", a);
     }
-    int index = -1;
-    if (!strncmp(device, "opencl:", 7)) index = (int)cli_int("--device opencl:N", device + 7, 0, 1000);
-    else if (strcmp(device, "opencl")) cli_die("bench-gemm: --device '%s' is not opencl or opencl:N", device);
+    int index;
+    if (tllm_device_index(device, &index) || index < -1) cli_die("bench-gemm: --device '%s' is not opencl or opencl:N", device);
     if (K % gs || K % 32 || (bits != 2 && bits != 4 && bits != 8)) cli_die("bench-gemm: -K must be a multiple of 32 and of --group-size; --bits 2, 4 or 8");
     struct tllm_model *m;
     struct tllm_backend *cl = NULL;

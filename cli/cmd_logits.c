@@ -38,10 +38,8 @@ int cmd_logits(int argc, char **argv) {
         } else cli_die("logits: unknown option '%s' (see tllm logits --help)", a);
     }
     if (!ids_s || !out) cli_die("logits: --ids and -o are required (see tllm logits --help)");
-    int index = -3;
-    if (!strcmp(device, "opencl")) index = -1;
-    else if (!strncmp(device, "opencl:", 7)) index = (int)cli_int("--device opencl:N", device + 7, 0, 1000);
-    else if (strcmp(device, "cpu")) cli_die("--device: '%s' is not cpu, opencl or opencl:N", device);
+    int index;
+    if (tllm_device_index(device, &index) || index == -2) cli_die("--device: '%s' is not cpu, opencl or opencl:N", device);
     dir = cli_model_dir(dir);
     int n;
     int32_t *ids = cli_parse_ids("--ids", ids_s, &n);

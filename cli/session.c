@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/backend/registry.h"
 #include "engine/base/error.h"
 #include "engine/run/kv_cache.h"
 
@@ -110,11 +111,7 @@ struct tllm_sampler_params cli_sampling_resolve(const struct cli_session *s, con
  * there is simply no GPU). */
 static void open_device(struct cli_session *s, const char *dev) {
     int index, fell_back;
-    if (!strcmp(dev, "cpu")) index = -3;
-    else if (!strcmp(dev, "auto")) index = -2;
-    else if (!strcmp(dev, "opencl")) index = -1;
-    else if (!strncmp(dev, "opencl:", 7)) index = (int)cli_int("--device opencl:N", dev + 7, 0, 1000);
-    else cli_die("--device: '%s' is not cpu, opencl, opencl:N or auto", dev);
+    if (tllm_device_index(dev, &index)) cli_die("--device: '%s' is not cpu, opencl, opencl:N or auto", dev);
     if (tllm_session_use_device(s->ss, index, &fell_back)) cli_die_lib();
     if (fell_back) fprintf(stderr, "tllm: %s; running on the CPU\n", tllm_errmsg());
     s->dev = s->ss->dev;

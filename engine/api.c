@@ -130,23 +130,11 @@ int tllm_chat_apply(const struct tllm_engine *e, const struct tllm_chat_msg *msg
     return rc;
 }
 
-/* "cpu", "auto", "opencl", "opencl:N" as tllm_backend_device_init's index (-3: the CPU) */
-static int device_index(const char *spec, int *index) {
-    if (!spec || !strcmp(spec, "auto")) *index = -2;
-    else if (!strcmp(spec, "cpu")) *index = -3;
-    else if (!strcmp(spec, "opencl")) *index = -1;
-    else if (!strncmp(spec, "opencl:", 7) && spec[7] >= '0' && spec[7] <= '9' && strlen(spec + 7) <= 4 &&
-             strspn(spec + 7, "0123456789") == strlen(spec + 7))
-        *index = atoi(spec + 7);
-    else return tllm_fail(TLLM_ERR_ARG, "device '%s' is not cpu, opencl, opencl:N or auto", spec);
-    return TLLM_OK;
-}
-
 int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *params, struct tllm_session **out) {
     static const struct tllm_session_params defaults = {0};
     const struct tllm_session_params *p = params ? params : &defaults;
     *out = NULL;
-    int index = -2, rc = device_index(p->device, &index);
+    int index = -2, rc = tllm_device_index(p->device, &index);
     if (rc) return rc;
     int max = e->m->cfg.max_pos;
     if (p->n_ctx < 0) return tllm_fail(TLLM_ERR_ARG, "n_ctx %d: negative", p->n_ctx);

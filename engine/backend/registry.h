@@ -7,6 +7,10 @@
 
 #include "engine/backend/backend.h"
 
+/* "cpu", "auto" (or NULL), "opencl", "opencl:N" as tllm_backend_device_init's index: -3 (the CPU),
+ * -2, -1, N; anything else fails with a message */
+int tllm_device_index(const char *spec, int *index);
+
 /* A device: index >= 0 for opencl:N, -1 for the first GPU (else the first device), -2 for a GPU only
  * (auto). Uploads the model's weights and makes a device KV cache of n_ctx positions. Fails with a
  * message: TLLM_ERR_UNSUPPORTED when there is nothing to run on (no platform, or no GPU for -2). */

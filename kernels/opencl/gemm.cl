@@ -37,10 +37,7 @@ inline uint unpack4(uint v, int bits) {
 /* Codes k .. k + 3 of row r as 4 bytes (k % 4 == 0, bits 2, 4 or 8: they never straddle a word) */
 inline uint codes4(__global const uchar *W, int bits, size_t row_words, int r, int k) {
     int bit = k * bits;
-    uint v = ((__global const uint *)W)[(size_t)r * row_words + (bit >> 5)] >> (bit & 31);
-    if (bits == 8) return v;
-    if (bits == 4) return (v & 0xfu) | ((v & 0xf0u) << 4) | ((v & 0xf00u) << 8) | ((v & 0xf000u) << 12);
-    return (v & 0x3u) | ((v & 0xcu) << 6) | ((v & 0x30u) << 12) | ((v & 0xc0u) << 18);
+    return unpack4(((__global const uint *)W)[(size_t)r * row_words + (bit >> 5)] >> (bit & 31), bits);
 }
 
 /* Split-K (the host's choice where a GEMM has too few tiles to fill the device): work-group z of
@@ -49,15 +46,18 @@ inline uint codes4(__global const uchar *W, int bits, size_t row_words, int r, i
  * the residual. Unsplit, the epilogue does that itself. */
 #define GEMM_K_RANGE(k_begin, k_end)                                                                    \
     int k_begin = get_group_id(2) * k_len, k_end = min(cols, k_begin + k_len)
+/* y[t][y_off + r] (+)= v + bias[r] */
+inline void gemm_out(float v, int r, int t, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
+                     int add) {
+    __global float *p = y + y_off + (size_t)t * ldy + r;
+    v += bias_off >= 0 ? vecs[bias_off + r] : 0.0f;
+    *p = add ? *p + v : v;
+}
+
 inline void gemm_put(float acc, int r, int t, int rows, __global const float *vecs, int bias_off, __global float *y,
                      int y_off, int ldy, int add, __global float *part, int n_tok) {
-    if (get_num_groups(2) > 1) {
-        part[((size_t)get_group_id(2) * n_tok + t) * rows + r] = acc;
-        return;
-    }
-    __global float *p = y + y_off + (size_t)t * ldy + r;
-    float v = acc + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);
-    *p = add ? *p + v : v;
+    if (get_num_groups(2) > 1) part[((size_t)get_group_id(2) * n_tok + t) * rows + r] = acc;
+    else gemm_out(acc, r, t, vecs, bias_off, y, y_off, ldy, add);
 }
 
 /* The epilogue of the GEMM_T x GEMM_T kernels */
@@ -76,9 +76,7 @@ __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int
     if (r >= rows || t >= n_tok) return;
     float v = 0.0f;
     for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * rows + r];
-    __global float *p = y + y_off + (size_t)t * ldy + r;
-    v += bias_off >= 0 ? vecs[bias_off + r] : 0.0f;
-    *p = add ? *p + v : v;
+    gemm_out(v, r, t, vecs, bias_off, y, y_off, ldy, add);
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void

@@ -62,14 +62,7 @@ pf_norm(__global const float *x, int t_off, int cols, __global const float *vecs
     if (norm_off >= 0) {
         float ss = 0.0f;
         for (int j = lid; j < cols; j += PF_LWS) ss += row[j] * row[j];
-        red[lid] = ss;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int s = PF_LWS / 2; s > 0; s >>= 1) {
-            if (lid < s) red[lid] += red[lid + s];
-            barrier(CLK_LOCAL_MEM_FENCE);
-        }
-        inv = 1.0f / sqrt(red[0] / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
-        barrier(CLK_LOCAL_MEM_FENCE);                   /* (red is emit_lane's next) */
+        inv = 1.0f / sqrt(wg_sum(ss, red, PF_LWS) / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
     }
     for (int j0 = 0; j0 < cols; j0 += PF_LWS) {
         int j = j0 + lid, live = j < cols;
@@ -90,31 +83,19 @@ pf_swiglu(__global const float *h, int ffn, int int8, __global float *xf, __glob
 }
 
 /* qkv = [q | k | v] ([n_tok][q_dim + 2 kv_dim], biases added): RoPE on q (into q) and k, then k and
- * v into the layer's cache at their positions (keys transposed: [kv_head][dim][position]). One
+ * v into the layer's cache at their positions, as decode's qkv stores them (rope_store). One
  * work-item per RoPE pair (or pair of values). */
 __kernel void pf_rope(__global const float *qkv, int n_heads, int n_kv, int hd, int pos0, __global const float *inv_freq,
                       int layer, int ctx_stride, __global float *q, __global float *kt, __global float *vc) {
     int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
     if (u >= (n_heads + 2 * n_kv) * half_d) return;
-    int head = u / half_d, i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = pos0 + t;
-    __global const float *row = qkv + (size_t)t * (q_dim + 2 * kv_dim);
-    float a = row[head * hd + i], b = row[head * hd + i + half_d];
-    float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle);
-    if (head < n_heads) {
-        q[(size_t)t * q_dim + head * hd + i] = a * c - b * s;
-        q[(size_t)t * q_dim + head * hd + i + half_d] = b * c + a * s;
-        return;
-    }
+    int i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = pos0 + t;
+    QKV_PICK(which, r, u / half_d, i);
+    __global const float *a = qkv + (size_t)t * (q_dim + 2 * kv_dim) + (u / half_d) * hd + i;
+    float angle = (float)pos * inv_freq[i];
     size_t base = (size_t)layer * kv_dim * ctx_stride;
-    if (head < n_heads + n_kv) {
-        int r = (head - n_heads) * hd + i;
-        kt[base + (size_t)r * ctx_stride + pos] = a * c - b * s;
-        kt[base + (size_t)(r + half_d) * ctx_stride + pos] = b * c + a * s;
-    } else {
-        int r = (head - n_heads - n_kv) * hd + i;
-        vc[base + (size_t)pos * kv_dim + r] = a;
-        vc[base + (size_t)pos * kv_dim + r + half_d] = b;
-    }
+    rope_store((float2)(a[0], a[half_d]), (float4)(0.0f, 0.0f, cos(angle), sin(angle)), which, r, pos, n_kv, hd, ctx_stride,
+               q + (size_t)t * q_dim, kt + base, vc + base);
 }
 
 #ifdef HEAD_DIM

@@ -28,11 +28,11 @@ struct pf_mm {
     cl_mem in, xd, xs;   /* [tokens][cols] floats or int8, and per block of 32 d and sum */
     cl_mem part;         /* split-K slices of the sums */
     size_t part_floats;  /* part's size */
+    int split;           /* TLLM_CL_SPLIT (tests): slices wherever there are the steps; 0: the device's choice */
 };
 
 struct cl_prefill {
-    int cap;  /* tokens the buffers hold */
-    int int8; /* the model's GEMMs take int8 inputs */
+    int cap; /* tokens the buffers hold */
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
@@ -105,6 +105,12 @@ static int int8_ok(const struct tllm_cl *cl) {
     return 1;
 }
 
+/* TLLM_CL_SPLIT, read once a call (tests change it between calls) */
+static int split_asked(void) {
+    const char *s = getenv("TLLM_CL_SPLIT");
+    return s ? atoi(s) : 0;
+}
+
 /* mm's kernel for int8 or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
 static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     const struct cl_prefill *p = cl->pf;
@@ -117,7 +123,6 @@ static int make(struct tllm_cl *cl) {
     struct cl_prefill *p = calloc(1, sizeof *p);
     if (!p) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     cl->pf = p;
-    p->int8 = int8_ok(cl);
     int rc = tllm_cl_make_kernel(cl, &p->embed, "pf_embed");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->reduce, "gemm_reduce");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->norm, "pf_norm");
@@ -132,7 +137,7 @@ static int make(struct tllm_cl *cl) {
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
-    return mm_kernel(cl, &p->mm, p->int8);
+    return mm_kernel(cl, &p->mm, int8_ok(cl));
 }
 
 /* Room for chunks of n tokens */
@@ -207,8 +212,7 @@ static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, size_t tiles
     size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
     size_t room = mm->part_floats / (n * (size_t)rows);
     size_t s = want < steps / 2 ? want : steps / 2;
-    const char *force = getenv("TLLM_CL_SPLIT"); /* tests: this many slices wherever there are the steps */
-    if (force) s = (size_t)atoi(force) < steps ? (size_t)atoi(force) : steps;
+    if (mm->split > 0) s = (size_t)mm->split < steps ? (size_t)mm->split : steps;
     s = s < room ? s : room;
     return s > 1 ? (int)s : 1;
 }
@@ -263,6 +267,15 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
     return mm_run(cl, &cl->pf->mm, w, n, bias_off, y, y_off, ldy, add, kind);
 }
 
+/* The last arguments of pf_norm and pf_swiglu: where they leave mm's input */
+static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
+    ARG_INT(a, mm->int8);
+    ARG_MEM(a, mm->in); /* floats */
+    ARG_MEM(a, mm->in); /* or int8 */
+    ARG_MEM(a, mm->xd);
+    ARG_MEM(a, mm->xs);
+}
+
 /* mm's input: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at norm_off (< 0: none) */
 static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int t_off, int n, int cols, int norm_off) {
     struct cl_prefill *p = cl->pf;
@@ -273,11 +286,7 @@ static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, norm_off);
     ARG_F32(&a, cl->m->cfg.norm_eps);
-    ARG_INT(&a, mm->int8);
-    ARG_MEM(&a, mm->in);
-    ARG_MEM(&a, mm->in);
-    ARG_MEM(&a, mm->xd);
-    ARG_MEM(&a, mm->xs);
+    arg_mm_input(&a, mm);
     if (a.err) return a.err;
     return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1, P_NORM);
 }
@@ -336,11 +345,7 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
         ARG_INT(&a, c->ffn_dim);
-        ARG_INT(&a, p->mm.int8);
-        ARG_MEM(&a, p->mm.in);
-        ARG_MEM(&a, p->mm.in);
-        ARG_MEM(&a, p->mm.xd);
-        ARG_MEM(&a, p->mm.xs);
+        arg_mm_input(&a, &p->mm);
         e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
     if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1, P_DOWN);
@@ -379,9 +384,16 @@ static cl_int outputs(struct tllm_cl *cl, int n, const int8_t *out, int n_out, f
         if (!any) continue;
         e = norm(cl, p->x, t0, nt, c->dim, (int)(cl->m->final_norm - cl->m->vectors));
         if (!e) e = gemm(cl, &cl->lm_head, nt, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
-        for (int t = t0; t < t0 + nt && !e; t++)
-            if (out[t]) e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, (size_t)(t - t0) * vocab * 4, vocab * 4,
-                                                logits + (size_t)done++ * vocab, 0, NULL, NULL);
+        for (int t = t0, t1; t < t0 + nt && !e; t = t1) { /* each run of marked rows in one read */
+            for (t1 = t; t1 < t0 + nt && out[t1]; t1++) {}
+            if (t1 == t) {
+                t1++;
+                continue;
+            }
+            e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, (size_t)(t - t0) * vocab * 4, (size_t)(t1 - t) * vocab * 4,
+                                    logits + (size_t)done * vocab, 0, NULL, NULL);
+            done += t1 - t;
+        }
     }
     return e;
 }
@@ -400,6 +412,8 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
     if (!rc) rc = reserve(cl, n);
     if (rc) return rc;
     struct cl_prefill *p = cl->pf;
+    p->mm.split = split_asked();
+    double t0 = cl->profile ? tllm_now() : 0;
     cl_int e = clEnqueueWriteBuffer(cl->q, p->ids, CL_FALSE, 0, (size_t)n * 4, ids, 0, NULL, NULL);
     if (!e) {
         struct args a = {p->embed, 0, CL_SUCCESS};
@@ -411,7 +425,6 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
         ARG_MEM(&a, p->x);
         e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)n, 64, 1, P_EMBED);
     }
-    double t0 = cl->profile ? tllm_now() : 0;
     for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, n, pos0);
     if (!e && n_out) e = outputs(cl, n, out, n_out, logits, argmax);
     if (!e) e = clFinish(cl->q);
@@ -452,7 +465,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     int rc = cl->pf ? TLLM_OK : make(cl);
     if (rc) return rc;
     size_t N = (size_t)n, cols = (size_t)w->cols, rows = (size_t)w->rows;
-    struct pf_mm mm = {.part_floats = 4 * N * rows};
+    struct pf_mm mm = {.part_floats = 4 * N * rows, .split = split_asked()};
     struct cl_weights cw = {0};
     cl_mem xb = NULL, yb = NULL;
     rc = mm_kernel(cl, &mm, int8);
