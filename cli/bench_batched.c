@@ -19,14 +19,16 @@ struct bb_result {
     double t_pp, t_tg; /* seconds: the mean of the repetitions */
 };
 
-/* One run: prefill every sequence's prompt, then decode tg tokens for all at once. */
-static void run_once(const struct tllm_model *m, enum tllm_dtype kv_type, int pp, int tg, int b, int n_batch, double *t_pp,
-                     double *t_tg) {
+/* One run: prefill every sequence's prompt, then decode tg tokens for all at once (on dev, bound to the
+ * run's cache, or on the CPU threads). */
+static void run_once(const struct tllm_model *m, struct tllm_backend *dev, enum tllm_dtype kv_type, int pp, int tg, int b,
+                     int n_batch, double *t_pp, double *t_tg) {
     struct tllm_kv *kv;
-    struct tllm_backend *cpu;
+    struct tllm_backend *cpu = NULL;
     if (tllm_kv_init(&kv, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, b * (pp + tg) + 1, kv_type, b) ||
-        tllm_backend_cpu_init(&cpu, m, kv, n_batch))
+        (dev ? dev->ops->use_kv(dev, kv) : tllm_backend_cpu_init(&cpu, m, kv, n_batch)))
         cli_die_lib();
+    struct tllm_backend *run = dev ? dev : cpu;
     int32_t *ids = malloc((size_t)n_batch * sizeof *ids), *pos = malloc((size_t)n_batch * sizeof *pos);
     int32_t *sq = malloc((size_t)n_batch * sizeof *sq), *next = malloc((size_t)b * sizeof *next);
     int8_t *out = malloc((size_t)n_batch);
@@ -48,7 +50,7 @@ static void run_once(const struct tllm_model *m, enum tllm_dtype kv_type, int pp
             n++;
             if (n == n_batch || (s == b - 1 && p == pp - 1)) {
                 struct tllm_batch bt = {n, ids, pos, sq, out, 0};
-                if (cpu->ops->step(cpu, &bt, NULL, next + s0)) cli_die_lib();
+                if (run->ops->step(run, &bt, NULL, next + s0)) cli_die_lib();
                 for (int t = 0; t < n;) { /* commit each sequence's run */
                     int t1 = t;
                     while (t1 < n && sq[t1] == sq[t]) t1++;
@@ -65,18 +67,20 @@ static void run_once(const struct tllm_model *m, enum tllm_dtype kv_type, int pp
     for (int k = 0; k < tg; k++) {
         for (int s = 0; s < b; s++) ids[s] = next[s], pos[s] = pp + k, sq[s] = s, out[s] = 1;
         struct tllm_batch bt = {b, ids, pos, sq, out, b};
-        if (cpu->ops->step(cpu, &bt, NULL, next)) cli_die_lib();
+        if (run->ops->step(run, &bt, NULL, next)) cli_die_lib();
         for (int s = 0; s < b; s++)
             if (tllm_kv_seq_commit(kv, s, ids + s, 1)) cli_die_lib();
     }
     *t_tg = tllm_now() - t0;
     free(ids), free(pos), free(sq), free(next), free(out);
     tllm_backend_free(cpu);
+    if (dev && dev->ops->use_kv(dev, NULL)) cli_die_lib();
     tllm_kv_free(kv);
 }
 
-void bench_batched(const struct tllm_model *m, const char *model_name, enum tllm_dtype kv_type, const int *pp, int n_pp,
-                   const int *tg, int n_tg, const int *np, int n_np, const int *th, int n_th, int reps, const char *fmt) {
+void bench_batched(const struct tllm_model *m, struct tllm_backend *dev, const char *model_name, enum tllm_dtype kv_type,
+                   const int *pp, int n_pp, const int *tg, int n_tg, const int *np, int n_np, const int *th, int n_th, int reps,
+                   const char *fmt) {
     struct bb_result *res = calloc((size_t)n_pp * n_tg * n_np * n_th, sizeof *res);
     if (!res) cli_die("out of memory");
     int n_res = 0;
@@ -89,9 +93,9 @@ void bench_batched(const struct tllm_model *m, const char *model_name, enum tllm
                     *r = (struct bb_result){pp[i], tg[j], np[k], th[ti], 0, 0};
                     int n_batch = np[k] > 512 ? np[k] : 512;
                     double a, b;
-                    run_once(m, kv_type, r->pp, r->tg, r->b, n_batch, &a, &b); /* warm-up */
+                    run_once(m, dev, kv_type, r->pp, r->tg, r->b, n_batch, &a, &b); /* warm-up */
                     for (int rep = 0; rep < reps; rep++) {
-                        run_once(m, kv_type, r->pp, r->tg, r->b, n_batch, &a, &b);
+                        run_once(m, dev, kv_type, r->pp, r->tg, r->b, n_batch, &a, &b);
                         r->t_pp += a / reps;
                         r->t_tg += b / reps;
                     }
@@ -103,7 +107,7 @@ void bench_batched(const struct tllm_model *m, const char *model_name, enum tllm
             const struct bb_result *r = &res[i];
             struct json_object *o = json_object_new_object();
             json_object_object_add(o, "model_filename", json_object_new_string(model_name));
-            json_object_object_add(o, "backend", json_object_new_string("CPU"));
+            json_object_object_add(o, "backend", json_object_new_string(dev ? "OpenCL" : "CPU"));
             json_object_object_add(o, "n_threads", json_object_new_int(r->threads));
             json_object_object_add(o, "n_prompt", json_object_new_int(r->pp));
             json_object_object_add(o, "n_gen", json_object_new_int(r->tg));

@@ -23,8 +23,8 @@ static const char usage[] =
     "  -o FMT    md (default), json (llama-bench's field names) or csv\n"
     "  -np LIST  sequences at once (as llama-batched-bench): B prompts of -p tokens prefilled together,\n"
     "            then -n greedy tokens for each; columns PP, TG, B, S_PP, S_TG (aggregate decode t/s), S\n"
-    "            (CPU; --fast-decode unless --precise-decode, as batch generation; times are the mean\n"
-    "            of -r runs after a warm-up)\n"
+    "            (on the device when one is in use, else the CPU threads; --fast-decode unless\n"
+    "            --precise-decode, as batch generation; times are the mean of -r runs after a warm-up)\n"
     "  --step-sync  tg: wait for each token before the next step (what a sampler on the host needs;\n"
     "            by default the device runs a step ahead, as greedy generation does)\n"
     "Tokenization and sampling are not timed: pp tests feed random token ids, tg tests greedy ones.\n";
@@ -116,9 +116,9 @@ int cmd_bench(int argc, char **argv) {
         struct cli_session s;
         cli_session_open(&s, &mo, 0);
         if (!mo.decode_levels) s.m->decode_levels = 1; /* as batch generation's default */
+        struct tllm_backend *dev = cli_session_batch_device(&s);
         const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
-        bench_batched(s.m, name, cli_kv_dtype(&mo), pp, n_pp, tg, n_tg, par,
-                      n_par, th, n_th, reps, fmt);
+        bench_batched(s.m, dev, name, cli_kv_dtype(&mo), pp, n_pp, tg, n_tg, par, n_par, th, n_th, reps, fmt);
         cli_session_close(&s);
         return 0;
     }

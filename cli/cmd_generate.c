@@ -135,7 +135,7 @@ struct batch {
     struct cli_session *s;
     struct batch_in in;
     struct batch_out out;
-    struct tllm_sched *sched; /* NULL: one prompt at a time on the session's context (a device decodes) */
+    struct tllm_sched *sched; /* on the CPU threads, or on the device when one is in use */
     long answered, skipped, errors;
     size_t gen_tokens;
     double t_start, gen_time;
@@ -175,19 +175,9 @@ static int batch_cb(const char *text, size_t len, void *user) {
     return interrupted;
 }
 
-/* One prompt: run now (one at a time) or queued to the scheduler */
+/* One prompt, queued to the scheduler */
 static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_ids *prompt, long lineno) {
     struct cli_session *s = b->s;
-    if (!b->sched) {
-        struct tllm_gen_result r;
-        if (run_one(s, &bl->sp, prompt, bl->max_new, bl->stop, bl->n_stop, stop_if_interrupted, &r)) {
-            error_record(&b->out, bl->id, tllm_errmsg(), b->in.name, lineno);
-            b->errors++;
-        } else
-            record_result(b, bl->id, &r);
-        tllm_gen_result_free(&r);
-        return;
-    }
     struct job *j = malloc(sizeof *j);
     if (!j) cli_die("out of memory");
     j->id = json_object_get(bl->id), j->lineno = lineno;
@@ -197,25 +187,17 @@ static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_
     if (tllm_sched_submit(b->sched, &rq)) cli_die_lib();
 }
 
-static void show_progress(struct batch *b, long lineno) {
+/* What is done, and the tokens of all per second of wall time */
+static void show_progress(struct batch *b) {
     double el = tllm_now() - b->t_start;
     long done = b->answered + b->errors;
-    if (b->sched) { /* many at once: what is done, and the tokens of all per second of wall time */
-        struct tllm_sched_stats st;
-        tllm_sched_stats(b->sched, &st);
-        long total = b->in.total ? b->in.total - b->skipped : 0;
-        if (total) fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, %d running   ", done, total, el > 0 ? (double)st.gen_tokens / el : 0,
-                           tllm_sched_running(b->sched));
-        else fprintf(stderr, "\r[%ld] %.1f tok/s, %d running   ", done, el > 0 ? (double)st.gen_tokens / el : 0,
-                     tllm_sched_running(b->sched));
-        return;
-    }
-    double per = lineno > b->skipped ? el / (double)(lineno - b->skipped) : 0;
-    if (b->in.total)
-        fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, ETA %.0f s   ", lineno, b->in.total,
-                b->gen_time > 0 ? (double)b->gen_tokens / b->gen_time : 0, per * (double)(b->in.total - lineno));
-    else
-        fprintf(stderr, "\r[%ld] %.1f tok/s   ", lineno, b->gen_time > 0 ? (double)b->gen_tokens / b->gen_time : 0);
+    struct tllm_sched_stats st;
+    tllm_sched_stats(b->sched, &st);
+    long total = b->in.total ? b->in.total - b->skipped : 0;
+    if (total) fprintf(stderr, "\r[%ld/%ld] %.1f tok/s, %d running   ", done, total, el > 0 ? (double)st.gen_tokens / el : 0,
+                       tllm_sched_running(b->sched));
+    else fprintf(stderr, "\r[%ld] %.1f tok/s, %d running   ", done, el > 0 ? (double)st.gen_tokens / el : 0,
+                 tllm_sched_running(b->sched));
 }
 
 static int run_batch(struct cli_session *s, const char *file, const char *out_path, int force, const struct cli_sampling *cs,
@@ -224,7 +206,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     batch_in_open(&b.in, file);
     if (b.in.regular && b.in.total == 0) cli_die("%s: the prompt file is empty", file);
     batch_out_open(&b.out, out_path, &b.in, force);
-    if (sp && tllm_sched_init(&b.sched, s->m, s->tok, sp, on_done, &b)) cli_die_lib();
+    if (tllm_sched_init(&b.sched, s->m, s->tok, sp, on_done, &b)) cli_die_lib();
     struct json_object *seen = json_object_new_object(); /* id -> the line that has it */
     int progress = isatty(STDERR_FILENO), eof = 0;
     long lineno = 0;
@@ -232,7 +214,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
     struct tllm_sampler_params base = cli_sampling_resolve(s, cs);
     while (!interrupted) {
         /* read while the scheduler's queue is short (a file of any length costs a few lines' memory) */
-        while (!eof && !interrupted && (!b.sched || tllm_sched_waiting(b.sched) < sp->n_parallel)) {
+        while (!eof && !interrupted && tllm_sched_waiting(b.sched) < sp->n_parallel) {
             int too_long;
             ssize_t n = batch_in_next(&b.in, &too_long);
             if (n == -1) {
@@ -270,14 +252,13 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
             }
             tllm_ids_free(&prompt);
             cli_prompt_line_free(&bl);
-            if (progress && !b.sched) show_progress(&b, lineno);
         }
-        if (!b.sched || (eof && !tllm_sched_waiting(b.sched) && !tllm_sched_running(b.sched))) break;
+        if (eof && !tllm_sched_waiting(b.sched) && !tllm_sched_running(b.sched)) break;
         if (tllm_sched_step(b.sched)) cli_die_lib(); /* the records written so far stand; a re-run resumes */
-        if (progress) show_progress(&b, lineno);
+        if (progress) show_progress(&b);
     }
     char work[200] = "";
-    if (b.sched) {
+    {
         struct tllm_sched_stats st;
         tllm_sched_stats(b.sched, &st);
         double el = tllm_now() - b.t_start;
@@ -337,10 +318,8 @@ int cmd_generate(int argc, char **argv) {
         if (!parallel) parallel = DEFAULT_PARALLEL;
         if (!mo.decode_levels) s.m->decode_levels = 1; /* a throughput job: --fast-decode unless told otherwise */
         struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch, .kv_tokens = kv_size,
-                                       .kv_type = cli_kv_dtype(&mo)};
-        if (s.dev) fprintf(stderr, "tllm: %s decodes one prompt at a time (--parallel runs on the CPU; --device cpu for it)\n",
-                           cli_session_backend(&s));
-        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, s.dev ? NULL : &sp);
+                                       .kv_type = cli_kv_dtype(&mo), .dev = cli_session_batch_device(&s)};
+        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, &sp);
         cli_session_close(&s);
         return rc;
     }

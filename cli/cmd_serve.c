@@ -109,9 +109,6 @@ int cmd_serve(int argc, char **argv) {
     char *key_buf = key_file ? read_key_file(key_file) : NULL;
     if (key_buf) api_key = key_buf;
     if (api_key && !*api_key) cli_die("serve: the API key is empty");
-    if (mo.device && strcmp(mo.device, "cpu"))
-        fprintf(stderr, "tllm serve: requests run on the CPU (many sequences at once); --device %s is not used\n", mo.device);
-    mo.device = "cpu";
     struct cli_session s;
     cli_session_open(&s, &mo, 0);
     if (!mo.decode_levels) s.m->decode_levels = 1; /* many clients at once: --fast-decode unless told otherwise */
@@ -122,7 +119,8 @@ int cmd_serve(int argc, char **argv) {
         name = name && name[1] ? name + 1 : mo.dir;
     }
     struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch,
-                                   .kv_tokens = kv_size ? kv_size : parallel * n_ctx, .kv_type = cli_kv_dtype(&mo), .n_ctx = n_ctx};
+                                   .kv_tokens = kv_size ? kv_size : parallel * n_ctx, .kv_type = cli_kv_dtype(&mo), .n_ctx = n_ctx,
+                                   .dev = cli_session_batch_device(&s)};
     struct srv_engine engine;
     if (srv_engine_init(&engine, s.m, s.tok, &sp, parallel + max_queue)) cli_die_lib();
     struct srv_params p = {.host = host, .port = port, .api_key = api_key, .model_name = name, .max_body = (size_t)max_body,
@@ -142,8 +140,8 @@ int cmd_serve(int argc, char **argv) {
         cli_die_lib();
     }
     int bound = srv_server_port(srv);
-    fprintf(stderr, "tllm serve: %s (%s), %d sequences at once, %d positions each, KV cache %d positions\n", name, mo.dir,
-            parallel, n_ctx, sp.kv_tokens);
+    fprintf(stderr, "tllm serve: %s (%s), %d sequences at once on %s, %d positions each, KV cache %d positions\n", name, mo.dir,
+            parallel, sp.dev ? cli_session_backend(&s) : "the CPU", n_ctx, sp.kv_tokens);
     fprintf(stderr, "tllm serve: listening on http://%s%s%s:%d%s\n", strchr(host, ':') ? "[" : "", host,
             strchr(host, ':') ? "]" : "", bound, api_key ? " (API key required)" : "");
     if (!api_key && strcmp(host, "127.0.0.1") && strcmp(host, "::1"))

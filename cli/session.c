@@ -152,6 +152,20 @@ void cli_session_attach_device(struct cli_session *s) {
 
 const char *cli_session_backend(const struct cli_session *s) { return tllm_session_device(s->ss); }
 
+struct tllm_backend *cli_session_batch_device(const struct cli_session *s) {
+    if (!s->dev) return NULL;
+    struct tllm_backend_info info;
+    tllm_backend_describe(s->dev, &info);
+    if (!s->dev->ops->use_kv || info.prefill < 0) {
+        fprintf(stderr, "tllm: %s takes one token at a time for this model: many sequences run on the CPU\n", info.name);
+        return NULL;
+    }
+    if (s->m->decode_levels == 2)
+        cli_die("--precise-decode: steps of many sequences on %s quantize every token's activations in one level "
+                "(leave it out, or use --device cpu)", info.name);
+    return s->dev;
+}
+
 enum tllm_dtype cli_kv_dtype(const struct cli_model_opts *o) {
     enum tllm_dtype t = TLLM_DT_F16;
     if (o->kv_type) tllm_kv_type_parse(o->kv_type, &t); /* checked when the option was read */

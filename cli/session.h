@@ -60,6 +60,10 @@ void cli_session_close(struct cli_session *s);
 void cli_session_attach_device(struct cli_session *s);
 /* "CPU" or "OpenCL <device name>" */
 const char *cli_session_backend(const struct cli_session *s);
+/* The device for many sequences at once (the scheduler, tllm bench -np), or NULL: the CPU threads (no
+ * device, or one that takes single tokens only for this model: said on stderr). Dies when the options
+ * ask what it cannot do (--precise-decode). */
+struct tllm_backend *cli_session_batch_device(const struct cli_session *s);
 
 /* --kv-type as the KV cache's element type (TLLM_DT_F16 when not given) */
 enum tllm_dtype cli_kv_dtype(const struct cli_model_opts *o);

@@ -2,7 +2,8 @@
  * The CPU backend (engine/backend/cpu/) runs the Qwen2 forward pass on the thread pool over the
  * host's paged KV cache (engine/run/kv_cache.h); a device backend (engine/backend/opencl/) runs steps
  * of one sequence (a generated token, or a chunk of prompt tokens) on its own copy of the weights and
- * of the cache, which the context keeps in step with the host's by ranges of positions.
+ * of the cache, which the context keeps in step with the host's by ranges of positions, or, bound to
+ * a paged cache (use_kv), steps of many sequences with their blocks on the device.
  * The context (engine/run/context.c) and the generation loop talk to backends only through this. */
 #ifndef TLLM_BACKEND_H
 #define TLLM_BACKEND_H
@@ -16,8 +17,8 @@ struct tllm_qweights;
 
 /* The tokens of one step. Each carries its sequence and its position in it, so that one step mixes
  * prefill chunks of some sequences with generated tokens of others. A sequence's tokens are together
- * and at consecutive positions from where its cache ends (the CPU backend; a device takes one
- * sequence). The first n_gen tokens are generated ones (one per sequence, decoding): a token's
+ * and at consecutive positions from where its cache ends (the CPU backend, and a device bound to
+ * the cache by use_kv; otherwise a device takes one sequence). The first n_gen tokens are generated ones (one per sequence, decoding): a token's
  * arithmetic follows its role (kernels/cpu/qpack.h), never what else is in the step. */
 struct tllm_batch {
     int n;              /* tokens in the step */
@@ -55,6 +56,11 @@ struct tllm_backend_ops {
      * kt [n_layers x kv_dim x (p1 - p0)] (keys transposed) and v [n_layers x (p1 - p0) x kv_dim]. */
     int (*kv_upload)(struct tllm_backend *b, const float *kt, const float *v, int p0, int p1);
     int (*kv_download)(struct tllm_backend *b, float *kt, float *v, int p0, int p1);
+    /* Optional (a device that runs many sequences at once): from now on steps take tokens of kv's
+     * sequences, as the CPU backend's do, their K/V in a pool of kv's blocks on the device (kv keeps the
+     * tables and reference counts; its own blocks are not written). NULL: back to the device's own
+     * cache of one sequence. The caller keeps kv and binds NULL before freeing it. */
+    int (*use_kv)(struct tllm_backend *b, struct tllm_kv *kv);
     void (*describe)(const struct tllm_backend *b, struct tllm_backend_info *info);
     /* Optional (tests, tllm bench-gemm): y[n][rows] = W x[n][cols] through the device's prompt GEMM
      * (int8: x quantized there per block of 32, as prompt activations are), or with reps > 0 that GEMM

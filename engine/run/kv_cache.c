@@ -64,6 +64,7 @@ void tllm_kv_free(struct tllm_kv *kv) {
         free(kv->seqs[s].tokens);
     }
     free(kv->seqs);
+    free(kv->copies);
     free(kv->meta);
     free(kv->free_stack);
     free(kv->buckets);
@@ -217,8 +218,10 @@ int tllm_kv_seq_reserve(struct tllm_kv *kv, int seq, int n) {
         int i = s->n_tokens / TLLM_KV_BLOCK, old = s->blocks[i];
         struct tllm_kv_block *m = &kv->meta[old];
         if (m->ref > 1) { /* shared: copy on write */
+            if (kv->remote && (rc = grow(&kv->copies, &kv->cap_copies, 2 * kv->n_copies + 2))) return rc;
             int b = alloc_block(kv);
-            for (int l = 0; l < kv->n_layers; l++) {
+            if (kv->remote) kv->copies[2 * kv->n_copies] = old, kv->copies[2 * kv->n_copies + 1] = b, kv->n_copies++;
+            for (int l = 0; l < kv->n_layers && !kv->remote; l++) {
                 memcpy(tllm_kv_k(kv, l, b), tllm_kv_k(kv, l, old), kv->block_elems * kv->esize);
                 memcpy(tllm_kv_v(kv, l, b), tllm_kv_v(kv, l, old), kv->block_elems * kv->esize);
             }
@@ -292,4 +295,9 @@ void tllm_kv_seq_read(const struct tllm_kv *kv, int seq, int p0, int p1, float *
 
 void tllm_kv_seq_write(struct tllm_kv *kv, int seq, int p0, int p1, const float *kt, const float *v) {
     seq_copy(kv, seq, p0, p1, (float *)kt, (float *)v, 1);
+}
+
+void tllm_kv_set_remote(struct tllm_kv *kv, int on) {
+    kv->remote = on;
+    kv->n_copies = 0;
 }

@@ -50,6 +50,12 @@ struct tllm_kv {
     int *buckets, n_buckets;       /* hash of (parent, tokens) -> chain of blocks */
     struct tllm_kv_seq *seqs;      /* [max_seqs] */
     int max_seqs;
+    /* The blocks' contents live on a device (tllm_kv_set_remote): a shared block that reserve must
+     * write is not copied here; the (from, to) pair is logged for the device to copy before its next
+     * step, which then empties the log */
+    int remote;
+    int32_t *copies; /* [2 n_copies] */
+    int n_copies, cap_copies;
 };
 
 /* "f16" or "f32" (the front ends' --kv-type) */
@@ -92,6 +98,9 @@ static inline void *tllm_kv_k(const struct tllm_kv *kv, int l, int b) {
 static inline void *tllm_kv_v(const struct tllm_kv *kv, int l, int b) {
     return (char *)kv->v + ((size_t)l * kv->n_blocks + (size_t)b) * kv->block_elems * kv->esize;
 }
+
+/* From now on (on = 1) the blocks' contents are a device's: copies on write are logged, not made */
+void tllm_kv_set_remote(struct tllm_kv *kv, int on);
 
 /* Positions [p0, p1) of a sequence as float32 in a device's layout: kt [n_layers x kv_dim x (p1-p0)]
  * (keys transposed), v [n_layers x (p1-p0) x kv_dim]; and back (positions must be reserved). */

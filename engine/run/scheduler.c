@@ -52,7 +52,8 @@ struct tllm_sched {
     tllm_sched_done_fn done;
     void *arg;
     struct tllm_kv *kv;
-    struct tllm_backend *cpu;
+    struct tllm_backend *cpu;  /* the CPU's, or NULL when p.dev runs the steps */
+    struct tllm_backend *run;  /* the one that does: cpu or p.dev */
     struct seq *seqs;          /* [n_parallel] slots */
     int *order;                /* [n_parallel] the active slots, in admission order */
     int n_running;
@@ -65,8 +66,10 @@ struct tllm_sched {
     int *row_slot;             /* [n_parallel] the slot of each logits row */
     int *tok_slot;             /* [n_batch] the slot of each token */
     float *logits;             /* [n_parallel x vocab] */
+    int32_t *next;             /* [n_parallel] each row's argmax, when every row is greedy */
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
     struct tllm_sched_stats st;
+    int bound;                 /* p.dev holds the cache (use_kv): let go of it at the end */
 };
 
 static void req_free(struct req *q) {
@@ -93,7 +96,10 @@ int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct 
     int rc = tllm_kv_init(&s->kv, c->n_layers, c->n_kv_heads, c->head_dim, s->p.kv_tokens, s->p.kv_type, s->p.n_parallel);
     if (!rc) {
         if (s->n_ctx > s->kv->n_blocks * TLLM_KV_BLOCK) s->n_ctx = s->kv->n_blocks * TLLM_KV_BLOCK;
-        rc = tllm_backend_cpu_init(&s->cpu, m, s->kv, s->p.n_batch);
+        if (!p->dev) rc = tllm_backend_cpu_init(&s->cpu, m, s->kv, s->p.n_batch);
+        else if (!p->dev->ops->use_kv) rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "this device runs one sequence at a time");
+        else if (!(rc = p->dev->ops->use_kv(p->dev, s->kv))) s->bound = 1;
+        s->run = p->dev ? p->dev : s->cpu;
     }
     size_t nb = (size_t)s->p.n_batch, np = (size_t)s->p.n_parallel;
     if (!rc) {
@@ -106,7 +112,8 @@ int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct 
         s->row_slot = malloc(np * sizeof *s->row_slot);
         s->tok_slot = malloc(nb * sizeof *s->tok_slot);
         s->logits = malloc(np * (size_t)c->vocab_size * sizeof *s->logits);
-        if (!s->seqs || !s->order || !s->ids || !s->pos || !s->sq || !s->out || !s->row_slot || !s->tok_slot || !s->logits)
+        s->next = malloc(np * sizeof *s->next);
+        if (!s->seqs || !s->order || !s->ids || !s->pos || !s->sq || !s->out || !s->row_slot || !s->tok_slot || !s->logits || !s->next)
             rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     if (rc) {
@@ -174,6 +181,7 @@ void tllm_sched_free(struct tllm_sched *s) {
     if (!s) return;
     if (s->seqs) tllm_sched_drop_all(s);
     tllm_backend_free(s->cpu);
+    if (s->bound) s->p.dev->ops->use_kv(s->p.dev, NULL);
     tllm_kv_free(s->kv);
     free(s->seqs);
     free(s->order);
@@ -184,6 +192,7 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->row_slot);
     free(s->tok_slot);
     free(s->logits);
+    free(s->next);
     free(s->raw);
     free(s);
 }
@@ -323,8 +332,9 @@ static float log_probs(const float *x, int n, int32_t id, int k, int32_t *top_id
     return x[id] - lse;
 }
 
-/* After a sequence's logits: sample, take the token, and end it or queue the token for the next step */
-static void advance(struct tllm_sched *s, int slot, float *logits) {
+/* After a sequence's logits (or, NULL, its greedy pick `best`): sample, take the token, and end it or
+ * queue the token for the next step */
+static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best) {
     struct seq *q = &s->seqs[slot];
     if (!q->decoding) {
         q->decoding = 1;
@@ -343,7 +353,7 @@ static void advance(struct tllm_sched *s, int slot, float *logits) {
         }
         memcpy(s->raw, logits, (size_t)n_vocab * sizeof *s->raw);
     }
-    int32_t id = tllm_sampler_sample(&q->smp, logits);
+    int32_t id = logits ? tllm_sampler_sample(&q->smp, logits) : best;
     size_t kept = q->r.ids.len;
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
@@ -397,8 +407,13 @@ int tllm_sched_step(struct tllm_sched *s) {
     }
     if (n == 0) return TLLM_OK;
     struct tllm_batch b = {n, s->ids, s->pos, s->sq, s->out, n_gen};
+    int greedy = 1; /* every row's pick is its argmax: only the ids come back (from a device, 4 bytes a row) */
+    for (int j = 0; j < n_rows && greedy; j++) {
+        const struct seq *q = &s->seqs[s->row_slot[j]];
+        greedy = tllm_sampler_is_greedy(&q->smp) && !q->rq->on_token;
+    }
     double t0 = tllm_now();
-    int rc = s->cpu->ops->step(s->cpu, &b, s->logits, NULL);
+    int rc = s->run->ops->step(s->run, &b, greedy ? NULL : s->logits, greedy ? s->next : NULL);
     s->st.step_secs += tllm_now() - t0;
     if (rc) {
         char msg[512];
@@ -419,7 +434,8 @@ int tllm_sched_step(struct tllm_sched *s) {
         q->n_done += t1 - t;
         t = t1;
     }
-    for (int j = 0; j < n_rows; j++) advance(s, s->row_slot[j], s->logits + (size_t)j * s->m->cfg.vocab_size);
+    for (int j = 0; j < n_rows; j++)
+        advance(s, s->row_slot[j], greedy ? NULL : s->logits + (size_t)j * s->m->cfg.vocab_size, greedy ? s->next[j] : 0);
     return TLLM_OK;
 }
 

@@ -25,6 +25,8 @@ struct tllm_sched_params {
     int kv_tokens;     /* positions of the shared KV cache (0: 1024 per sequence, at least 4096) */
     enum tllm_dtype kv_type; /* TLLM_DT_F16 or TLLM_DT_F32 */
     int n_ctx;         /* positions one sequence may reach (0: the model's max_position_embeddings) */
+    struct tllm_backend *dev; /* steps on this device (bound to the scheduler's cache until it is freed;
+                               * it must offer use_kv), or NULL: on the CPU threads */
 };
 
 struct tllm_sched_req {

@@ -1,6 +1,6 @@
 /* Prompt processing on the device: the row-wise steps between prefill's GEMMs (kernels/opencl/gemm.cl)
- * for a chunk of n_tok tokens of one sequence at positions pos0 .. pos0 + n_tok - 1, activations
- * [n_tok][width] row-major. engine/backend/opencl/cl_prefill.c runs a layer as
+ * for a step's n_tok tokens (a chunk of one sequence at positions pos0 .. pos0 + n_tok - 1, or tokens
+ * of many sequences: kernels/opencl/paged.cl), activations [n_tok][width] row-major. engine/backend/opencl/cl_prefill.c runs a layer as
  *   pf_norm (attn_norm) -> gemm q, k, v -> pf_rope (K and V into the cache) -> flash_prefill ->
  *   pf_norm (no weight: the attention output quantized) -> gemm o_proj (+= x) -> pf_norm (ffn_norm) ->
  *   gemm gate, up -> pf_swiglu -> gemm down_proj (+= x)
@@ -50,14 +50,14 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
     if (j < cols && t < n_tok) x[(size_t)t * cols + j] = embed_one(WPASS(0), cols, clamp(ids[t], 0, vocab - 1), j);
 }
 
-/* Token t_off + t's row of x (t: the work-group), RMS-normalized with weight vecs[norm_off ..] (norm_off < 0: as it is), as a
- * GEMM's input (cols % 32 == 0) */
+/* Row t_off + t of x (t: the work-group; rows_off >= 0: row meta[rows_off + t]), RMS-normalized with weight
+ * vecs[norm_off ..] (norm_off < 0: as it is), as row t of a GEMM's input (cols % 32 == 0) */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
-pf_norm(__global const float *x, int t_off, int cols, __global const float *vecs, int norm_off, float eps, int int8,
-        __global float *xf, __global char *xq, __global float *xd, __global float *xs) {
+pf_norm(__global const float *x, int t_off, __global const int *meta, int rows_off, int cols, __global const float *vecs,
+        int norm_off, float eps, int int8, __global float *xf, __global char *xq, __global float *xd, __global float *xs) {
     __local float red[PF_LWS];
     int t = get_group_id(0), lid = get_local_id(0);
-    __global const float *row = x + (size_t)(t_off + t) * cols;
+    __global const float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
     float inv = 1.0f;
     if (norm_off >= 0) {
         float ss = 0.0f;
@@ -99,32 +99,54 @@ __kernel void pf_rope(__global const float *qkv, int n_heads, int n_kv, int hd, 
 }
 
 #ifdef HEAD_DIM
-#define FL_QA (FL_QB / 16)    /* queries a work-item scores and sums for */
+#define FL_QA (FL_QB / 16)    /* query rows a work-item scores and sums for */
 #define FL_KA (FL_KB / 16)    /* keys of a staged tile it scores */
-#define FL_DA (HEAD_DIM / 16) /* output elements of each of its queries */
+#define FL_DA (HEAD_DIM / 16) /* output elements of each of its rows */
 #if FL_QB % 16 || FL_KB % 16 || HEAD_DIM % 16
 #error "flash_prefill: FL_QB, FL_KB and HEAD_DIM must be multiples of 16"
 #endif
 
-/* Causal attention of the chunk's queries over the cache (positions 0 .. each query's own), one
- * work-group per (block of FL_QB queries, head), keys staged FL_KB positions at a time. Work-item
- * (qi, ki) = (lid / 16, lid % 16) owns queries qi + 16 a: it scores keys ki + 16 b of each staged
- * tile against them (FL_QA x FL_KA dot products: each local read serves several of them), keeps the
- * queries' running max and sum (an online softmax, reduced over the 16 work-items of a qi), and
- * accumulates their output elements ki + 16 c from the weighted values. */
+/* Element d of the key (or value) at position p of KV head g in a layer's cache: the one sequence's
+ * (paged == 0: keys [kv_dim][ctx_stride] transposed, values [ctx_stride][kv_dim], float) or, paged, a
+ * sequence's of the block pool (tab: its block table; kernels/opencl/paged.cl says the layout). */
+#define FL_KEY(p, d)                                                                                              \
+    (paged ? kv_get(kc, kv_block(layer, tab[(p) / KV_BLOCK], ctx_stride, g, n_kv, HEAD_DIM) + (size_t)(d) * KV_BLOCK + \
+                            (p) % KV_BLOCK, kv_half)                                                                 \
+           : kc[(size_t)(layer * kv_dim + g * HEAD_DIM + (d)) * ctx_stride + (p)])
+#define FL_VALUE(p, d)                                                                                            \
+    (paged ? kv_get(vc, kv_block(layer, tab[(p) / KV_BLOCK], ctx_stride, g, n_kv, HEAD_DIM) + (size_t)((p) % KV_BLOCK) * \
+                            HEAD_DIM + (d), kv_half)                                                                 \
+           : vc[(size_t)layer * kv_dim * ctx_stride + (size_t)(p) * kv_dim + g * HEAD_DIM + (d)])
+
+/* Causal attention of a run of one sequence's queries over its cache (positions 0 .. each query's
+ * own), one work-group per (run of tokens, KV head): its FL_QB rows are (token, query head of the KV
+ * head's group) pairs, so the staged keys and values serve every head that shares them (GQA). Keys are
+ * staged FL_KB positions at a time. Work-item (qi, ki) = (lid / 16, lid % 16) owns rows qi + 16 a: it
+ * scores keys ki + 16 b of each staged tile against them (FL_QA x FL_KA dot products: each local read
+ * serves several of them), keeps the rows' running max and sum (an online softmax, reduced over the 16
+ * work-items of a qi), and accumulates their output elements ki + 16 c from the weighted values. A
+ * row's arithmetic does not depend on the other rows of its group or on where the group ends (keys
+ * past a row's own position weigh exactly 0), so a token gets the same bits in any step.
+ * The runs: paged == 0, tokens [t0, t0 + FL_QB / gq) of the n_tok of a chunk at positions pos0 + t;
+ * paged, meta[grp_off + 4 i ..] = (first token, tokens, first position, offset of the block table). */
 __kernel __attribute__((reqd_work_group_size(FL_LWS, 1, 1))) void
-flash_prefill(__global const float *q, __global const float *kt, __global const float *vc, int layer, int n_heads,
-              int n_kv, int ctx_stride, int pos0, int n_tok, __global float *out) {
-    const int kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM;
+flash_prefill(__global const float *q, __global const float *kc, __global const float *vc, int layer, int n_heads,
+              int n_kv, int ctx_stride, int pos0, int n_tok, int paged, int kv_half, __global const int *meta, int grp_off,
+              __global float *out) {
+    const int kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM, gq = n_heads / n_kv, tpg = FL_QB / gq;
     __local float Qs[FL_QB][HEAD_DIM + 1], KV[FL_KB][HEAD_DIM + 1], P[FL_QB][FL_KB + 1], red[FL_LWS];
-    int lid = get_local_id(0), qi = lid / 16, ki = lid % 16, h = get_group_id(1), g = h / (n_heads / n_kv);
-    int t0 = get_group_id(0) * FL_QB, nq = min(FL_QB, n_tok - t0), last = pos0 + t0 + nq - 1;
-    kt += (size_t)layer * kv_dim * ctx_stride + (size_t)g * HEAD_DIM * ctx_stride;
-    vc += (size_t)layer * kv_dim * ctx_stride + (size_t)g * HEAD_DIM;
+    int lid = get_local_id(0), qi = lid / 16, ki = lid % 16, g = get_group_id(1);
+    int t0 = get_group_id(0) * tpg, nq = min(tpg, n_tok - t0);
+    __global const int *tab = meta;
+    if (paged) {
+        __global const int *grp = meta + grp_off + 4 * get_group_id(0);
+        t0 = grp[0], nq = grp[1], pos0 = grp[2] - t0, tab = meta + grp[3];
+    }
+    int last = pos0 + t0 + nq - 1, rows = nq * gq;
     float scale = rsqrt((float)HEAD_DIM), m_row[FL_QA], l_row[FL_QA], acc[FL_QA][FL_DA];
     for (int i = lid; i < FL_QB * HEAD_DIM; i += FL_LWS) {
-        int t = i / HEAD_DIM, d = i % HEAD_DIM;
-        Qs[t][d] = t < nq ? q[(size_t)(t0 + t) * q_dim + h * HEAD_DIM + d] * scale : 0.0f;
+        int r = i / HEAD_DIM, d = i % HEAD_DIM;
+        Qs[r][d] = r < rows ? q[(size_t)(t0 + r / gq) * q_dim + (g * gq + r % gq) * HEAD_DIM + d] * scale : 0.0f;
     }
     for (int a = 0; a < FL_QA; a++) {
         m_row[a] = -INFINITY, l_row[a] = 0.0f;
@@ -134,7 +156,7 @@ flash_prefill(__global const float *q, __global const float *kt, __global const 
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
             int d = i / FL_KB, k = i % FL_KB;
-            KV[k][d] = p0 + k <= last ? kt[(size_t)d * ctx_stride + p0 + k] : 0.0f;
+            KV[k][d] = p0 + k <= last ? FL_KEY(p0 + k, d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         float sc[FL_QA][FL_KA];
@@ -149,17 +171,17 @@ flash_prefill(__global const float *q, __global const float *kt, __global const 
         }
         float alpha[FL_QA];
         for (int a = 0; a < FL_QA; a++) {
-            int t = qi + 16 * a;
+            int r = qi + 16 * a;
             float mx = -INFINITY;
             for (int b = 0; b < FL_KA; b++) {
-                if (p0 + ki + 16 * b > pos0 + t0 + t) sc[a][b] = -INFINITY; /* causal */
+                if (p0 + ki + 16 * b > pos0 + t0 + r / gq) sc[a][b] = -INFINITY; /* causal */
                 mx = fmax(mx, sc[a][b]);
             }
             float m_new = fmax(m_row[a], lanes_reduce(mx, 16, red, 1)), sum = 0.0f;
             alpha[a] = m_new == -INFINITY ? 1.0f : exp(m_row[a] - m_new);
             for (int b = 0; b < FL_KA; b++) {
                 float pe = m_new == -INFINITY ? 0.0f : exp(sc[a][b] - m_new);
-                P[t][ki + 16 * b] = pe;
+                P[r][ki + 16 * b] = pe;
                 sum += pe;
             }
             l_row[a] = l_row[a] * alpha[a] + lanes_reduce(sum, 16, red, 0), m_row[a] = m_new;
@@ -167,7 +189,7 @@ flash_prefill(__global const float *q, __global const float *kt, __global const 
         barrier(CLK_LOCAL_MEM_FENCE); /* the keys are read: their tile takes the values */
         for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
             int k = i / HEAD_DIM, d = i % HEAD_DIM;
-            KV[k][d] = p0 + k <= last ? vc[(size_t)(p0 + k) * kv_dim + d] : 0.0f;
+            KV[k][d] = p0 + k <= last ? FL_VALUE(p0 + k, d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int a = 0; a < FL_QA; a++)
@@ -181,9 +203,10 @@ flash_prefill(__global const float *q, __global const float *kt, __global const 
         }
     }
     for (int a = 0; a < FL_QA; a++) {
-        int t = qi + 16 * a;
-        if (t < nq)
-            for (int c = 0; c < FL_DA; c++) out[(size_t)(t0 + t) * q_dim + h * HEAD_DIM + ki + 16 * c] = acc[a][c] / l_row[a];
+        int r = qi + 16 * a;
+        if (r < rows)
+            for (int c = 0; c < FL_DA; c++)
+                out[(size_t)(t0 + r / gq) * q_dim + (g * gq + r % gq) * HEAD_DIM + ki + 16 * c] = acc[a][c] / l_row[a];
     }
 }
 #endif

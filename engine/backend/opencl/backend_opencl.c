@@ -1,5 +1,6 @@
 /* The OpenCL device as a struct tllm_backend: the table over cl.h's calls. A step is one sequence's:
- * a generated token (the decode kernels), or a chunk of prompt tokens (the prefill GEMMs). */
+ * a generated token (the decode kernels), or a chunk of prompt tokens (the prefill GEMMs); or, bound
+ * to a paged cache, tokens of many sequences (cl_paged.c). */
 #include "engine/backend/opencl/opencl.h"
 
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 struct cl_backend {
     struct tllm_backend base;
     struct tllm_cl *cl;
+    struct tllm_kv *kv; /* bound by use_kv: steps of many sequences */
 };
 
 static struct tllm_cl *cl_of(const struct tllm_backend *b) { return ((const struct cl_backend *)b)->cl; }
@@ -31,6 +33,7 @@ static int prompt_step(struct tllm_cl *cl, const struct tllm_batch *bt, float *l
 }
 
 static int ocl_step(struct tllm_backend *b, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
+    if (((struct cl_backend *)b)->kv) return tllm_cl_batch(cl_of(b), bt->n, bt->id, bt->pos, bt->seq, bt->out, logits, argmax);
     if (bt->n > 1 || bt->n_gen == 0) return prompt_step(cl_of(b), bt, logits, argmax);
     int want = bt->out && bt->out[0];
     return tllm_cl_step(cl_of(b), bt->id[0], bt->pos[0], want ? logits : NULL, want ? argmax : NULL);
@@ -51,6 +54,14 @@ static int ocl_kv_upload(struct tllm_backend *b, const float *kt, const float *v
 
 static int ocl_kv_download(struct tllm_backend *b, float *kt, float *v, int p0, int p1) {
     return tllm_cl_kv_download(cl_of(b), kt, v, p0, p1);
+}
+
+static int ocl_use_kv(struct tllm_backend *b, struct tllm_kv *kv) {
+    struct cl_backend *cb = (struct cl_backend *)b;
+    cb->kv = NULL;
+    int rc = tllm_cl_use_kv(cb->cl, kv);
+    if (!rc) cb->kv = kv;
+    return rc;
 }
 
 static void ocl_describe(const struct tllm_backend *b, struct tllm_backend_info *info) {
@@ -80,6 +91,7 @@ static const struct tllm_backend_ops cl_ops = {
     .pending = ocl_pending,
     .kv_upload = ocl_kv_upload,
     .kv_download = ocl_kv_download,
+    .use_kv = ocl_use_kv,
     .describe = ocl_describe,
     .matmul = ocl_matmul,
     .free = ocl_free,

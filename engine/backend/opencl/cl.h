@@ -33,6 +33,16 @@ int tllm_cl_step(struct tllm_cl *cl, int32_t id, int pos, float *logits, int32_t
  * token that out marks (NULL: none), in order, logits != NULL receives [vocab] floats; argmax != NULL
  * (one token marked at most) its argmax. */
 int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, const int8_t *out, float *logits, int32_t *argmax);
+/* Steps of many sequences: from now on the K/V of kv's sequences live in a pool of kv's blocks on the
+ * device (kv keeps the tables; its copies on write are logged for the device: tllm_kv_set_remote);
+ * NULL ends that, the pool freed. The caller keeps kv, and binds NULL before freeing it. */
+struct tllm_kv;
+int tllm_cl_use_kv(struct tllm_cl *cl, struct tllm_kv *kv);
+/* One step of tokens of kv's sequences, as the CPU backend's (engine/backend/backend.h: each sequence's
+ * tokens together, from where its cache ends, positions reserved): K/V into the pool; for each token
+ * out marks, in order, logits[vocab] and/or its argmax. */
+int tllm_cl_batch(struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, const int8_t *out,
+                  float *logits, int32_t *argmax);
 /* 1 if prompts run faster here than on the CPU threads (a GPU; what --prefill auto takes), 0 if they
  * can run here but slower (a CPU device), -1 if they cannot (tllm_cl_prefill says why) */
 int tllm_cl_prefill_auto(const struct tllm_cl *cl);

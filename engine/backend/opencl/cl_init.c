@@ -112,6 +112,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
     if (cl->host_times && cl->host_steps)
         fprintf(stderr, "opencl host, %s, %d steps: enqueue %.1f us, wait %.1f us per token\n", cl->name, cl->host_steps,
                 cl->host_enqueue_s / cl->host_steps * 1e6, cl->host_wait_s / cl->host_steps * 1e6);
+    tllm_cl_paged_free(cl);
     tllm_cl_prefill_free(cl);
     free(cl->events);
     free(cl->event_kind);

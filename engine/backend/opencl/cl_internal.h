@@ -114,6 +114,7 @@ struct tllm_cl {
     cl_int *res_host, res_own[2 * TLLM_CL_AHEAD];
     int32_t last_next; /* the latest argmax the host has: what an id < 0 stands for when a step is redone */
     struct cl_prefill *pf; /* prompt processing's kernels and buffers (cl_prefill.c), made at its first chunk */
+    struct cl_paged *pg;   /* the block pool of many sequences' steps (cl_paged.c), when a host cache is bound */
 };
 
 #define CL_TRY(call)                                                                                            \
@@ -196,6 +197,34 @@ void tllm_cl_pin_results(struct tllm_cl *cl);
 /* NULL when prompts can be processed here, else why not (the model's shapes) */
 const char *tllm_cl_prefill_refusal(const struct tllm_cl *cl);
 void tllm_cl_prefill_free(struct tllm_cl *cl);
+/* Where a step of many sequences keeps K and V: the block pool (cl_paged.c) and the offsets in the
+ * step's meta of what kernels/opencl/paged.cl reads */
+struct cl_pages {
+    cl_mem kp, vp;   /* keys, values: [layers][n_blocks][n_kv][...] as engine/run/kv_cache.h */
+    int n_blocks, kv_half;
+    int pos_off, slot_off; /* each token's position, and slot (block x 16 + position % 16) */
+    int grp_off, n_grp;    /* the attention runs: (first token, tokens, first position, block table offset) */
+    int fixed_n;           /* split-K as for steps of this many tokens, whatever a step's size */
+};
+/* A step's tokens through every layer (tllm_cl_tokens): a chunk of the one sequence's cache from pos0
+ * (pages NULL), or tokens of many sequences in the pool. meta: the ids at [0, n), then what the pages
+ * and the wanted rows point at, uploaded with one write. For the n_out tokens meta[rows_off ..] names,
+ * in order: logits != NULL receives [vocab] floats each, argmax != NULL an id each. */
+struct cl_tokens {
+    int n, n_meta, pos0;
+    const int32_t *meta;
+    const struct cl_pages *pages;
+    int rows_off, n_out;
+    float *logits;
+    int32_t *argmax;
+};
+int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk);
+/* Query rows of a flash_prefill work-group (a run's tokens x the heads of a KV head); 0 when the
+ * kernels could not be made (the message says why) */
+int tllm_cl_flash_rows(struct tllm_cl *cl);
+
+/* cl_paged.c */
+void tllm_cl_paged_free(struct tllm_cl *cl);
 
 /* cl_profile.c */
 void tllm_cl_print_profile(const struct tllm_cl *cl);

@@ -1,7 +1,8 @@
-/* Prompt processing on the device: a chunk of one sequence's tokens through every layer as tiled
- * GEMMs (kernels/opencl/gemm.cl) with the row-wise steps and flash attention between them
- * (kernels/opencl/prefill.cl), K and V written straight into the device cache. The kernels and the
- * buffers are made at the first chunk and grow with the longest one. */
+/* Many tokens through every layer on the device: a chunk of one sequence's prompt, or a step of many
+ * sequences (cl_paged.c), as tiled GEMMs (kernels/opencl/gemm.cl) with the row-wise steps and flash
+ * attention between them (kernels/opencl/prefill.cl), K and V written straight into the device cache
+ * (or the block pool). The kernels and the buffers are made at the first step and grow with the
+ * largest one. */
 #include "engine/backend/opencl/cl_internal.h"
 
 #include <stdlib.h>
@@ -10,7 +11,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
 
-#define PF_LOGIT_ROWS 32 /* tokens whose logits one lm_head GEMM computes (every token's logits: tllm logits) */
+#define PF_LOGIT_ROWS 64 /* tokens whose logits one lm_head GEMM computes (several tokens' logits or argmaxes) */
 #define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 
@@ -36,8 +37,11 @@ struct cl_prefill {
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    cl_kernel reduce, embed, norm, swiglu, rope, flash;
-    cl_mem ids;                 /* [cap] */
+    cl_kernel reduce, embed, norm, swiglu, rope, flash, paged_rope, argmax;
+    cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
+    size_t cap_meta;
+    cl_mem amax;                /* [cap] the argmax of each wanted row */
+    int fixed_n;                /* > 0: split-K as for a step of this many tokens, whatever its size (cl_paged.c) */
     cl_mem x;                   /* [cap][dim] the residual stream */
     cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
     cl_mem h;                   /* [cap][2 ffn]: gate | up */
@@ -84,10 +88,10 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash};
+    cl_kernel ks[] = {p->mm.k, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash, p->paged_rope, p->argmax};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->ids, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits};
+    cl_mem bs[] = {p->meta, p->amax, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -128,6 +132,8 @@ static int make(struct tllm_cl *cl) {
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->norm, "pf_norm");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->swiglu, "pf_swiglu");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->rope, "pf_rope");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->paged_rope, "paged_rope");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->argmax, "rows_argmax");
     if (!rc && tllm_cl_make_kernel(cl, &p->flash, "flash_prefill"))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
@@ -140,25 +146,60 @@ static int make(struct tllm_cl *cl) {
     return mm_kernel(cl, &p->mm, int8_ok(cl));
 }
 
-/* Room for chunks of n tokens */
+/* Split-K slices for a GEMM of rows x cols over n tokens: enough for two work-groups per compute unit,
+ * each slice at least two staging steps, as many as the slices' buffer holds (1: none; TLLM_CL_SPLIT=N
+ * asks for N, TLLM_CL_SPLIT=1 for none). With fixed_n, as for fixed_n tokens whatever n is (and the
+ * buffer made to hold them: fixed_room): a token's sums are then added in the same order in any step. */
+static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, int rows, int cols, size_t n) {
+    int fixed = cl->pf->fixed_n;
+    size_t tiles = ((size_t)rows + mm->tm - 1) / mm->tm * (((fixed ? (size_t)fixed : n) + mm->tn - 1) / mm->tn);
+    size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
+    size_t room = fixed ? SIZE_MAX : mm->part_floats / (n * (size_t)rows);
+    size_t s = want < steps / 2 ? want : steps / 2;
+    if (mm->split > 0) s = (size_t)mm->split < steps ? (size_t)mm->split : steps;
+    s = s < room ? s : room;
+    return s > 1 ? (int)s : 1;
+}
+
+/* Floats a token's slices take in the GEMM that splits most (fixed_n set) */
+static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
+    const size_t n = 1; /* any: the split does not depend on it */
+    size_t most = 0;
+    for (int l = 0; l < cl->m->cfg.n_layers; l++) {
+        const struct cl_layer *D = &cl->layers[l];
+        const struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
+        for (int i = 0; i < 7; i++) {
+            int sp = splits(cl, mm, ws[i]->rows, ws[i]->cols, n);
+            if (sp > 1 && (size_t)sp * ws[i]->rows > most) most = (size_t)sp * ws[i]->rows;
+        }
+    }
+    int sp = splits(cl, mm, cl->lm_head.rows, cl->lm_head.cols, n);
+    if (sp > 1 && (size_t)sp * cl->lm_head.rows > most) most = (size_t)sp * cl->lm_head.rows;
+    return most;
+}
+
+/* Room for steps of n tokens */
 static int reserve(struct tllm_cl *cl, int n) {
     struct cl_prefill *p = cl->pf;
-    if (n <= p->cap) return TLLM_OK;
     const struct tllm_config *c = &cl->m->cfg;
-    cl_mem *bs[] = {&p->ids, &p->x, &p->mm.in, &p->mm.xd, &p->mm.xs, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
+    size_t part_tok = PF_PART * (size_t)c->dim, fixed = p->fixed_n ? fixed_room(cl, &p->mm) : 0;
+    part_tok = fixed > part_tok ? fixed : part_tok;
+    if (n <= p->cap && part_tok * p->cap <= p->mm.part_floats) return TLLM_OK;
+    n = n > p->cap ? n : p->cap;
+    cl_mem *bs[] = {&p->amax, &p->x, &p->mm.in, &p->mm.xd, &p->mm.xs, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     size_t sizes[] = {N * 4, N * c->dim * 4, N * wide(c) * 4, N * wide(c) / 32 * 4, N * wide(c) / 32 * 4,
                       N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4,
-                      PF_PART * N * c->dim * 4};
+                      part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
         if (rc) return rc;
     }
     p->cap = n;
-    p->mm.part_floats = PF_PART * N * c->dim;
+    p->mm.part_floats = part_tok * N;
     return TLLM_OK;
 }
 
@@ -205,25 +246,13 @@ static void collect(struct tllm_cl *cl, double wall) {
     p->prof_wall_s += wall;
 }
 
-/* Split-K slices for a GEMM of `tiles` work-groups over cols inputs: enough for two work-groups per
- * compute unit, each slice at least two staging steps, as many as the slices' buffer holds (1: none;
- * TLLM_CL_SPLIT=N asks for N, TLLM_CL_SPLIT=1 for none) */
-static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, size_t tiles, int cols, size_t n, int rows) {
-    size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
-    size_t room = mm->part_floats / (n * (size_t)rows);
-    size_t s = want < steps / 2 ? want : steps / 2;
-    if (mm->split > 0) s = (size_t)mm->split < steps ? (size_t)mm->split : steps;
-    s = s < room ? s : room;
-    return s > 1 ? (int)s : 1;
-}
-
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
  * pf_swiglu left it) */
 static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *w, int n, int bias_off, cl_mem y,
                      int y_off, int ldy, int add, int kind) {
     struct cl_prefill *p = cl->pf;
     size_t groups_r = ((size_t)w->rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + mm->tn - 1) / mm->tn;
-    int n_split = splits(cl, mm, groups_r * groups_t, w->cols, (size_t)n, w->rows);
+    int n_split = splits(cl, mm, w->rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
     struct args a = {mm->k, 0, CL_SUCCESS};
@@ -276,12 +305,16 @@ static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
     ARG_MEM(a, mm->xs);
 }
 
-/* mm's input: rows [t_off, t_off + n) of x ([n][cols]), normalized by the weight at norm_off (< 0: none) */
-static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int t_off, int n, int cols, int norm_off) {
+/* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
+ * normalized by the weight at norm_off (< 0: none) */
+static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int t_off, int rows_off, int n, int cols,
+                       int norm_off) {
     struct cl_prefill *p = cl->pf;
     struct args a = {p->norm, 0, CL_SUCCESS};
     ARG_MEM(&a, x);
     ARG_INT(&a, t_off);
+    ARG_MEM(&a, p->meta);
+    ARG_INT(&a, rows_off);
     ARG_INT(&a, cols);
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, norm_off);
@@ -291,54 +324,79 @@ static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int
     return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1, P_NORM);
 }
 
-static cl_int norm(struct tllm_cl *cl, cl_mem x, int t_off, int n, int cols, int norm_off) {
-    return mm_input(cl, &cl->pf->mm, x, t_off, n, cols, norm_off);
+static cl_int norm(struct tllm_cl *cl, cl_mem x, int n, int cols, int norm_off) {
+    return mm_input(cl, &cl->pf->mm, x, 0, -1, n, cols, norm_off);
 }
 
-static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
+/* RoPE, K and V into the cache, and attention of a step's tokens in layer l */
+static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
     struct cl_prefill *p = cl->pf;
-    const struct tllm_model *m = cl->m;
-    const struct tllm_config *c = &m->cfg;
-    const struct tllm_layer *L = &m->layers[l];
-    struct cl_layer *D = &cl->layers[l];
-    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
-    cl_int e = norm(cl, p->x, 0, n, c->dim, (int)(L->attn_norm - m->vectors));
-    if (!e) e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
-    if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
-    if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
-    if (!e) {
-        struct args a = {p->rope, 0, CL_SUCCESS};
-        ARG_MEM(&a, p->qkv);
-        ARG_INT(&a, c->n_heads);
-        ARG_INT(&a, c->n_kv_heads);
-        ARG_INT(&a, c->head_dim);
-        ARG_INT(&a, pos0);
+    const struct tllm_config *c = &cl->m->cfg;
+    const struct cl_pages *pg = tk->pages;
+    int n = tk->n, paged = pg != NULL;
+    struct args a = {paged ? p->paged_rope : p->rope, 0, CL_SUCCESS};
+    ARG_MEM(&a, p->qkv);
+    ARG_INT(&a, c->n_heads);
+    ARG_INT(&a, c->n_kv_heads);
+    ARG_INT(&a, c->head_dim);
+    if (paged) {
+        ARG_MEM(&a, p->meta);
+        ARG_INT(&a, pg->pos_off);
+        ARG_INT(&a, pg->slot_off);
+        ARG_MEM(&a, cl->inv_freq);
+        ARG_INT(&a, l);
+        ARG_INT(&a, pg->n_blocks);
+        ARG_INT(&a, pg->kv_half);
+        ARG_MEM(&a, p->q);
+        ARG_MEM(&a, pg->kp);
+        ARG_MEM(&a, pg->vp);
+    } else {
+        ARG_INT(&a, tk->pos0);
         ARG_MEM(&a, cl->inv_freq);
         ARG_INT(&a, l);
         ARG_INT(&a, cl->ctx_stride);
         ARG_MEM(&a, p->q);
         ARG_MEM(&a, cl->kt);
         ARG_MEM(&a, cl->vc);
-        e = a.err ? a.err : run2(cl, p->rope, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1, P_ROPE);
     }
-    if (!e) {
-        struct args a = {p->flash, 0, CL_SUCCESS};
-        ARG_MEM(&a, p->q);
-        ARG_MEM(&a, cl->kt);
-        ARG_MEM(&a, cl->vc);
-        ARG_INT(&a, l);
-        ARG_INT(&a, c->n_heads);
-        ARG_INT(&a, c->n_kv_heads);
-        ARG_INT(&a, cl->ctx_stride);
-        ARG_INT(&a, pos0);
-        ARG_INT(&a, n);
-        ARG_MEM(&a, p->att);
-        size_t blocks = ((size_t)n + p->fl_qb - 1) / p->fl_qb;
-        e = a.err ? a.err : run2(cl, p->flash, blocks * p->fl_lws, (size_t)c->n_heads, (size_t)p->fl_lws, 1, P_FLASH);
-    }
-    if (!e) e = norm(cl, p->att, 0, n, q_dim, -1);
+    cl_int e = a.err ? a.err : run2(cl, a.k, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1, P_ROPE);
+    if (e) return e;
+    struct args f = {p->flash, 0, CL_SUCCESS};
+    cl_mem kc = paged ? pg->kp : cl->kt, vc = paged ? pg->vp : cl->vc;
+    ARG_MEM(&f, p->q);
+    ARG_MEM(&f, kc);
+    ARG_MEM(&f, vc);
+    ARG_INT(&f, l);
+    ARG_INT(&f, c->n_heads);
+    ARG_INT(&f, c->n_kv_heads);
+    ARG_INT(&f, paged ? pg->n_blocks : cl->ctx_stride);
+    ARG_INT(&f, tk->pos0);
+    ARG_INT(&f, n);
+    ARG_INT(&f, paged);
+    ARG_INT(&f, paged ? pg->kv_half : 0);
+    ARG_MEM(&f, p->meta);
+    ARG_INT(&f, paged ? pg->grp_off : 0);
+    ARG_MEM(&f, p->att);
+    int per = p->fl_qb / (c->n_heads / c->n_kv_heads); /* tokens of a run */
+    size_t runs = paged ? (size_t)pg->n_grp : ((size_t)n + per - 1) / per;
+    return f.err ? f.err : run2(cl, p->flash, runs * p->fl_lws, (size_t)c->n_kv_heads, (size_t)p->fl_lws, 1, P_FLASH);
+}
+
+static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
+    struct cl_prefill *p = cl->pf;
+    const struct tllm_model *m = cl->m;
+    const struct tllm_config *c = &m->cfg;
+    const struct tllm_layer *L = &m->layers[l];
+    struct cl_layer *D = &cl->layers[l];
+    int n = tk->n, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
+    cl_int e = norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors));
+    if (!e) e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
+    if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
+    if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
+    if (!e) e = attention(cl, l, tk);
+    if (!e) e = norm(cl, p->att, n, q_dim, -1);
     if (!e) e = gemm(cl, &D->wo, n, -1, p->x, 0, c->dim, 1, P_O);
-    if (!e) e = norm(cl, p->x, 0, n, c->dim, (int)(L->ffn_norm - m->vectors));
+    if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors));
     if (!e) e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
     if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
     if (!e) {
@@ -352,90 +410,120 @@ static cl_int layer(struct tllm_cl *cl, int l, int n, int pos0) {
     return e;
 }
 
-/* The logits of the marked tokens: one marked, the decode path's lm_head (a matvec, with its argmax);
- * more, lm_head GEMMs over windows of PF_LOGIT_ROWS tokens */
-static cl_int outputs(struct tllm_cl *cl, int n, const int8_t *out, int n_out, float *logits, int32_t *argmax) {
+/* The logits (or argmaxes) of the wanted tokens: in a chunk of one sequence with one wanted, the decode
+ * path's lm_head (a matvec, with its argmax); else lm_head GEMMs over windows of PF_LOGIT_ROWS of the
+ * wanted rows, each row's logits whatever window it lands in */
+static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_config *c = &cl->m->cfg;
     size_t vocab = (size_t)c->vocab_size;
     cl_int e = CL_SUCCESS;
-    if (n_out == 1) {
-        int t = 0;
-        while (!out[t]) t++;
+    if (tk->n_out == 1 && !tk->pages) {
+        int t = tk->meta[tk->rows_off];
         e = clEnqueueCopyBuffer(cl->q, p->x, cl->x, (size_t)t * c->dim * 4, 0, (size_t)c->dim * 4, 0, NULL, NULL);
         if (!e) e = clEnqueueNDRangeKernel(cl->q, cl->l_lm_head.k, 1, NULL, cl->l_lm_head.global, cl->l_lm_head.local, 0, NULL, NULL);
-        if (!e && argmax) {
+        if (!e && tk->argmax) {
             cl_int res[2];
             e = clEnqueueNDRangeKernel(cl->q, cl->l_argmax.k, 1, NULL, cl->l_argmax.global, cl->l_argmax.local, 0, NULL, NULL);
             if (!e) e = clEnqueueReadBuffer(cl->q, cl->next, CL_TRUE, 0, sizeof res, res, 0, NULL, NULL);
-            if (!e) *argmax = res[0];
+            if (!e) tk->argmax[0] = res[0];
         }
-        if (!e && logits) e = clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, vocab * 4, logits, 0, NULL, NULL);
+        if (!e && tk->logits) e = clEnqueueReadBuffer(cl->q, cl->logits, CL_TRUE, 0, vocab * 4, tk->logits, 0, NULL, NULL);
         return e;
     }
     if (!p->logits) {
         p->logits = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE, PF_LOGIT_ROWS * vocab * 4, NULL, &e);
         if (e != CL_SUCCESS) return e;
     }
-    int done = 0;
-    for (int t0 = 0; t0 < n && !e; t0 += PF_LOGIT_ROWS) {
-        int nt = n - t0 < PF_LOGIT_ROWS ? n - t0 : PF_LOGIT_ROWS, any = 0;
-        for (int t = t0; t < t0 + nt; t++) any |= out[t];
-        if (!any) continue;
-        e = norm(cl, p->x, t0, nt, c->dim, (int)(cl->m->final_norm - cl->m->vectors));
-        if (!e) e = gemm(cl, &cl->lm_head, nt, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
-        for (int t = t0, t1; t < t0 + nt && !e; t = t1) { /* each run of marked rows in one read */
-            for (t1 = t; t1 < t0 + nt && out[t1]; t1++) {}
-            if (t1 == t) {
-                t1++;
-                continue;
-            }
-            e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, (size_t)(t - t0) * vocab * 4, (size_t)(t1 - t) * vocab * 4,
-                                    logits + (size_t)done * vocab, 0, NULL, NULL);
-            done += t1 - t;
+    for (int w0 = 0; w0 < tk->n_out && !e; w0 += PF_LOGIT_ROWS) {
+        int nw = tk->n_out - w0 < PF_LOGIT_ROWS ? tk->n_out - w0 : PF_LOGIT_ROWS;
+        e = mm_input(cl, &p->mm, p->x, 0, tk->rows_off + w0, nw, c->dim, (int)(cl->m->final_norm - cl->m->vectors));
+        if (!e) e = gemm(cl, &cl->lm_head, nw, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
+        if (!e && tk->argmax) {
+            struct args a = {p->argmax, 0, CL_SUCCESS};
+            ARG_MEM(&a, p->logits);
+            ARG_INT(&a, c->vocab_size);
+            ARG_INT(&a, cl->m->n_sample < c->vocab_size ? cl->m->n_sample : c->vocab_size);
+            ARG_MEM(&a, p->amax);
+            ARG_INT(&a, w0);
+            e = a.err ? a.err : run2(cl, p->argmax, (size_t)cl->t.mv_lws, (size_t)nw, (size_t)cl->t.mv_lws, 1, P_LM_HEAD);
         }
+        if (!e && tk->logits)
+            e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, 0, (size_t)nw * vocab * 4, tk->logits + (size_t)w0 * vocab, 0, NULL, NULL);
     }
+    if (!e && tk->argmax) e = clEnqueueReadBuffer(cl->q, p->amax, CL_TRUE, 0, (size_t)tk->n_out * 4, tk->argmax, 0, NULL, NULL);
     return e;
 }
 
-int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, const int8_t *out, float *logits, int32_t *argmax) {
+int tllm_cl_flash_rows(struct tllm_cl *cl) {
+    if (!cl->pf && make(cl)) return 0;
+    return cl->pf->fl_qb;
+}
+
+/* meta's room on the device */
+static int meta_room(struct tllm_cl *cl, size_t n_ints) {
+    struct cl_prefill *p = cl->pf;
+    if (n_ints <= p->cap_meta) return TLLM_OK;
+    if (p->meta) clReleaseMemObject(p->meta), p->meta = NULL;
+    p->cap_meta = 0;
+    size_t cap = n_ints < 4096 ? 4096 : n_ints + n_ints / 2;
+    int rc = tllm_cl_device_buffer(cl, &p->meta, cap * 4, "a step's tables");
+    if (!rc) p->cap_meta = cap;
+    return rc;
+}
+
+int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
     const struct tllm_config *c = &cl->m->cfg;
-    if (cl->pend_n) return tllm_fail(TLLM_ERR_ARG, "opencl: a prompt step while %d greedy steps are pending", cl->pend_n);
-    if (n < 1 || pos0 < 0 || pos0 > cl->n_ctx - n)
-        return tllm_fail(TLLM_ERR_LIMIT, "opencl: positions %d to %d outside the cache of %d", pos0, pos0 + n, cl->n_ctx);
     const char *why = tllm_cl_prefill_refusal(cl);
-    if (why) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: prompts cannot be processed on %s: %s", cl->name, why);
-    int n_out = 0;
-    for (int t = 0; out && t < n; t++) n_out += out[t] != 0;
-    if (n_out > 1 && argmax) return tllm_fail(TLLM_ERR_ARG, "opencl: the argmax of %d tokens of a prompt step", n_out);
+    if (why) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: steps of many tokens cannot run on %s: %s", cl->name, why);
     int rc = cl->pf ? TLLM_OK : make(cl);
-    if (!rc) rc = reserve(cl, n);
     if (rc) return rc;
     struct cl_prefill *p = cl->pf;
     p->mm.split = split_asked();
+    p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
+    if ((rc = reserve(cl, tk->n)) || (rc = meta_room(cl, (size_t)tk->n_meta))) return rc;
     double t0 = cl->profile ? tllm_now() : 0;
-    cl_int e = clEnqueueWriteBuffer(cl->q, p->ids, CL_FALSE, 0, (size_t)n * 4, ids, 0, NULL, NULL);
+    cl_int e = clEnqueueWriteBuffer(cl->q, p->meta, CL_FALSE, 0, (size_t)tk->n_meta * 4, tk->meta, 0, NULL, NULL);
     if (!e) {
         struct args a = {p->embed, 0, CL_SUCCESS};
         arg_weights(&a, &cl->embed);
         ARG_INT(&a, c->dim);
-        ARG_MEM(&a, p->ids);
-        ARG_INT(&a, n);
+        ARG_MEM(&a, p->meta); /* the ids come first */
+        ARG_INT(&a, tk->n);
         ARG_INT(&a, c->vocab_size);
         ARG_MEM(&a, p->x);
-        e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)n, 64, 1, P_EMBED);
+        e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)tk->n, 64, 1, P_EMBED);
     }
-    for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, n, pos0);
-    if (!e && n_out) e = outputs(cl, n, out, n_out, logits, argmax);
-    if (!e) e = clFinish(cl->q);
+    for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, tk);
+    if (!e && tk->n_out) e = outputs(cl, tk);
+    if (!e) e = clFinish(cl->q); /* also: meta's host copy is read */
+    p->fixed_n = 0;
     if (cl->profile) {
-        p->tokens += n;
+        p->tokens += tk->n;
         collect(cl, tllm_now() - t0);
     }
-    if (e) return tllm_fail(TLLM_ERR_IO, "opencl: prompt step on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
-    if (argmax && (*argmax < 0 || *argmax >= c->vocab_size))
-        return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit at position %d", pos0 + n - 1);
+    if (e) return tllm_fail(TLLM_ERR_IO, "opencl: a step of %d tokens on %s: %s (%d)", tk->n, cl->name, tllm_cl_err_name(e), e);
+    for (int j = 0; tk->argmax && j < tk->n_out; j++)
+        if (tk->argmax[j] < 0 || tk->argmax[j] >= c->vocab_size)
+            return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit for token %d of the step", tk->meta[tk->rows_off + j]);
     return TLLM_OK;
+}
+
+int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, const int8_t *out, float *logits, int32_t *argmax) {
+    if (cl->pend_n) return tllm_fail(TLLM_ERR_ARG, "opencl: a prompt step while %d greedy steps are pending", cl->pend_n);
+    if (n < 1 || pos0 < 0 || pos0 > cl->n_ctx - n)
+        return tllm_fail(TLLM_ERR_LIMIT, "opencl: positions %d to %d outside the cache of %d", pos0, pos0 + n, cl->n_ctx);
+    int32_t *meta = malloc(2 * (size_t)n * sizeof *meta); /* the ids, then the wanted rows */
+    if (!meta) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    memcpy(meta, ids, (size_t)n * sizeof *meta);
+    int n_out = 0;
+    for (int t = 0; out && (logits || argmax) && t < n; t++)
+        if (out[t]) meta[n + n_out++] = t;
+    struct cl_tokens tk = {.n = n, .meta = meta, .n_meta = n + n_out, .pos0 = pos0, .rows_off = n, .n_out = n_out,
+                           .logits = logits, .argmax = argmax};
+    int rc = tllm_cl_tokens(cl, &tk);
+    free(meta);
+    return rc;
 }
 
 static int same_format(const struct tllm_qweights *a, const struct tllm_qweights *b) {
@@ -477,7 +565,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
     if (!rc) {
-        cl_int e = mm_input(cl, &mm, xb, 0, n, w->cols, -1);
+        cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1);
         if (reps > 0) {
             if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O); /* warm-up */
             if (!e) e = clFinish(cl->q);

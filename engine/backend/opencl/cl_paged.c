@@ -1,0 +1,157 @@
+/* Steps of many sequences on the device (continuous batching, engine/run/scheduler.c): the host's
+ * paged cache (engine/run/kv_cache.h) keeps the block tables, the reference counts and the prefix
+ * index; the blocks' contents live here, in a pool laid out as the host's, so a block table means the
+ * same on both sides and a prefix computed once serves every sequence that shares it. A step's tokens
+ * go through tllm_cl_tokens (cl_prefill.c) with their positions, slots, attention runs and block
+ * tables in one upload; the host's copies on write become device copies before the step. */
+#include "engine/backend/opencl/cl_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+#include "engine/run/kv_cache.h"
+
+#ifndef PG_SPLIT_TOKENS
+#define PG_SPLIT_TOKENS 64 /* split-K as for a step of this many tokens, whatever its size (batch invariance) */
+#endif
+
+struct cl_paged {
+    struct tllm_kv *kv;   /* the host's cache: tables and counts (its own blocks stay unwritten) */
+    struct cl_pages pages;
+    size_t block_bytes;   /* one layer's keys (or values) of one block */
+    int32_t *meta;        /* the step's tables (struct cl_tokens) */
+    size_t cap_meta;
+};
+
+void tllm_cl_paged_free(struct tllm_cl *cl) {
+    struct cl_paged *g = cl->pg;
+    if (!g) return;
+    if (g->pages.kp) clReleaseMemObject(g->pages.kp);
+    if (g->pages.vp) clReleaseMemObject(g->pages.vp);
+    tllm_kv_set_remote(g->kv, 0);
+    free(g->meta);
+    free(g);
+    cl->pg = NULL;
+}
+
+int tllm_cl_use_kv(struct tllm_cl *cl, struct tllm_kv *kv) {
+    tllm_cl_paged_free(cl);
+    if (!kv) return TLLM_OK;
+    const struct tllm_config *c = &cl->m->cfg;
+    const char *why = tllm_cl_prefill_refusal(cl);
+    if (why) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: many sequences cannot run on %s: %s", cl->name, why);
+    if (kv->n_layers != c->n_layers || kv->n_kv_heads != c->n_kv_heads || kv->head_dim != c->head_dim)
+        return tllm_fail(TLLM_ERR_ARG, "opencl: the KV cache's shape is not the model's");
+    int rows = tllm_cl_flash_rows(cl);
+    if (rows <= 0) return TLLM_ERR_UNSUPPORTED; /* its message is kept */
+    if (c->n_heads / c->n_kv_heads > rows)
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %d query heads share a KV head (at most %d)", c->n_heads / c->n_kv_heads, rows);
+    struct cl_paged *g = calloc(1, sizeof *g);
+    if (!g) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    cl->pg = g;
+    g->kv = kv;
+    g->block_bytes = kv->block_elems * kv->esize;
+    size_t bytes = (size_t)kv->n_layers * kv->n_blocks * g->block_bytes;
+    g->pages = (struct cl_pages){.n_blocks = kv->n_blocks, .kv_half = kv->dtype == TLLM_DT_F16, .fixed_n = PG_SPLIT_TOKENS};
+    int rc = tllm_cl_device_buffer(cl, &g->pages.kp, bytes, "the KV cache's keys");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &g->pages.vp, bytes, "the KV cache's values");
+    if (rc) {
+        tllm_cl_paged_free(cl);
+        return rc;
+    }
+    tllm_kv_set_remote(kv, 1);
+    return TLLM_OK;
+}
+
+/* The host's logged copies on write, done on the pool (in order: a block may be copied twice) */
+static int copy_blocks(struct tllm_cl *cl) {
+    struct cl_paged *g = cl->pg;
+    struct tllm_kv *kv = g->kv;
+    for (int i = 0; i < kv->n_copies; i++)
+        for (int l = 0; l < kv->n_layers; l++) {
+            size_t from = ((size_t)l * kv->n_blocks + kv->copies[2 * i]) * g->block_bytes;
+            size_t to = ((size_t)l * kv->n_blocks + kv->copies[2 * i + 1]) * g->block_bytes;
+            CL_TRY(clEnqueueCopyBuffer(cl->q, g->pages.kp, g->pages.kp, from, to, g->block_bytes, 0, NULL, NULL));
+            CL_TRY(clEnqueueCopyBuffer(cl->q, g->pages.vp, g->pages.vp, from, to, g->block_bytes, 0, NULL, NULL));
+        }
+    kv->n_copies = 0;
+    return TLLM_OK;
+}
+
+static int meta_room(struct cl_paged *g, size_t n) {
+    if (n <= g->cap_meta) return TLLM_OK;
+    size_t cap = n + n / 2 + 1024;
+    int32_t *m = realloc(g->meta, cap * sizeof *m);
+    if (!m) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    g->meta = m, g->cap_meta = cap;
+    return TLLM_OK;
+}
+
+/* The step's tokens checked as the CPU backend checks them: each sequence's together, from where its
+ * cache ends, at consecutive positions it has blocks for */
+static int check(const struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq) {
+    const struct tllm_kv *kv = cl->pg->kv;
+    for (int t = 0; t < n; t++) {
+        if (ids[t] < 0 || ids[t] >= cl->m->cfg.vocab_size)
+            return tllm_fail(TLLM_ERR_ARG, "opencl: token id %d is out of range [0, %d)", ids[t], cl->m->cfg.vocab_size);
+        if (seq[t] < 0 || seq[t] >= kv->max_seqs || !kv->seqs[seq[t]].open)
+            return tllm_fail(TLLM_ERR_ARG, "opencl: token %d of the step names sequence %d, which is not open", t, seq[t]);
+        const struct tllm_kv_seq *s = &kv->seqs[seq[t]];
+        int first = t == 0 || seq[t - 1] != seq[t];
+        if (first ? pos[t] != s->n_tokens : pos[t] != pos[t - 1] + 1)
+            return tllm_fail(TLLM_ERR_ARG, "opencl: sequence %d's token at position %d does not follow its cache (%d positions)",
+                             seq[t], pos[t], s->n_tokens);
+        if (pos[t] >= s->n_blocks * TLLM_KV_BLOCK)
+            return tllm_fail(TLLM_ERR_LIMIT, "opencl: sequence %d has no block reserved for position %d", seq[t], pos[t]);
+        for (int u = 0; first && u < t; u++)
+            if (seq[u] == seq[t]) return tllm_fail(TLLM_ERR_ARG, "opencl: sequence %d's tokens are not together in the step", seq[t]);
+    }
+    return TLLM_OK;
+}
+
+int tllm_cl_batch(struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, const int8_t *out,
+                  float *logits, int32_t *argmax) {
+    struct cl_paged *g = cl->pg;
+    if (!g) return tllm_fail(TLLM_ERR_ARG, "opencl: a step of many sequences with no KV cache bound");
+    if (n < 1) return tllm_fail(TLLM_ERR_ARG, "opencl: an empty step");
+    int rc = check(cl, n, ids, pos, seq);
+    if (rc) return rc;
+    const struct tllm_config *c = &cl->m->cfg;
+    const struct tllm_kv *kv = g->kv;
+    int per = tllm_cl_flash_rows(cl) / (c->n_heads / c->n_kv_heads); /* tokens of an attention run */
+    int t1, n_grp = 0;
+    size_t n_tab = 0;
+    for (int t = 0; t < n; t = t1) { /* each sequence's run: its attention runs, its table */
+        for (t1 = t; t1 < n && seq[t1] == seq[t]; t1++) {}
+        n_grp += (t1 - t + per - 1) / per;
+        n_tab += (size_t)pos[t1 - 1] / TLLM_KV_BLOCK + 1;
+    }
+    if ((rc = meta_room(g, 4 * (size_t)n + 4 * (size_t)n_grp + n_tab))) return rc;
+    int32_t *m = g->meta;
+    struct cl_pages pg = g->pages;
+    pg.pos_off = n, pg.slot_off = 2 * n, pg.grp_off = 3 * n, pg.n_grp = 0;
+    memcpy(m, ids, (size_t)n * sizeof *m);
+    memcpy(m + n, pos, (size_t)n * sizeof *m);
+    for (int t = 0; t < n; t++)
+        m[2 * n + t] = kv->seqs[seq[t]].blocks[pos[t] / TLLM_KV_BLOCK] * TLLM_KV_BLOCK + pos[t] % TLLM_KV_BLOCK;
+    size_t tab = (size_t)pg.grp_off + 4 * (size_t)n_grp;
+    for (int t = 0; t < n; t = t1) {
+        for (t1 = t; t1 < n && seq[t1] == seq[t]; t1++) {}
+        const struct tllm_kv_seq *s = &kv->seqs[seq[t]];
+        int nb = pos[t1 - 1] / TLLM_KV_BLOCK + 1;
+        for (int r = t; r < t1; r += per) {
+            int32_t *grp = m + pg.grp_off + 4 * pg.n_grp++;
+            grp[0] = r, grp[1] = t1 - r < per ? t1 - r : per, grp[2] = pos[r], grp[3] = (int32_t)tab;
+        }
+        memcpy(m + tab, s->blocks, (size_t)nb * sizeof *m);
+        tab += (size_t)nb;
+    }
+    int rows_off = (int)tab, n_out = 0;
+    for (int t = 0; out && (logits || argmax) && t < n; t++)
+        if (out[t]) m[rows_off + n_out++] = t;
+    if ((rc = copy_blocks(cl))) return rc;
+    struct cl_tokens tk = {.n = n, .n_meta = rows_off + n_out, .meta = m, .pages = &pg, .rows_off = rows_off, .n_out = n_out,
+                           .logits = logits, .argmax = argmax};
+    return tllm_cl_tokens(cl, &tk);
+}

@@ -1,0 +1,67 @@
+/* Steps of many sequences at once (engine/backend/opencl/cl_paged.c): each token of a step has its own
+ * sequence and position, and K/V live in a pool of blocks the sequences share, laid out as the host's
+ * cache (engine/run/kv_cache.h): per layer and block, per KV head, keys transposed [head_dim][KV_BLOCK]
+ * and values [KV_BLOCK][head_dim], as half (kv_half) or float. A step's small tables come in one int
+ * buffer, `meta`: ids, positions, slots (block x KV_BLOCK + position % KV_BLOCK), the attention runs
+ * (flash_prefill in kernels/opencl/prefill.cl), the block tables, the rows whose logits are wanted. */
+
+#define KV_BLOCK 16 /* positions a block holds: TLLM_KV_BLOCK */
+
+/* The first element of KV head g's keys (or values) in block b of a layer */
+inline size_t kv_block(int layer, int b, int n_blocks, int g, int n_kv, int hd) {
+    return (((size_t)layer * n_blocks + b) * n_kv + g) * (size_t)hd * KV_BLOCK;
+}
+
+inline float kv_get(__global const float *p, size_t i, int kv_half) {
+    return kv_half ? vload_half(i, (__global const half *)p) : p[i];
+}
+
+inline void kv_put(__global float *p, size_t i, float v, int kv_half) {
+    if (kv_half) vstore_half(v, i, (__global half *)p); /* round to nearest even, as tllm_f32_to_f16 */
+    else p[i] = v;
+}
+
+/* qkv = [q | k | v] ([n_tok][q_dim + 2 kv_dim], biases added): RoPE on q (into q) and k at each token's
+ * position (meta[pos_off + t]), then k and v into the pool at its slot (meta[slot_off + t]). One
+ * work-item per RoPE pair (or pair of values), the rotation pf_rope's and decode's (rope_store). */
+__kernel void paged_rope(__global const float *qkv, int n_heads, int n_kv, int hd, __global const int *meta, int pos_off,
+                         int slot_off, __global const float *inv_freq, int layer, int n_blocks, int kv_half, __global float *q,
+                         __global float *kp, __global float *vp) {
+    int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
+    if (u >= (n_heads + 2 * n_kv) * half_d) return;
+    int i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = meta[pos_off + t], slot = meta[slot_off + t];
+    QKV_PICK(which, r, u / half_d, i);
+    __global const float *a = qkv + (size_t)t * (q_dim + 2 * kv_dim) + (u / half_d) * hd + i;
+    float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle), x0 = a[0], x1 = a[half_d];
+    if (which == 0) {
+        q[(size_t)t * q_dim + r] = x0 * c - x1 * s;
+        q[(size_t)t * q_dim + r + half_d] = x1 * c + x0 * s;
+        return;
+    }
+    size_t base = kv_block(layer, slot / KV_BLOCK, n_blocks, r / hd, n_kv, hd);
+    int o = slot % KV_BLOCK;
+    if (which == 1) {
+        kv_put(kp, base + (size_t)i * KV_BLOCK + o, x0 * c - x1 * s, kv_half);
+        kv_put(kp, base + (size_t)(i + half_d) * KV_BLOCK + o, x1 * c + x0 * s, kv_half);
+    } else {
+        kv_put(vp, base + (size_t)o * hd + i, x0, kv_half);
+        kv_put(vp, base + (size_t)o * hd + i + half_d, x1, kv_half);
+    }
+}
+
+/* out[out_off + t] = the column of the largest of the first n_cand of row t of logits ([n][ld]), the
+ * first on ties (as tllm_argmax); INT_MAX when the row has no number above -inf. One work-group of
+ * MV_LWS a row. */
+__kernel __attribute__((reqd_work_group_size(MV_LWS, 1, 1))) void
+rows_argmax(__global const float *logits, int ld, int n_cand, __global int *out, int out_off) {
+    __local float2 red[MV_LWS];
+    int t = get_group_id(1);
+    __global const float *row = logits + (size_t)t * ld;
+    float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
+    for (int j = get_local_id(0); j < n_cand; j += MV_LWS) {
+        float2 v = (float2)(row[j], as_float(j));
+        if (beats(v, b)) b = v;
+    }
+    b = wg_best(b, red);
+    if (get_local_id(0) == 0) out[out_off + t] = as_int(b.y);
+}
