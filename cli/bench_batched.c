@@ -25,7 +25,8 @@ static void run_once(const struct tllm_model *m, struct tllm_backend *dev, enum 
                      int n_batch, double *t_pp, double *t_tg) {
     struct tllm_kv *kv;
     struct tllm_backend *cpu = NULL;
-    if (tllm_kv_init(&kv, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, b * (pp + tg) + 1, kv_type, b) ||
+    int per_seq = tllm_kv_blocks_for(pp + tg) * TLLM_KV_BLOCK; /* each sequence's blocks */
+    if (tllm_kv_init(&kv, m->cfg.n_layers, m->cfg.n_kv_heads, m->cfg.head_dim, b * per_seq, kv_type, b) ||
         (dev ? dev->ops->use_kv(dev, kv) : tllm_backend_cpu_init(&cpu, m, kv, n_batch)))
         cli_die_lib();
     struct tllm_backend *run = dev ? dev : cpu;

@@ -70,6 +70,16 @@ inline void gemm_put(float acc, int r, int t, int rows, __global const float *ve
 
 #define GEMM_SPLIT_ARGS __global float *part, int k_len
 
+/* Up to three matrices of one format stacked by rows (q, k, v; gate, up), one launch for all: rows
+ * [0, rows_a) are W0's, [rows_a, rows_ab) W1's, [rows_ab, rows) W2's, each boundary on a tile's edge.
+ * GEMM_PICK makes W0, S0, B0 the tile's matrix, wr0 the tile's first row in it and wrows its rows;
+ * the output rows stay counted over the stack. */
+#define GEMM_STACK_ARGS WARGS(1), WARGS(2), int rows_a, int rows_ab
+#define GEMM_PICK(r0, wr0, wrows)                                                                       \
+    int wr0 = r0, wrows = rows_a;                                                                       \
+    if (r0 >= rows_ab) W0 = W2, S0 = S2, B0 = B2, wr0 = r0 - rows_ab, wrows = rows - rows_ab;          \
+    else if (r0 >= rows_a) W0 = W1, S0 = S1, B0 = B1, wr0 = r0 - rows_a, wrows = rows_ab - rows_a
+
 __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int n_tok, __global const float *vecs,
                           int bias_off, __global float *y, int y_off, int ldy, int add) {
     int r = get_global_id(0), t = get_global_id(1);
@@ -80,7 +90,7 @@ __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
-gemm_q8(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
+gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
         __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
         int add, GEMM_SPLIT_ARGS) {
     Q_FIX(bits0, gs0, dt0);
@@ -88,6 +98,7 @@ gemm_q8(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __glob
     __local float Asc[2][GEMM_TM], Abi[2][GEMM_TM], Bd[2][GEMM_TN], Bsum[2][GEMM_TN];
     int tx = get_local_id(0), ty = get_local_id(1), lid = ty * GEMM_T + tx;
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;
+    GEMM_PICK(r0, wr0, wrows);
     size_t row_words = (size_t)cols * bits0 / 32;
     int ng = cols / gs0, nb = cols / 32;
     float acc[GEMM_RM][GEMM_RN];
@@ -97,15 +108,15 @@ gemm_q8(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __glob
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int i = lid; i < GEMM_TM * GEMM_KW; i += GEMM_LWS) {
             int r = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            As[r][kw] = r0 + r < rows && k < k_end ? codes4(W0, bits0, row_words, r0 + r, k) : 0u;
+            As[r][kw] = wr0 + r < wrows && k < k_end ? codes4(W0, bits0, row_words, wr0 + r, k) : 0u;
         }
         for (int i = lid; i < GEMM_TN * GEMM_KW; i += GEMM_LWS) {
             int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
             Bs[t][kw] = t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
         }
         for (int i = lid; i < 2 * GEMM_TM; i += GEMM_LWS) {
-            int b = i / GEMM_TM, r = i % GEMM_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end;
-            size_t g = (size_t)(r0 + r) * ng + k / gs0;
+            int b = i / GEMM_TM, r = i % GEMM_TM, k = k0 + 32 * b, ok = wr0 + r < wrows && k < k_end;
+            size_t g = (size_t)(wr0 + r) * ng + k / gs0;
             Asc[b][r] = ok ? ld(S0, dt0, g) : 0.0f;
             Abi[b][r] = ok ? ld(B0, dt0, g) : 0.0f;
         }
@@ -151,11 +162,12 @@ inline float w_at(WARGS(0), int cols, int r, int k) {
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
-gemm_f(WARGS(0), int rows, int cols, int n_tok, __global const float *x, __global const float *vecs, int bias_off,
-       __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS) {
+gemm_f(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const float *x, __global const float *vecs,
+       int bias_off, __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS) {
     __local float As[GEMM_TM][GEMM_FK + 1], Bs[GEMM_TN][GEMM_FK + 1];
     int tx = get_local_id(0), ty = get_local_id(1), lid = ty * GEMM_T + tx;
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;
+    GEMM_PICK(r0, wr0, wrows);
     float acc[GEMM_RM][GEMM_RN];
     for (int i = 0; i < GEMM_RM; i++)
         for (int j = 0; j < GEMM_RN; j++) acc[i][j] = 0.0f;
@@ -163,7 +175,7 @@ gemm_f(WARGS(0), int rows, int cols, int n_tok, __global const float *x, __globa
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_FK) {
         for (int i = lid; i < GEMM_TM * GEMM_FK; i += GEMM_LWS) {
             int r = i / GEMM_FK, k = k0 + i % GEMM_FK;
-            As[r][i % GEMM_FK] = r0 + r < rows && k < k_end ? w_at(WPASS(0), cols, r0 + r, k) : 0.0f;
+            As[r][i % GEMM_FK] = wr0 + r < wrows && k < k_end ? w_at(WPASS(0), cols, wr0 + r, k) : 0.0f;
         }
         for (int i = lid; i < GEMM_TN * GEMM_FK; i += GEMM_LWS) {
             int t = i / GEMM_FK, k = k0 + i % GEMM_FK;
@@ -239,7 +251,7 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
 }
 
 __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void
-gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
+gemm_q8_mma(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
             __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
             int add, GEMM_SPLIT_ARGS) {
     Q_FIX(bits0, gs0, dt0);
@@ -248,11 +260,12 @@ gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __
     int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
     int wr = (warp % 2) * 32, wt = (warp / 2) * 32; /* the warp's rows and tokens in the tile */
     int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * MMA_TN, wpr = 2 * bits0, per = 32 / bits0;
+    GEMM_PICK(r0, wr0, wrows);
     float acc[2][4][4];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     GEMM_K_RANGE(k_begin, k_end);
-    struct mma_stage st = mma_load(WPASS(0), rows, cols, n_tok, xq, xd, xsum, r0, t0, k_begin, k_end);
+    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, wr0, t0, k_begin, k_end);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int j = 0; j < 8; j++) {
             int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr;
@@ -263,7 +276,7 @@ gemm_q8_mma(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __
         Asc[lid / MMA_TM][lid % MMA_TM] = st.s, Abi[lid / MMA_TM][lid % MMA_TM] = st.o;
         Bd[lid / MMA_TM][lid % MMA_TM] = st.d, Bsum[lid / MMA_TM][lid % MMA_TM] = st.m;
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), rows, cols, n_tok, xq, xd, xsum, r0, t0, k0 + GEMM_TK, k_end);
+        if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, wr0, t0, k0 + GEMM_TK, k_end);
         uint a[2][2][4], v[2][4][2]; /* [block of 32][fragment] */
 #pragma unroll
         for (int b = 0; b < 2; b++) {

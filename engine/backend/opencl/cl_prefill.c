@@ -13,6 +13,10 @@
 
 #define PF_LOGIT_ROWS 64 /* tokens whose logits one lm_head GEMM computes (several tokens' logits or argmaxes) */
 #define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */
+#ifndef PF_SPLIT_MIN_STEPS
+#define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
+                              * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
+#endif
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 
 /* What a chunk's launches do, for TLLM_CL_PROFILE */
@@ -147,7 +151,7 @@ static int make(struct tllm_cl *cl) {
 }
 
 /* Split-K slices for a GEMM of rows x cols over n tokens: enough for two work-groups per compute unit,
- * each slice at least two staging steps, as many as the slices' buffer holds (1: none; TLLM_CL_SPLIT=N
+ * each slice at least PF_SPLIT_MIN_STEPS staging steps, as many as the slices' buffer holds (1: none; TLLM_CL_SPLIT=N
  * asks for N, TLLM_CL_SPLIT=1 for none). With fixed_n, as for fixed_n tokens whatever n is (and the
  * buffer made to hold them: fixed_room): a token's sums are then added in the same order in any step. */
 static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, int rows, int cols, size_t n) {
@@ -155,7 +159,7 @@ static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, int rows, in
     size_t tiles = ((size_t)rows + mm->tm - 1) / mm->tm * (((fixed ? (size_t)fixed : n) + mm->tn - 1) / mm->tn);
     size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
     size_t room = fixed ? SIZE_MAX : mm->part_floats / (n * (size_t)rows);
-    size_t s = want < steps / 2 ? want : steps / 2;
+    size_t s = want < steps / PF_SPLIT_MIN_STEPS ? want : steps / PF_SPLIT_MIN_STEPS;
     if (mm->split > 0) s = (size_t)mm->split < steps ? (size_t)mm->split : steps;
     s = s < room ? s : room;
     return s > 1 ? (int)s : 1;
@@ -168,9 +172,13 @@ static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
     for (int l = 0; l < cl->m->cfg.n_layers; l++) {
         const struct cl_layer *D = &cl->layers[l];
         const struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
-        for (int i = 0; i < 7; i++) {
-            int sp = splits(cl, mm, ws[i]->rows, ws[i]->cols, n);
-            if (sp > 1 && (size_t)sp * ws[i]->rows > most) most = (size_t)sp * ws[i]->rows;
+        int rows[9], cols[9]; /* each matrix, and the stacks layer() may launch */
+        for (int i = 0; i < 7; i++) rows[i] = ws[i]->rows, cols[i] = ws[i]->cols;
+        rows[7] = D->wq.rows + D->wk.rows + D->wv.rows, cols[7] = D->wq.cols;
+        rows[8] = D->gate.rows + D->up.rows, cols[8] = D->gate.cols;
+        for (int i = 0; i < 9; i++) {
+            int sp = splits(cl, mm, rows[i], cols[i], n);
+            if (sp > 1 && (size_t)sp * rows[i] > most) most = (size_t)sp * rows[i];
         }
     }
     int sp = splits(cl, mm, cl->lm_head.rows, cl->lm_head.cols, n);
@@ -247,17 +255,23 @@ static void collect(struct tllm_cl *cl, double wall) {
 }
 
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
- * pf_swiglu left it) */
-static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *w, int n, int bias_off, cl_mem y,
-                     int y_off, int ldy, int add, int kind) {
+ * pf_swiglu left it); W: the n_w (1 to 3) matrices of ws stacked by rows (stackable) */
+static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
+                     cl_mem y, int y_off, int ldy, int add, int kind) {
     struct cl_prefill *p = cl->pf;
-    size_t groups_r = ((size_t)w->rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + mm->tn - 1) / mm->tn;
-    int n_split = splits(cl, mm, w->rows, w->cols, (size_t)n);
+    const struct cl_weights *w = ws[0];
+    int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
+    size_t groups_r = ((size_t)rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + mm->tn - 1) / mm->tn;
+    int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
     struct args a = {mm->k, 0, CL_SUCCESS};
     arg_weights(&a, w);
-    ARG_INT(&a, w->rows);
+    arg_weights(&a, ws[n_w > 1]);
+    arg_weights(&a, ws[n_w > 2 ? 2 : 0]);
+    ARG_INT(&a, rows_a);
+    ARG_INT(&a, rows_ab);
+    ARG_INT(&a, rows);
     ARG_INT(&a, w->cols);
     ARG_INT(&a, n);
     ARG_MEM(&a, mm->in);
@@ -280,7 +294,7 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     struct args r = {p->reduce, 0, CL_SUCCESS};
     ARG_MEM(&r, mm->part);
     ARG_INT(&r, n_split);
-    ARG_INT(&r, w->rows);
+    ARG_INT(&r, rows);
     ARG_INT(&r, n);
     ARG_MEM(&r, cl->vecs);
     ARG_INT(&r, bias_off);
@@ -288,12 +302,21 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     ARG_INT(&r, y_off);
     ARG_INT(&r, ldy);
     ARG_INT(&r, add);
-    return r.err ? r.err : run2(cl, p->reduce, (size_t)w->rows, (size_t)n, 64, 1, kind);
+    return r.err ? r.err : run2(cl, p->reduce, (size_t)rows, (size_t)n, 64, 1, kind);
 }
 
 static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
                    int kind) {
-    return mm_run(cl, &cl->pf->mm, w, n, bias_off, y, y_off, ldy, add, kind);
+    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind);
+}
+
+/* Whether matrices can be one GEMM launch (mm_run): one format, and each but the last whole tiles of rows */
+static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w) {
+    for (int i = 0; i < n_w; i++)
+        if (ws[i]->bits != ws[0]->bits || ws[i]->gs != ws[0]->gs || ws[i]->dt != ws[0]->dt || ws[i]->cols != ws[0]->cols ||
+            (i + 1 < n_w && ws[i]->rows % mm->tm))
+            return 0;
+    return 1;
 }
 
 /* The last arguments of pf_norm and pf_swiglu: where they leave mm's input */
@@ -390,15 +413,26 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
     struct cl_layer *D = &cl->layers[l];
     int n = tk->n, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
     cl_int e = norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors));
-    if (!e) e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
-    if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
-    if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
+    const struct cl_weights *qkv[3] = {&D->wq, &D->wk, &D->wv}, *gate_up[2] = {&D->gate, &D->up};
+    if (e) {
+    } else if (stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
+        e = mm_run(cl, &p->mm, qkv, 3, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
+    } else {
+        e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
+        if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
+        if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
+    }
     if (!e) e = attention(cl, l, tk);
     if (!e) e = norm(cl, p->att, n, q_dim, -1);
     if (!e) e = gemm(cl, &D->wo, n, -1, p->x, 0, c->dim, 1, P_O);
     if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors));
-    if (!e) e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
-    if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
+    if (e) {
+    } else if (stackable(&p->mm, gate_up, 2)) {
+        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
+    } else {
+        e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
+        if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
+    }
     if (!e) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
@@ -555,6 +589,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     size_t N = (size_t)n, cols = (size_t)w->cols, rows = (size_t)w->rows;
     struct pf_mm mm = {.part_floats = 4 * N * rows, .split = split_asked()};
     struct cl_weights cw = {0};
+    const struct cl_weights *cwp = &cw;
     cl_mem xb = NULL, yb = NULL;
     rc = mm_kernel(cl, &mm, int8);
     if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
@@ -567,14 +602,14 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (!rc) {
         cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1);
         if (reps > 0) {
-            if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O); /* warm-up */
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O); /* warm-up */
             if (!e) e = clFinish(cl->q);
             double t0 = tllm_now();
-            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O);
+            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O);
             if (!e) e = clFinish(cl->q);
             *secs = tllm_now() - t0;
         } else {
-            if (!e) e = mm_run(cl, &mm, &cw, n, -1, yb, 0, w->rows, 0, P_O);
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O);
             if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
         }
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
