@@ -150,5 +150,39 @@ for l in raw:
 check("after SIGKILL the same command answers every id exactly once, nothing torn",
       r.returncode == 0 and sorted(ids, key=str) == sorted((l["id"] for l in lines), key=str), f"{ids} {r.stderr[-300:]}")
 
+# 5. On an OpenCL device (PoCL in CI; skipped without one): many sequences' steps run there (the cache's
+#    blocks on the device). -np 1 and -np 8 give the same tokens; with --exact and an f32 cache they are
+#    the CPU's and the reference's; a shared prefix is computed once there too; --precise-decode is refused.
+if "\nopencl:" in run(["devices"]).stdout:
+    dev = ["--device", "opencl"]
+    for m in ("q4-g64", "gqa7-hd64-sharded", "bf16"):
+        d = os.path.join(DATA, "models", m)
+        ref = json.load(open(os.path.join(d, "reference", "reference.json")))
+        prompts, n = os.path.join(T, f"{m}.jsonl"), str(len(ref["greedy_ids"]))
+        for path, extra in (("default", []), ("exact", ["--exact", "--kv-type", "f32", "--repeat-penalty", "1"])):
+            r1, o1 = generate(d, prompts, 1, ["-n", n] + extra + dev)
+            r8, o8 = generate(d, prompts, 8, ["-n", n] + extra + dev)
+            ok = r1.returncode == 0 and r8.returncode == 0 and "run on the CPU" not in r8.stderr
+            a1, a8 = (answers(o1), answers(o8)) if ok else ({}, {})
+            check(f"opencl {m} {path}: -np 1 and -np 8 give the same tokens", ok and len(a1) == 12 and a1 == a8,
+                  f"{r1.stderr[-300:]} {r8.stderr[-300:]} {[k for k in a1 if a1[k] != a8.get(k)]}")
+            if path == "exact" and ok:
+                rc, oc = generate(d, prompts, 8, ["-n", n] + extra)
+                ac = answers(oc) if rc.returncode == 0 else {}
+                same = [k for k in ac if ac[k] == a8.get(k)]
+                check(f"opencl {m} exact: the CPU's tokens", len(same) == 12, f"{[k for k in ac if ac[k] != a8.get(k)]}")
+    r, o = generate(q4, prompts_shared := put("shared-cl.jsonl", [{"id": i, "prompt": base + [100 + i, 200 + i, 300 + i]}
+                                                                 for i in range(8)]), 8, ["-n", "8"] + dev)
+    st = stats(r)
+    r1, o1 = generate(q4, prompts_shared, 1, ["-n", "8"] + dev)
+    check("opencl: a shared prefix is computed once; the answers are -np 1's",
+          r.returncode == 0 and r1.returncode == 0 and st is not None and st[0] == total - 7 * shared and
+          answers(o) == answers(o1), f"{st} {r.stderr[-300:]} {r1.stderr[-300:]}")
+    r, _ = generate(q4, prompts_shared, 8, ["-n", "8", "--precise-decode"] + dev)
+    check("opencl: --precise-decode is refused with a message", r.returncode != 0 and "--precise-decode" in r.stderr,
+          r.stderr[-300:])
+else:
+    print("skip opencl: no OpenCL device")
+
 print("parallel:", "FAILED " + ", ".join(failures) if failures else "ok")
 sys.exit(1 if failures else 0)

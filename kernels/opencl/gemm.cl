@@ -80,14 +80,37 @@ inline void gemm_put(float acc, int r, int t, int rows, __global const float *ve
     if (r0 >= rows_ab) W0 = W2, S0 = S2, B0 = B2, wr0 = r0 - rows_ab, wrows = rows - rows_ab;          \
     else if (r0 >= rows_a) W0 = W1, S0 = S1, B0 = B1, wr0 = r0 - rows_a, wrows = rows_ab - rows_a
 
+/* The slices of output (t, r) added in order */
+inline float gemm_slices(__global const float *part, int n_split, int n_tok, int rows, int t, int r) {
+    float v = 0.0f;
+    for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * rows + r];
+    return v;
+}
+
 __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int n_tok, __global const float *vecs,
                           int bias_off, __global float *y, int y_off, int ldy, int add) {
     int r = get_global_id(0), t = get_global_id(1);
     if (r >= rows || t >= n_tok) return;
-    float v = 0.0f;
-    for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * rows + r];
-    gemm_out(v, r, t, vecs, bias_off, y, y_off, ldy, add);
+    gemm_out(gemm_slices(part, n_split, n_tok, rows, t, r), r, t, vecs, bias_off, y, y_off, ldy, add);
 }
+
+/* Output (t, r) of a GEMM of `rows` rows, as the kernel after it reads it: from y ([n_tok][rows], where
+ * the GEMM or gemm_reduce left it), or (n_split > 1) summed from the slices the host left for it, with
+ * the bias, the same arithmetic as gemm_reduce's (which that launch then saves) */
+inline float gemm_in(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, int r,
+                     __global const float *vecs, int bias_off) {
+    if (n_split <= 1) return y[(size_t)t * rows + r];
+    return gemm_slices(part, n_split, n_tok, rows, t, r) + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);
+}
+
+/* The qkv arguments of pf_rope and paged_rope (kernels/opencl/prefill.cl, paged.cl): [q | k | v]
+ * ([n_tok][q_dim + 2 kv_dim], biases added), or its slices with the biases at vecs[bias_off ..] (gemm_in) */
+#define QKV_IN_ARGS                                                                                         \
+    __global const float *qkv, __global const float *part, int n_split, int n_tok, __global const float *vecs, int bias_off
+/* Elements c and c + half_d of token t's row (a RoPE pair, or a pair of values) */
+#define QKV_PAIR(t, c, half_d, ld)                                                                          \
+    (float2)(gemm_in(qkv, part, n_split, n_tok, ld, t, c, vecs, bias_off),                                  \
+             gemm_in(qkv, part, n_split, n_tok, ld, t, (c) + (half_d), vecs, bias_off))
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
 gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,

@@ -21,18 +21,18 @@ inline void kv_put(__global float *p, size_t i, float v, int kv_half) {
     else p[i] = v;
 }
 
-/* qkv = [q | k | v] ([n_tok][q_dim + 2 kv_dim], biases added): RoPE on q (into q) and k at each token's
- * position (meta[pos_off + t]), then k and v into the pool at its slot (meta[slot_off + t]). One
- * work-item per RoPE pair (or pair of values), the rotation pf_rope's and decode's (rope_store). */
-__kernel void paged_rope(__global const float *qkv, int n_heads, int n_kv, int hd, __global const int *meta, int pos_off,
-                         int slot_off, __global const float *inv_freq, int layer, int n_blocks, int kv_half, __global float *q,
+/* qkv (QKV_IN_ARGS: kernels/opencl/prefill.cl): RoPE on q (into q) and k at each token's position
+ * (meta[pos_off + t]), then k and v into the pool at its slot (meta[slot_off + t]). One work-item per
+ * RoPE pair (or pair of values), the rotation pf_rope's and decode's (rope_store). */
+__kernel void paged_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, __global const int *meta, int pos_off, int slot_off,
+                         __global const float *inv_freq, int layer, int n_blocks, int kv_half, __global float *q,
                          __global float *kp, __global float *vp) {
     int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
     if (u >= (n_heads + 2 * n_kv) * half_d) return;
     int i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = meta[pos_off + t], slot = meta[slot_off + t];
     QKV_PICK(which, r, u / half_d, i);
-    __global const float *a = qkv + (size_t)t * (q_dim + 2 * kv_dim) + (u / half_d) * hd + i;
-    float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle), x0 = a[0], x1 = a[half_d];
+    float2 a = QKV_PAIR(t, (u / half_d) * hd + i, half_d, q_dim + 2 * kv_dim);
+    float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle), x0 = a.x, x1 = a.y;
     if (which == 0) {
         q[(size_t)t * q_dim + r] = x0 * c - x1 * s;
         q[(size_t)t * q_dim + r + half_d] = x1 * c + x0 * s;

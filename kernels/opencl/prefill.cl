@@ -51,13 +51,17 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
 }
 
 /* Row t_off + t of x (t: the work-group; rows_off >= 0: row meta[rows_off + t]), RMS-normalized with weight
- * vecs[norm_off ..] (norm_off < 0: as it is), as row t of a GEMM's input (cols % 32 == 0) */
+ * vecs[norm_off ..] (norm_off < 0: as it is), as row t of a GEMM's input (cols % 32 == 0). n_split > 1:
+ * the GEMM that adds into x (o_proj, down_proj over n_tok tokens) left its sums in slices: they are
+ * added to the row first (gemm_reduce's arithmetic), and the row written back. */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
-pf_norm(__global const float *x, int t_off, __global const int *meta, int rows_off, int cols, __global const float *vecs,
-        int norm_off, float eps, int int8, __global float *xf, __global char *xq, __global float *xd, __global float *xs) {
+pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, int cols, __global const float *vecs,
+        int norm_off, float eps, __global const float *part, int n_split, int n_tok, int int8, __global float *xf,
+        __global char *xq, __global float *xd, __global float *xs) {
     __local float red[PF_LWS];
     int t = get_group_id(0), lid = get_local_id(0);
-    __global const float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
+    __global float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
+    for (int j = lid; n_split > 1 && j < cols; j += PF_LWS) row[j] += gemm_in(x, part, n_split, n_tok, cols, t, j, vecs, -1);
     float inv = 1.0f;
     if (norm_off >= 0) {
         float ss = 0.0f;
@@ -71,31 +75,31 @@ pf_norm(__global const float *x, int t_off, __global const int *meta, int rows_o
     }
 }
 
-/* h = [gate | up] ([n_tok][2 ffn]): silu(gate) * up as down_proj's input; one work-item an element */
+/* h = [gate | up] ([n_tok][2 ffn], or its slices: gemm_in): silu(gate) * up as down_proj's input; one
+ * work-item an element */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
-pf_swiglu(__global const float *h, int ffn, int int8, __global float *xf, __global char *xq, __global float *xd,
-          __global float *xs) {
+pf_swiglu(__global const float *h, int ffn, __global const float *part, int n_split, int n_tok, int int8, __global float *xf,
+          __global char *xq, __global float *xd, __global float *xs) {
     __local float red[PF_LWS];
     int j = get_global_id(0), t = get_global_id(1), live = j < ffn;
-    __global const float *g = h + (size_t)t * 2 * ffn;
-    float v = live ? g[j] / (1.0f + exp(-g[j])) * g[ffn + j] : 0.0f;
+    float g = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, j, h, -1) : 0.0f; /* no bias: its vecs unread */
+    float u = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, ffn + j, h, -1) : 0.0f;
+    float v = live ? g / (1.0f + exp(-g)) * u : 0.0f;
     emit_lane(v, t, j, ffn, live, int8, xf, xq, xd, xs, red);
 }
 
-/* qkv = [q | k | v] ([n_tok][q_dim + 2 kv_dim], biases added): RoPE on q (into q) and k, then k and
- * v into the layer's cache at their positions, as decode's qkv stores them (rope_store). One
- * work-item per RoPE pair (or pair of values). */
-__kernel void pf_rope(__global const float *qkv, int n_heads, int n_kv, int hd, int pos0, __global const float *inv_freq,
-                      int layer, int ctx_stride, __global float *q, __global float *kt, __global float *vc) {
+/* RoPE on q (into q) and k, then k and v into the layer's cache at their positions, as decode's qkv
+ * stores them (rope_store). One work-item per RoPE pair (or pair of values). */
+__kernel void pf_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, int pos0, __global const float *inv_freq, int layer,
+                      int ctx_stride, __global float *q, __global float *kt, __global float *vc) {
     int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
     if (u >= (n_heads + 2 * n_kv) * half_d) return;
     int i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = pos0 + t;
     QKV_PICK(which, r, u / half_d, i);
-    __global const float *a = qkv + (size_t)t * (q_dim + 2 * kv_dim) + (u / half_d) * hd + i;
     float angle = (float)pos * inv_freq[i];
     size_t base = (size_t)layer * kv_dim * ctx_stride;
-    rope_store((float2)(a[0], a[half_d]), (float4)(0.0f, 0.0f, cos(angle), sin(angle)), which, r, pos, n_kv, hd, ctx_stride,
-               q + (size_t)t * q_dim, kt + base, vc + base);
+    rope_store(QKV_PAIR(t, (u / half_d) * hd + i, half_d, q_dim + 2 * kv_dim), (float4)(0.0f, 0.0f, cos(angle), sin(angle)),
+               which, r, pos, n_kv, hd, ctx_stride, q + (size_t)t * q_dim, kt + base, vc + base);
 }
 
 #ifdef HEAD_DIM

@@ -255,9 +255,11 @@ static void collect(struct tllm_cl *cl, double wall) {
 }
 
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
- * pf_swiglu left it); W: the n_w (1 to 3) matrices of ws stacked by rows (stackable) */
+ * pf_swiglu left it); W: the n_w (1 to 3) matrices of ws stacked by rows (stackable). left != NULL
+ * (y_off 0, ldy the rows): split-K's slices may be left in mm->part for the next kernel to sum
+ * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result) */
 static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
-                     cl_mem y, int y_off, int ldy, int add, int kind) {
+                     cl_mem y, int y_off, int ldy, int add, int kind, int *left) {
     struct cl_prefill *p = cl->pf;
     const struct cl_weights *w = ws[0];
     int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
@@ -290,7 +292,9 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     if (a.err) return a.err;
     cl_int e = mm->mma ? run3(cl, mm->k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
                        : run3(cl, mm->k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
+    if (left) *left = 0;
     if (e || n_split == 1) return e;
+    if (left) return *left = n_split, CL_SUCCESS;
     struct args r = {p->reduce, 0, CL_SUCCESS};
     ARG_MEM(&r, mm->part);
     ARG_INT(&r, n_split);
@@ -307,7 +311,7 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
 
 static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
                    int kind) {
-    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind);
+    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL);
 }
 
 /* Whether matrices can be one GEMM launch (mm_run): one format, and each but the last whole tiles of rows */
@@ -329,9 +333,9 @@ static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
 }
 
 /* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
- * normalized by the weight at norm_off (< 0: none) */
+ * normalized by the weight at norm_off (< 0: none); left > 1: first x += the slices a GEMM left (mm_run) */
 static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int t_off, int rows_off, int n, int cols,
-                       int norm_off) {
+                       int norm_off, int left) {
     struct cl_prefill *p = cl->pf;
     struct args a = {p->norm, 0, CL_SUCCESS};
     ARG_MEM(&a, x);
@@ -342,23 +346,32 @@ static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, norm_off);
     ARG_F32(&a, cl->m->cfg.norm_eps);
+    ARG_MEM(&a, p->mm.part);
+    ARG_INT(&a, left);
+    ARG_INT(&a, n);
     arg_mm_input(&a, mm);
     if (a.err) return a.err;
     return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1, P_NORM);
 }
 
-static cl_int norm(struct tllm_cl *cl, cl_mem x, int n, int cols, int norm_off) {
-    return mm_input(cl, &cl->pf->mm, x, 0, -1, n, cols, norm_off);
+static cl_int norm(struct tllm_cl *cl, cl_mem x, int n, int cols, int norm_off, int left) {
+    return mm_input(cl, &cl->pf->mm, x, 0, -1, n, cols, norm_off, left);
 }
 
-/* RoPE, K and V into the cache, and attention of a step's tokens in layer l */
-static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
+/* RoPE, K and V into the cache, and attention of a step's tokens in layer l (q, k, v in p->qkv, or in
+ * `left` slices with their biases at bias_off: mm_run) */
+static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_config *c = &cl->m->cfg;
     const struct cl_pages *pg = tk->pages;
     int n = tk->n, paged = pg != NULL;
     struct args a = {paged ? p->paged_rope : p->rope, 0, CL_SUCCESS};
     ARG_MEM(&a, p->qkv);
+    ARG_MEM(&a, p->mm.part);
+    ARG_INT(&a, left);
+    ARG_INT(&a, n);
+    ARG_MEM(&a, cl->vecs);
+    ARG_INT(&a, bias_off);
     ARG_INT(&a, c->n_heads);
     ARG_INT(&a, c->n_kv_heads);
     ARG_INT(&a, c->head_dim);
@@ -405,31 +418,38 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
     return f.err ? f.err : run2(cl, p->flash, runs * p->fl_lws, (size_t)c->n_kv_heads, (size_t)p->fl_lws, 1, P_FLASH);
 }
 
-static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
+/* Layer l for the step's tokens. *pending: slices of the last GEMM that adds into x (the layer
+ * before's down_proj), summed into x by the first norm; on return, this layer's (0: none: the last
+ * layer leaves x whole for the outputs). Slices go to the next kernel wherever it can sum them, saving
+ * gemm_reduce's launch (4 a layer when every GEMM splits). */
+static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *pending) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_model *m = cl->m;
     const struct tllm_config *c = &m->cfg;
     const struct tllm_layer *L = &m->layers[l];
     struct cl_layer *D = &cl->layers[l];
     int n = tk->n, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
-    cl_int e = norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors));
+    int bq = (int)(L->bq - m->vectors), left = 0, last = l + 1 == c->n_layers;
+    cl_int e = norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors), *pending);
     const struct cl_weights *qkv[3] = {&D->wq, &D->wk, &D->wv}, *gate_up[2] = {&D->gate, &D->up};
     if (e) {
     } else if (stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
-        e = mm_run(cl, &p->mm, qkv, 3, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
+        e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left);
     } else {
-        e = gemm(cl, &D->wq, n, (int)(L->bq - m->vectors), p->qkv, 0, ld_qkv, 0, P_QKV);
+        e = gemm(cl, &D->wq, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV);
         if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
         if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
     }
-    if (!e) e = attention(cl, l, tk);
-    if (!e) e = norm(cl, p->att, n, q_dim, -1);
-    if (!e) e = gemm(cl, &D->wo, n, -1, p->x, 0, c->dim, 1, P_O);
-    if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors));
+    if (!e) e = attention(cl, l, tk, left, bq);
+    if (!e) e = norm(cl, p->att, n, q_dim, -1, 0);
+    const struct cl_weights *wo = &D->wo;
+    if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left);
+    if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors), left);
     if (e) {
     } else if (stackable(&p->mm, gate_up, 2)) {
-        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
+        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left);
     } else {
+        left = 0;
         e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
         if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
     }
@@ -437,10 +457,15 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
         ARG_INT(&a, c->ffn_dim);
+        ARG_MEM(&a, p->mm.part);
+        ARG_INT(&a, left);
+        ARG_INT(&a, n);
         arg_mm_input(&a, &p->mm);
         e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
-    if (!e) e = gemm(cl, &D->down, n, -1, p->x, 0, c->dim, 1, P_DOWN);
+    const struct cl_weights *down = &D->down;
+    if (!e) e = mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending);
+    if (last) *pending = 0;
     return e;
 }
 
@@ -471,7 +496,7 @@ static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
     }
     for (int w0 = 0; w0 < tk->n_out && !e; w0 += PF_LOGIT_ROWS) {
         int nw = tk->n_out - w0 < PF_LOGIT_ROWS ? tk->n_out - w0 : PF_LOGIT_ROWS;
-        e = mm_input(cl, &p->mm, p->x, 0, tk->rows_off + w0, nw, c->dim, (int)(cl->m->final_norm - cl->m->vectors));
+        e = mm_input(cl, &p->mm, p->x, 0, tk->rows_off + w0, nw, c->dim, (int)(cl->m->final_norm - cl->m->vectors), 0);
         if (!e) e = gemm(cl, &cl->lm_head, nw, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
         if (!e && tk->argmax) {
             struct args a = {p->argmax, 0, CL_SUCCESS};
@@ -528,7 +553,8 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
         ARG_MEM(&a, p->x);
         e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)tk->n, 64, 1, P_EMBED);
     }
-    for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, tk);
+    int pending = 0;
+    for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, tk, &pending);
     if (!e && tk->n_out) e = outputs(cl, tk);
     if (!e) e = clFinish(cl->q); /* also: meta's host copy is read */
     p->fixed_n = 0;
@@ -600,16 +626,16 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
     if (!rc) {
-        cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1);
+        cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1, 0);
         if (reps > 0) {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O); /* warm-up */
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL); /* warm-up */
             if (!e) e = clFinish(cl->q);
             double t0 = tllm_now();
-            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O);
+            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL);
             if (!e) e = clFinish(cl->q);
             *secs = tllm_now() - t0;
         } else {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O);
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL);
             if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
         }
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
