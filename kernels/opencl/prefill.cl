@@ -109,6 +109,28 @@ __kernel void pf_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, int pos0, __gl
 #if FL_QB % 16 || FL_KB % 16 || HEAD_DIM % 16
 #error "flash_prefill: FL_QB, FL_KB and HEAD_DIM must be multiples of 16"
 #endif
+#ifndef FL_ROW_SKIP
+#define FL_ROW_SKIP 1 /* a group whose rows fit in the first 16 (a decode token's heads) skips the others' work */
+#endif
+
+/* A staged tile's scores: work-item (qi, ki)'s rows qi + 16 a (a < NA) against keys ki + 16 b */
+#define FL_SCORES(NA)                                                                                    \
+    for (int d = 0; d < HEAD_DIM; d++) {                                                                 \
+        float qv[FL_QA], kv[FL_KA];                                                                      \
+        for (int a = 0; a < (NA); a++) qv[a] = Qs[qi + 16 * a][d];                                       \
+        for (int b = 0; b < FL_KA; b++) kv[b] = KV[ki + 16 * b][d];                                      \
+        for (int a = 0; a < (NA); a++)                                                                   \
+            for (int b = 0; b < FL_KA; b++) sc[a][b] = fma(qv[a], kv[b], sc[a][b]);                     \
+    }
+/* ... and the staged values weighted into the rows' outputs ki + 16 c */
+#define FL_WEIGHTED(NA)                                                                                  \
+    for (int k = 0; k < FL_KB; k++) {                                                                    \
+        float pv[FL_QA], vv[FL_DA];                                                                      \
+        for (int a = 0; a < (NA); a++) pv[a] = P[qi + 16 * a][k];                                        \
+        for (int c = 0; c < FL_DA; c++) vv[c] = KV[k][ki + 16 * c];                                      \
+        for (int a = 0; a < (NA); a++)                                                                   \
+            for (int c = 0; c < FL_DA; c++) acc[a][c] = fma(pv[a], vv[c], acc[a][c]);                    \
+    }
 
 /* Element d of the key (or value) at position p of KV head g in a layer's cache: the one sequence's
  * (paged == 0: keys [kv_dim][ctx_stride] transposed, values [ctx_stride][kv_dim], float) or, paged, a
@@ -146,7 +168,7 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
         __global const int *grp = meta + grp_off + 4 * get_group_id(0);
         t0 = grp[0], nq = grp[1], pos0 = grp[2] - t0, tab = meta + grp[3];
     }
-    int last = pos0 + t0 + nq - 1, rows = nq * gq;
+    int last = pos0 + t0 + nq - 1, rows = nq * gq, na = FL_ROW_SKIP && rows <= 16 ? 1 : FL_QA; /* row blocks with work */
     float scale = rsqrt((float)HEAD_DIM), m_row[FL_QA], l_row[FL_QA], acc[FL_QA][FL_DA];
     for (int i = lid; i < FL_QB * HEAD_DIM; i += FL_LWS) {
         int r = i / HEAD_DIM, d = i % HEAD_DIM;
@@ -166,15 +188,10 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
         float sc[FL_QA][FL_KA];
         for (int a = 0; a < FL_QA; a++)
             for (int b = 0; b < FL_KA; b++) sc[a][b] = 0.0f;
-        for (int d = 0; d < HEAD_DIM; d++) {
-            float qv[FL_QA], kv[FL_KA];
-            for (int a = 0; a < FL_QA; a++) qv[a] = Qs[qi + 16 * a][d];
-            for (int b = 0; b < FL_KA; b++) kv[b] = KV[ki + 16 * b][d];
-            for (int a = 0; a < FL_QA; a++)
-                for (int b = 0; b < FL_KA; b++) sc[a][b] = fma(qv[a], kv[b], sc[a][b]);
-        }
+        if (na == FL_QA) FL_SCORES(FL_QA) else FL_SCORES(1)
         float alpha[FL_QA];
         for (int a = 0; a < FL_QA; a++) {
+            if (a >= na) break; /* (a bound the compiler knows keeps the rows' arrays in registers) */
             int r = qi + 16 * a;
             float mx = -INFINITY;
             for (int b = 0; b < FL_KA; b++) {
@@ -196,17 +213,11 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
             KV[k][d] = p0 + k <= last ? FL_VALUE(p0 + k, d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
-        for (int a = 0; a < FL_QA; a++)
+        for (int a = 0; a < FL_QA && a < na; a++)
             for (int c = 0; c < FL_DA; c++) acc[a][c] *= alpha[a];
-        for (int k = 0; k < FL_KB; k++) {
-            float pv[FL_QA], vv[FL_DA];
-            for (int a = 0; a < FL_QA; a++) pv[a] = P[qi + 16 * a][k];
-            for (int c = 0; c < FL_DA; c++) vv[c] = KV[k][ki + 16 * c];
-            for (int a = 0; a < FL_QA; a++)
-                for (int c = 0; c < FL_DA; c++) acc[a][c] = fma(pv[a], vv[c], acc[a][c]);
-        }
+        if (na == FL_QA) FL_WEIGHTED(FL_QA) else FL_WEIGHTED(1)
     }
-    for (int a = 0; a < FL_QA; a++) {
+    for (int a = 0; a < FL_QA && a < na; a++) {
         int r = qi + 16 * a;
         if (r < rows)
             for (int c = 0; c < FL_DA; c++)

@@ -432,10 +432,9 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     int bq = (int)(L->bq - m->vectors), left = 0, last = l + 1 == c->n_layers;
     cl_int e = norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors), *pending);
     const struct cl_weights *qkv[3] = {&D->wq, &D->wk, &D->wv}, *gate_up[2] = {&D->gate, &D->up};
-    if (e) {
-    } else if (stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
+    if (!e && stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
         e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left);
-    } else {
+    } else if (!e) {
         e = gemm(cl, &D->wq, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV);
         if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
         if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
@@ -445,10 +444,9 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     const struct cl_weights *wo = &D->wo;
     if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left);
     if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors), left);
-    if (e) {
-    } else if (stackable(&p->mm, gate_up, 2)) {
+    if (!e && stackable(&p->mm, gate_up, 2)) {
         e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left);
-    } else {
+    } else if (!e) {
         left = 0;
         e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
         if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
