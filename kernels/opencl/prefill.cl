@@ -1,9 +1,12 @@
-/* Prompt processing on the device: the row-wise steps between prefill's GEMMs (kernels/opencl/gemm.cl)
- * for a step's n_tok tokens (a chunk of one sequence at positions pos0 .. pos0 + n_tok - 1, or tokens
- * of many sequences: kernels/opencl/paged.cl), activations [n_tok][width] row-major. engine/backend/opencl/cl_prefill.c runs a layer as
- *   pf_norm (attn_norm) -> gemm q, k, v -> pf_rope (K and V into the cache) -> flash_prefill ->
- *   pf_norm (no weight: the attention output quantized) -> gemm o_proj (+= x) -> pf_norm (ffn_norm) ->
- *   gemm gate, up -> pf_swiglu -> gemm down_proj (+= x)
+/* Many tokens on the device: the row-wise steps between the GEMMs (kernels/opencl/gemm.cl) for a step's
+ * n_tok tokens (a chunk of one sequence at positions pos0 .. pos0 + n_tok - 1, or tokens of many
+ * sequences: kernels/opencl/paged.cl), activations [n_tok][width] row-major.
+ * engine/backend/opencl/cl_prefill.c runs a layer as
+ *   pf_norm (attn_norm) -> gemm q, k, v (one launch) -> pf_rope or paged_rope (K and V into the cache)
+ *   -> flash_prefill -> pf_norm (no weight: the attention output quantized) -> gemm o_proj (+= x) ->
+ *   pf_norm (ffn_norm) -> gemm gate, up (one launch) -> pf_swiglu -> gemm down_proj (+= x)
+ * where a GEMM splits K, the kernel after it sums the slices (gemm_in), the norms adding o_proj's and
+ * down_proj's to the residual.
  * A GEMM's input is either float rows (xf) or int8 blocks of 32 (xq, with the block's scale xd and
  * sum xs: one level, d = max|x| / 127, as the CPU quantizes prompt tokens). */
 
