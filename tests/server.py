@@ -15,8 +15,11 @@ from checks import check, finish
 class Server:
     def __init__(self, *args):
         self.err = tempfile.TemporaryFile()
+        env = dict(os.environ)
+        if "--device" in args:  # PoCL's LLVM under LeakSanitizer: see tests/parallel.py's run()
+            env["ASAN_OPTIONS"] = (env["ASAN_OPTIONS"] + ":" if env.get("ASAN_OPTIONS") else "") + "detect_leaks=0"
         self.p = subprocess.Popen([TLLM, "serve", "-m", DEMO, "--port", "0", "-t", "2", *args],
-                                  stdout=subprocess.DEVNULL, stderr=self.err)
+                                  stdout=subprocess.DEVNULL, stderr=self.err, env=env)
         self.port = None
         deadline = time.time() + 60
         while time.time() < deadline and self.p.poll() is None:
@@ -448,6 +451,44 @@ try:
 finally:
     if srv.p.poll() is None:
         srv.p.kill()
+
+# ---- on an OpenCL device (PoCL in CI; skipped without one): requests run there, 8 at once (some
+#      streamed) answer as each does alone, and every KV block comes back ----
+if "\nopencl:" in subprocess.run([TLLM, "devices"], capture_output=True, text=True).stdout:
+    srv = Server("--device", "opencl", "-np", "4", "--api-key", KEY, "-c", "512")
+    try:
+        check("sequences at once on OpenCL" in srv.stderr(), "serve on the device: %s" % srv.stderr()[-300:])
+        alone = {}
+        for i, q in enumerate(QUESTIONS):
+            s, r = srv.post("/v1/chat/completions", chat(user(q), max_tokens=16))
+            alone[i] = r["choices"][0]["message"]["content"] if s == 200 else "status %d" % s
+        together = {}
+
+        def device_client(i):
+            try:
+                if i % 2:
+                    ev = srv.stream("/v1/chat/completions", chat(user(QUESTIONS[i]), max_tokens=16))
+                    together[i] = "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1] if e["choices"])
+                else:
+                    s, r = srv.post("/v1/chat/completions", chat(user(QUESTIONS[i]), max_tokens=16))
+                    together[i] = r["choices"][0]["message"]["content"] if s == 200 else "status %d" % s
+            except Exception as e:  # reported as a mismatch
+                together[i] = repr(e)
+
+        ts = [threading.Thread(target=device_client, args=(i,)) for i in range(len(QUESTIONS))]
+        [t.start() for t in ts]
+        [t.join(300) for t in ts]
+        bad = [i for i in alone if together.get(i) != alone[i]]
+        check(not bad and all(not a.startswith("status") for a in alone.values()),
+              "opencl: 8 at once differ from alone: %s" % [(i, together.get(i), alone[i]) for i in bad[:2]])
+        h = srv.idle()
+        check(h["kv_blocks_free"] == h["kv_blocks_total"], "opencl: every KV block back: %s" % h)
+        check(srv.stop() == 0, "opencl: exit after SIGTERM: %s" % srv.stderr()[-300:])
+    finally:
+        if srv.p.poll() is None:
+            srv.p.kill()
+else:
+    print("skip opencl: no OpenCL device")
 
 # ---- listening: 127.0.0.1 unless told; a bad --host is one line ----
 r = subprocess.run([TLLM, "serve", "-m", DEMO, "--host", "not-an-ip", "--port", "0"], capture_output=True, timeout=60)
