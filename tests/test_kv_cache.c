@@ -92,6 +92,31 @@ int main(void) {
     int s1, s2, s3, s4;
     CHECK(!tllm_kv_seq_open(kv, &s1) && !tllm_kv_seq_open(kv, &s2) && !tllm_kv_seq_open(kv, &s3), "three slots");
     CHECK(tllm_kv_seq_open(kv, &s4) == TLLM_ERR_LIMIT, "a fourth is refused");
+
+    /* a step's tokens as backends take them: s1 holds 3 positions, s2 none; 2 blocks each reserved */
+    write(kv, s1, 0, 3, 1.0f, ids);
+    CHECK(tllm_kv_seq_reserve(kv, s1, 2 * B) == TLLM_OK && tllm_kv_seq_reserve(kv, s2, 2 * B) == TLLM_OK, "reserve");
+    struct {
+        const char *what;
+        int n;
+        int32_t id[4], pos[4], seq[4];
+        int rc;
+        const char *msg;
+    } steps[] = {
+        {"a decode token and a prompt chunk", 4, {1, 2, 3, 4}, {3, 0, 1, 2}, {s1, s2, s2, s2}, TLLM_OK, ""},
+        {"a position past the cache's end", 1, {1}, {4}, {s1}, TLLM_ERR_ARG, "does not follow its cache (3 positions)"},
+        {"a gap", 2, {1, 1}, {0, 2}, {s2, s2}, TLLM_ERR_ARG, "position 2 does not follow 0"},
+        {"a sequence split in two", 3, {1, 1, 1}, {0, 3, 1}, {s2, s1, s2}, TLLM_ERR_ARG, "not together"},
+        {"a sequence id past the slots", 1, {1}, {0}, {3}, TLLM_ERR_ARG, "not open"},
+        {"no block reserved", 1, {1}, {0}, {s3}, TLLM_ERR_LIMIT, "no KV block reserved"},
+        {"an id out of range", 1, {50}, {3}, {s1}, TLLM_ERR_ARG, "token id 50 is out of range [0, 50)"},
+        {"the same again (marks of the last step do not count)", 1, {1}, {0}, {s2}, TLLM_OK, ""},
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        int rc = tllm_kv_check_step(kv, steps[i].n, steps[i].id, steps[i].pos, steps[i].seq, 50);
+        CHECK(rc == steps[i].rc && (rc == TLLM_OK || strstr(tllm_errmsg(), steps[i].msg)), "%s: %d %s", steps[i].what, rc,
+              rc ? tllm_errmsg() : "");
+    }
     tllm_kv_free(kv);
 
     enum tllm_dtype t;

@@ -164,6 +164,34 @@ void tllm_kv_seq_close(struct tllm_kv *kv, int seq) {
     kv->seqs[seq].open = 0;
 }
 
+int tllm_kv_check_step(struct tllm_kv *kv, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, int vocab) {
+    if (++kv->step_stamp == 0) { /* wrapped: no sequence may keep a mark equal to a future stamp */
+        for (int s = 0; s < kv->max_seqs; s++) kv->seqs[s].step_mark = 0;
+        kv->step_stamp = 1;
+    }
+    for (int t = 0; t < n; t++) {
+        int sq = seq[t];
+        if (sq < 0 || sq >= kv->max_seqs || !kv->seqs[sq].open)
+            return tllm_fail(TLLM_ERR_ARG, "token %d of the step names sequence %d, which is not open in the KV cache", t, sq);
+        struct tllm_kv_seq *s = &kv->seqs[sq];
+        if (t > 0 && seq[t - 1] == sq) {
+            if (pos[t] != pos[t - 1] + 1)
+                return tllm_fail(TLLM_ERR_ARG, "sequence %d: position %d does not follow %d in the step", sq, pos[t], pos[t - 1]);
+        } else {
+            if (s->step_mark == kv->step_stamp)
+                return tllm_fail(TLLM_ERR_ARG, "sequence %d: its tokens are not together in the step", sq);
+            s->step_mark = kv->step_stamp;
+            if (pos[t] != s->n_tokens)
+                return tllm_fail(TLLM_ERR_ARG, "sequence %d: a step at position %d does not follow its cache (%d positions)", sq,
+                                 pos[t], s->n_tokens);
+        }
+        if (pos[t] >= s->n_blocks * TLLM_KV_BLOCK)
+            return tllm_fail(TLLM_ERR_LIMIT, "sequence %d: position %d has no KV block reserved", sq, pos[t]);
+        if (ids[t] < 0 || ids[t] >= vocab) return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", ids[t], vocab);
+    }
+    return TLLM_OK;
+}
+
 static int grow(int32_t **p, int *cap, int need) {
     if (need <= *cap) return TLLM_OK;
     int c = *cap ? *cap : 16;

@@ -25,6 +25,7 @@ struct tllm_kv_seq {
     int32_t *tokens;  /* [n_tokens] their ids: what a full block is known by */
     int cap_tokens;
     int open;
+    unsigned step_mark; /* the last tllm_kv_check_step that saw it (its tokens must be together) */
 };
 
 struct tllm_kv_block {
@@ -56,6 +57,7 @@ struct tllm_kv {
     int remote;
     int32_t *copies; /* [2 n_copies] */
     int n_copies, cap_copies;
+    unsigned step_stamp;
 };
 
 /* "f16" or "f32" (the front ends' --kv-type) */
@@ -98,6 +100,11 @@ static inline void *tllm_kv_k(const struct tllm_kv *kv, int l, int b) {
 static inline void *tllm_kv_v(const struct tllm_kv *kv, int l, int b) {
     return (char *)kv->v + ((size_t)l * kv->n_blocks + (size_t)b) * kv->block_elems * kv->esize;
 }
+
+/* A step's tokens checked before a backend runs them (ids[t], pos[t], seq[t] for t < n): each names an
+ * open sequence; a sequence's tokens are together in the step, the first at the position where its
+ * cache ends, the rest consecutive, each with a block reserved; ids in [0, vocab). */
+int tllm_kv_check_step(struct tllm_kv *kv, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, int vocab);
 
 /* From now on (on = 1) the blocks' contents are a device's: copies on write are logged, not made */
 void tllm_kv_set_remote(struct tllm_kv *kv, int on);

@@ -67,8 +67,6 @@ struct tllm_cpu {
     int n_runs;
     struct att_task *tasks; /* [n_batch x n_kv_heads] */
     int n_tasks;
-    int *seen;          /* [max_seqs] the step a sequence was last seen in (a sequence is one run) */
-    int stamp;
 };
 
 /* The input of one or more matmuls (q/k/v share one, gate/up another): n rows of cols floats, and
@@ -353,39 +351,22 @@ static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
     linear(&m->lm_head, &a, logits);
 }
 
-/* A step's tokens: each sequence open, one stretch of consecutive positions that starts where its
- * cache ends and stays inside its reserved blocks; ids in range. Splits the step into runs and
- * attention tasks. */
+/* A step's tokens checked by the cache (tllm_kv_check_step), then split into runs (a sequence's tokens)
+ * and attention tasks. */
 static int plan_batch(struct tllm_cpu *cpu, const struct tllm_batch *bt, int *n_out) {
     const struct tllm_kv *kv = cpu->kv;
     if (bt->n <= 0 || bt->n > cpu->n_batch)
         return tllm_fail(TLLM_ERR_ARG, "a CPU step of %d tokens (1 to %d)", bt->n, cpu->n_batch);
     if (bt->n_gen < 0 || bt->n_gen > bt->n) return tllm_fail(TLLM_ERR_ARG, "a step of %d tokens with %d generated", bt->n, bt->n_gen);
+    int rc = tllm_kv_check_step(cpu->kv, bt->n, bt->id, bt->pos, bt->seq, cpu->m->cfg.vocab_size);
+    if (rc) return rc;
     *n_out = 0;
     cpu->n_runs = 0;
-    cpu->stamp++;
-    for (int t = 0; t < bt->n; t++) {
-        int sq = bt->seq[t];
-        if (sq < 0 || sq >= kv->max_seqs || !kv->seqs[sq].open)
-            return tllm_fail(TLLM_ERR_ARG, "token %d of the step: sequence %d is not open in the KV cache", t, sq);
-        const struct tllm_kv_seq *s = &kv->seqs[sq];
-        struct run *r = cpu->n_runs ? &cpu->runs[cpu->n_runs - 1] : NULL;
-        if (r && r->seq == sq) {
-            if (bt->pos[t] != r->pos0 + r->n)
-                return tllm_fail(TLLM_ERR_UNSUPPORTED, "sequence %d: positions of a step must be consecutive", sq);
-            r->n++;
-        } else {
-            if (cpu->seen[sq] == cpu->stamp)
-                return tllm_fail(TLLM_ERR_UNSUPPORTED, "sequence %d: its tokens must be together in a step", sq);
-            cpu->seen[sq] = cpu->stamp;
-            if (bt->pos[t] != s->n_tokens)
-                return tllm_fail(TLLM_ERR_ARG, "sequence %d: a step at position %d, but its cache holds %d", sq, bt->pos[t], s->n_tokens);
-            cpu->runs[cpu->n_runs++] = (struct run){sq, t, 1, bt->pos[t]};
-        }
-        if (bt->pos[t] >= s->n_blocks * TLLM_KV_BLOCK)
-            return tllm_fail(TLLM_ERR_LIMIT, "sequence %d: position %d has no KV block reserved", sq, bt->pos[t]);
-        if (bt->id[t] < 0 || bt->id[t] >= cpu->m->cfg.vocab_size)
-            return tllm_fail(TLLM_ERR_ARG, "token id %d is out of range [0, %d)", bt->id[t], cpu->m->cfg.vocab_size);
+    for (int t = 0; t < bt->n; t++) { /* each sequence's tokens: one run (checked together and consecutive) */
+        if (t > 0 && bt->seq[t - 1] == bt->seq[t])
+            cpu->runs[cpu->n_runs - 1].n++;
+        else
+            cpu->runs[cpu->n_runs++] = (struct run){bt->seq[t], t, 1, bt->pos[t]};
         *n_out += bt->out && bt->out[t];
     }
     cpu->n_tasks = 0;
@@ -437,7 +418,6 @@ static void cpu_free(struct tllm_backend *b) {
     free(cpu->xq_sum16);
     free(cpu->runs);
     free(cpu->tasks);
-    free(cpu->seen);
     free(cpu);
 }
 
@@ -501,10 +481,9 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     }
     cpu->runs = malloc(nb * sizeof *cpu->runs);
     cpu->tasks = malloc(nb * (size_t)c->n_kv_heads * sizeof *cpu->tasks);
-    cpu->seen = calloc((size_t)kv->max_seqs, sizeof *cpu->seen);
     if (!cpu->x || !cpu->xb || !cpu->q || !cpu->k || !cpu->v || !cpu->att_out || !cpu->proj || !cpu->hb ||
         !cpu->hb2 || !cpu->scores || !cpu->gather || !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 ||
-        !cpu->xq_d || !cpu->xq_sum || !cpu->runs || !cpu->tasks || !cpu->seen) {
+        !cpu->xq_d || !cpu->xq_sum || !cpu->runs || !cpu->tasks) {
         cpu_free(&cpu->base);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory for steps of %d tokens over a cache of %d positions", n_batch,
                          cpu->max_len);

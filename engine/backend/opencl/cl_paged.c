@@ -88,34 +88,12 @@ static int meta_room(struct cl_paged *g, size_t n) {
     return TLLM_OK;
 }
 
-/* The step's tokens checked as the CPU backend checks them: each sequence's together, from where its
- * cache ends, at consecutive positions it has blocks for */
-static int check(const struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq) {
-    const struct tllm_kv *kv = cl->pg->kv;
-    for (int t = 0; t < n; t++) {
-        if (ids[t] < 0 || ids[t] >= cl->m->cfg.vocab_size)
-            return tllm_fail(TLLM_ERR_ARG, "opencl: token id %d is out of range [0, %d)", ids[t], cl->m->cfg.vocab_size);
-        if (seq[t] < 0 || seq[t] >= kv->max_seqs || !kv->seqs[seq[t]].open)
-            return tllm_fail(TLLM_ERR_ARG, "opencl: token %d of the step names sequence %d, which is not open", t, seq[t]);
-        const struct tllm_kv_seq *s = &kv->seqs[seq[t]];
-        int first = t == 0 || seq[t - 1] != seq[t];
-        if (first ? pos[t] != s->n_tokens : pos[t] != pos[t - 1] + 1)
-            return tllm_fail(TLLM_ERR_ARG, "opencl: sequence %d's token at position %d does not follow its cache (%d positions)",
-                             seq[t], pos[t], s->n_tokens);
-        if (pos[t] >= s->n_blocks * TLLM_KV_BLOCK)
-            return tllm_fail(TLLM_ERR_LIMIT, "opencl: sequence %d has no block reserved for position %d", seq[t], pos[t]);
-        for (int u = 0; first && u < t; u++)
-            if (seq[u] == seq[t]) return tllm_fail(TLLM_ERR_ARG, "opencl: sequence %d's tokens are not together in the step", seq[t]);
-    }
-    return TLLM_OK;
-}
-
 int tllm_cl_batch(struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, const int8_t *out,
                   float *logits, int32_t *argmax) {
     struct cl_paged *g = cl->pg;
     if (!g) return tllm_fail(TLLM_ERR_ARG, "opencl: a step of many sequences with no KV cache bound");
     if (n < 1) return tllm_fail(TLLM_ERR_ARG, "opencl: an empty step");
-    int rc = check(cl, n, ids, pos, seq);
+    int rc = tllm_kv_check_step(g->kv, n, ids, pos, seq, cl->m->cfg.vocab_size);
     if (rc) return rc;
     const struct tllm_config *c = &cl->m->cfg;
     const struct tllm_kv *kv = g->kv;
