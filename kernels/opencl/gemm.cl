@@ -95,22 +95,26 @@ __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int
 }
 
 /* Output (t, r) of a GEMM of `rows` rows, as the kernel after it reads it: from y ([n_tok][rows], where
- * the GEMM or gemm_reduce left it), or (n_split > 1) summed from the slices the host left for it, with
- * the bias, the same arithmetic as gemm_reduce's (which that launch then saves) */
-inline float gemm_in(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, int r,
-                     __global const float *vecs, int bias_off) {
-    if (n_split <= 1) return y[(size_t)t * rows + r];
-    return gemm_slices(part, n_split, n_tok, rows, t, r) + (bias_off >= 0 ? vecs[bias_off + r] : 0.0f);
+ * the GEMM or gemm_reduce left it), or (n_split > 1) summed from the slices the host left for it, the same
+ * arithmetic as gemm_reduce's (which that launch then saves). gemm_in: a GEMM without biases;
+ * gemm_in_bias: with vecs[bias_off + r] (bias_off >= 0), which the GEMM adds itself when it does not split */
+inline float gemm_in(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, int r) {
+    return n_split <= 1 ? y[(size_t)t * rows + r] : gemm_slices(part, n_split, n_tok, rows, t, r);
+}
+inline float gemm_in_bias(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t,
+                          int r, __global const float *vecs, int bias_off) {
+    float v = gemm_in(y, part, n_split, n_tok, rows, t, r);
+    return n_split > 1 && bias_off >= 0 ? v + vecs[bias_off + r] : v;
 }
 
 /* The qkv arguments of pf_rope and paged_rope (kernels/opencl/prefill.cl, paged.cl): [q | k | v]
- * ([n_tok][q_dim + 2 kv_dim], biases added), or its slices with the biases at vecs[bias_off ..] (gemm_in) */
+ * ([n_tok][q_dim + 2 kv_dim], biases added), or its slices with the biases at vecs[bias_off ..] (gemm_in_bias) */
 #define QKV_IN_ARGS                                                                                         \
     __global const float *qkv, __global const float *part, int n_split, int n_tok, __global const float *vecs, int bias_off
 /* Elements c and c + half_d of token t's row (a RoPE pair, or a pair of values) */
 #define QKV_PAIR(t, c, half_d, ld)                                                                          \
-    (float2)(gemm_in(qkv, part, n_split, n_tok, ld, t, c, vecs, bias_off),                                  \
-             gemm_in(qkv, part, n_split, n_tok, ld, t, (c) + (half_d), vecs, bias_off))
+    (float2)(gemm_in_bias(qkv, part, n_split, n_tok, ld, t, c, vecs, bias_off),                             \
+             gemm_in_bias(qkv, part, n_split, n_tok, ld, t, (c) + (half_d), vecs, bias_off))
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
 gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,

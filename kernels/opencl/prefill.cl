@@ -64,7 +64,7 @@ pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, in
     __local float red[PF_LWS];
     int t = get_group_id(0), lid = get_local_id(0);
     __global float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
-    for (int j = lid; n_split > 1 && j < cols; j += PF_LWS) row[j] += gemm_in(x, part, n_split, n_tok, cols, t, j, vecs, -1);
+    for (int j = lid; n_split > 1 && j < cols; j += PF_LWS) row[j] += gemm_slices(part, n_split, n_tok, cols, t, j);
     float inv = 1.0f;
     if (norm_off >= 0) {
         float ss = 0.0f;
@@ -85,8 +85,8 @@ pf_swiglu(__global const float *h, int ffn, __global const float *part, int n_sp
           __global char *xq, __global float *xd, __global float *xs) {
     __local float red[PF_LWS];
     int j = get_global_id(0), t = get_global_id(1), live = j < ffn;
-    float g = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, j, h, -1) : 0.0f; /* no bias: its vecs unread */
-    float u = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, ffn + j, h, -1) : 0.0f;
+    float g = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, j) : 0.0f;
+    float u = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, ffn + j) : 0.0f;
     float v = live ? g / (1.0f + exp(-g)) * u : 0.0f;
     emit_lane(v, t, j, ffn, live, int8, xf, xq, xd, xs, red);
 }

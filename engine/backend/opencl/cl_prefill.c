@@ -46,6 +46,8 @@ struct cl_prefill {
     size_t cap_meta;
     cl_mem amax;                /* [cap] the argmax of each wanted row */
     int fixed_n;                /* > 0: split-K as for a step of this many tokens, whatever its size (cl_paged.c) */
+    size_t room;                /* fixed_room's answer for fixed_n = room_n and split = room_split (0: none yet) */
+    int room_n, room_split;
     cl_mem x;                   /* [cap][dim] the residual stream */
     cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
     cl_mem h;                   /* [cap][2 ffn]: gate | up */
@@ -190,7 +192,9 @@ static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
 static int reserve(struct tllm_cl *cl, int n) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_config *c = &cl->m->cfg;
-    size_t part_tok = PF_PART * (size_t)c->dim, fixed = p->fixed_n ? fixed_room(cl, &p->mm) : 0;
+    if (p->fixed_n && (p->room_n != p->fixed_n || p->room_split != p->mm.split)) /* a loop over every GEMM: once */
+        p->room = fixed_room(cl, &p->mm), p->room_n = p->fixed_n, p->room_split = p->mm.split;
+    size_t part_tok = PF_PART * (size_t)c->dim, fixed = p->fixed_n ? p->room : 0;
     part_tok = fixed > part_tok ? fixed : part_tok;
     if (n <= p->cap && part_tok * p->cap <= p->mm.part_floats) return TLLM_OK;
     n = n > p->cap ? n : p->cap;
