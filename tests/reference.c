@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/base/error.h"
+#include "engine/load/model.h"
+
 static int32_t *int_array(struct json_object *a, int *n) {
     *n = (int)json_object_array_length(a);
     int32_t *v = malloc((size_t)(*n + 1) * sizeof *v);
@@ -97,4 +100,17 @@ int argmax_f32(const float *x, int n) {
     for (int i = 1; i < n; i++)
         if (x[i] > x[b]) b = i;
     return b;
+}
+
+int ref_load_model(const char *dir, int packed, struct ref_fixture *r, struct tllm_model **m) {
+    *m = NULL;
+    if (ref_load(dir, r) != 0) return -1;
+    if (tllm_model_load(dir, m) != TLLM_OK || (packed && tllm_model_pack(*m) != TLLM_OK)) {
+        fprintf(stderr, "%s: cannot load: %s\n", dir, tllm_errmsg());
+        tllm_model_free(*m);
+        *m = NULL;
+        ref_free(r);
+        return -1;
+    }
+    return 0;
 }

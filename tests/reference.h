@@ -19,6 +19,10 @@ struct ref_fixture {
 
 /* 0 on success; prints why on failure. */
 int ref_load(const char *model_dir, struct ref_fixture *r);
+/* The fixture and its model (packed: with the int8 packs, as the CLI loads a model without --exact);
+ * 0 on success, else -1 with both freed and why printed. */
+struct tllm_model;
+int ref_load_model(const char *model_dir, int packed, struct ref_fixture *r, struct tllm_model **m);
 void ref_free(struct ref_fixture *r);
 
 /* Relative RMS error and max abs error relative to max|ref| of one row. */

@@ -107,6 +107,30 @@ def generate(*args):
     return json.loads(r.stdout) if r.returncode == 0 else {}
 
 
+def alone_and_together(srv, prompts, max_tokens):
+    """Greedy chat answers to prompts asked one after another, then all at once (odd ones streamed)"""
+    def answer(i, stream):
+        if stream:
+            ev = srv.stream("/v1/chat/completions", chat(user(prompts[i]), max_tokens=max_tokens))
+            return "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1] if e["choices"])
+        s, r = srv.post("/v1/chat/completions", chat(user(prompts[i]), max_tokens=max_tokens))
+        return r["choices"][0]["message"]["content"] if s == 200 else "status %d" % s
+
+    alone = {i: answer(i, False) for i in range(len(prompts))}
+    together = {}
+
+    def client(i):
+        try:
+            together[i] = answer(i, i % 2)
+        except Exception as e:  # reported as a mismatch
+            together[i] = repr(e)
+
+    ts = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    [t.start() for t in ts]
+    [t.join(300) for t in ts]
+    return alone, together
+
+
 QUESTIONS = ["What does ls do?", "What does tar do?", "How do I use grep?", "What does find do?", "What is chmod?",
              "What does cp do?", "Explain rsync.", "What does kill do?"]
 
@@ -197,26 +221,7 @@ try:
 
     # ---- 32 clients at once, each gets its own answer (the one it gets alone) ----
     prompts = ["%s Answer briefly, case %d." % (QUESTIONS[i % len(QUESTIONS)], i) for i in range(32)]
-    alone = {}
-    for i, p in enumerate(prompts):
-        s, r = srv.post("/v1/chat/completions", chat(user(p), max_tokens=20))
-        alone[i] = r["choices"][0]["message"]["content"] if s == 200 else None
-    together = {}
-
-    def client(i):
-        try:
-            if i % 2:
-                ev = srv.stream("/v1/chat/completions", chat(user(prompts[i]), max_tokens=20))
-                together[i] = "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1] if e["choices"])
-            else:
-                s, r = srv.post("/v1/chat/completions", chat(user(prompts[i]), max_tokens=20))
-                together[i] = r["choices"][0]["message"]["content"] if s == 200 else "status %d" % s
-        except Exception as e:  # reported as a mismatch
-            together[i] = repr(e)
-
-    ts = [threading.Thread(target=client, args=(i,)) for i in range(32)]
-    [t.start() for t in ts]
-    [t.join(300) for t in ts]
+    alone, together = alone_and_together(srv, prompts, 20)
     bad = [i for i in range(32) if together.get(i) != alone[i]]
     check(not bad, "32 at once: %d answers differ from alone, e.g. %s" % (len(bad), [(i, together.get(i), alone[i]) for i in bad[:2]]))
     check(len(set(alone.values())) > 1, "the prompts have different answers")
@@ -458,26 +463,7 @@ if "\nopencl:" in subprocess.run([TLLM, "devices"], capture_output=True, text=Tr
     srv = Server("--device", "opencl", "-np", "4", "--api-key", KEY, "-c", "512")
     try:
         check("sequences at once on OpenCL" in srv.stderr(), "serve on the device: %s" % srv.stderr()[-300:])
-        alone = {}
-        for i, q in enumerate(QUESTIONS):
-            s, r = srv.post("/v1/chat/completions", chat(user(q), max_tokens=16))
-            alone[i] = r["choices"][0]["message"]["content"] if s == 200 else "status %d" % s
-        together = {}
-
-        def device_client(i):
-            try:
-                if i % 2:
-                    ev = srv.stream("/v1/chat/completions", chat(user(QUESTIONS[i]), max_tokens=16))
-                    together[i] = "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1] if e["choices"])
-                else:
-                    s, r = srv.post("/v1/chat/completions", chat(user(QUESTIONS[i]), max_tokens=16))
-                    together[i] = r["choices"][0]["message"]["content"] if s == 200 else "status %d" % s
-            except Exception as e:  # reported as a mismatch
-                together[i] = repr(e)
-
-        ts = [threading.Thread(target=device_client, args=(i,)) for i in range(len(QUESTIONS))]
-        [t.start() for t in ts]
-        [t.join(300) for t in ts]
+        alone, together = alone_and_together(srv, QUESTIONS, 16)
         bad = [i for i in alone if together.get(i) != alone[i]]
         check(not bad and all(not a.startswith("status") for a in alone.values()),
               "opencl: 8 at once differ from alone: %s" % [(i, together.get(i), alone[i]) for i in bad[:2]])

@@ -201,8 +201,8 @@ static void test_fixture(const char *dir, int device, int packed) {
     struct ref_fixture r;
     struct tllm_model *m;
     printf("%s%s\n", dir, packed ? " (packed)" : "");
-    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK || (packed && tllm_model_pack(m) != TLLM_OK)) {
-        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+    if (ref_load_model(dir, packed, &r, &m) != 0) {
+        CHECK(0, "%s: cannot load", dir);
         return;
     }
     m->decode_levels = 1; /* as batch generation: every token's activations in one level, on the CPU as here */

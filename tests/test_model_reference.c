@@ -48,8 +48,8 @@ static void test_int8(const char *dir) {
     struct ref_fixture r;
     struct tllm_model *m;
     printf("%s (packed, int8 activations)\n", dir);
-    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK) {
-        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+    if (ref_load_model(dir, 0, &r, &m) != 0) {
+        CHECK(0, "%s: cannot load", dir);
         return;
     }
     CHECK(tllm_model_pack(m) == TLLM_OK, "pack: %s", tllm_errmsg());

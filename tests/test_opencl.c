@@ -168,8 +168,8 @@ static void test_fixture(const char *dir, int device, int packed) {
     struct ref_fixture r;
     struct tllm_model *m;
     printf("%s%s\n", dir, packed ? " (packed)" : "");
-    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK || (packed && tllm_model_pack(m) != TLLM_OK)) {
-        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+    if (ref_load_model(dir, packed, &r, &m) != 0) {
+        CHECK(0, "%s: cannot load", dir);
         return;
     }
     size_t vocab = (size_t)r.vocab;
@@ -270,8 +270,8 @@ out:
 static void test_deterministic(const char *dir, int device) {
     struct ref_fixture r;
     struct tllm_model *m;
-    if (ref_load(dir, &r) != 0 || tllm_model_load(dir, &m) != TLLM_OK || tllm_model_pack(m) != TLLM_OK) {
-        CHECK(0, "%s: cannot load: %s", dir, tllm_errmsg());
+    if (ref_load_model(dir, 1, &r, &m) != 0) {
+        CHECK(0, "%s: cannot load", dir);
         return;
     }
     m->deterministic = 1;
