@@ -21,9 +21,10 @@ const char cli_model_opts_help[] =
     "  --no-template          plain prompts even where the checkpoint has a chat template\n"
     "  --exact                float32 activations in every matmul (default: int8 activations against packed\n"
     "                         quantized weights, as llama.cpp does; see README: Performance)\n"
-    "  --precise-decode, --fast-decode   generated tokens' int8 activations in two levels (as good as\n"
-    "                         float32: free for one sequence, 1.4x the time of a step of many; the default\n"
-    "                         but for batch files and bench -np) or in one, as prompt tokens' (llama.cpp's)\n"
+    "  --precise-decode, --fast-decode   generated tokens' int8 activations (on an OpenCL device every\n"
+    "                         token's, prompts' too) in two levels (as good as float32: free for one sequence,\n"
+    "                         1.4x the time of a CPU step of many; the default but for batch files, bench -np\n"
+    "                         and serve) or in one, as the CPU's prompt tokens' (llama.cpp's precision)\n"
     "  --device D             cpu, opencl (first GPU, else first device), opencl:N (tllm devices), or\n"
     "                         auto (default: OpenCL when a GPU is there); decode runs there\n"
     "  --prefill P            where prompts run with a device: auto (default: on a GPU, not on a CPU device,\n"
@@ -160,9 +161,6 @@ struct tllm_backend *cli_session_batch_device(const struct cli_session *s) {
         fprintf(stderr, "tllm: %s takes one token at a time for this model: many sequences run on the CPU\n", info.name);
         return NULL;
     }
-    if (s->m->decode_levels == 2)
-        cli_die("--precise-decode: steps of many sequences on %s quantize every token's activations in one level "
-                "(leave it out, or use --device cpu)", info.name);
     return s->dev;
 }
 

@@ -156,7 +156,7 @@ check("after SIGKILL the same command answers every id exactly once, nothing tor
 
 # 5. On an OpenCL device (PoCL in CI; skipped without one): many sequences' steps run there (the cache's
 #    blocks on the device). -np 1 and -np 8 give the same tokens; with --exact and an f32 cache they are
-#    the CPU's and the reference's; a shared prefix is computed once there too; --precise-decode is refused.
+#    the CPU's and the reference's; a shared prefix is computed once there too; --precise-decode: -np 8 = -np 1.
 if "\nopencl:" in run(["devices"]).stdout:
     dev = ["--device", "opencl"]
     for m in ("q4-g64", "gqa7-hd64-sharded", "bf16"):
@@ -182,9 +182,11 @@ if "\nopencl:" in run(["devices"]).stdout:
     check("opencl: a shared prefix is computed once; the answers are -np 1's",
           r.returncode == 0 and r1.returncode == 0 and st is not None and st[0] == total - 7 * shared and
           answers(o) == answers(o1), f"{st} {r.stderr[-300:]} {r1.stderr[-300:]}")
-    r, _ = generate(q4, prompts_shared, 8, ["-n", "8", "--precise-decode"] + dev)
-    check("opencl: --precise-decode is refused with a message", r.returncode != 0 and "--precise-decode" in r.stderr,
-          r.stderr[-300:])
+    r, o = generate(q4, prompts_shared, 8, ["-n", "8", "--precise-decode"] + dev)
+    r1, o1 = generate(q4, prompts_shared, 1, ["-n", "8", "--precise-decode"] + dev)
+    check("opencl: --precise-decode (two int8 levels in every step): -np 8 = -np 1",
+          r.returncode == 0 and r1.returncode == 0 and len(answers(o)) == 8 and answers(o) == answers(o1),
+          f"{r.stderr[-300:]} {r1.stderr[-300:]}")
 else:
     print("skip opencl: no OpenCL device")
 

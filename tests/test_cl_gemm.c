@@ -1,7 +1,7 @@
 /* Prefill's GEMM kernels (kernels/opencl/gemm.cl) against a scalar oracle in double precision, on
  * shapes that do not fill their tiles: rows and tokens past a multiple of 64, K of one group or with
  * a half-filled staging step, every code width (2, 4, 8 bits), group size (32, 64, 128), scale type
- * (bf16, f16, f32) and dense weights; int8 inputs (gemm_q8, and gemm_q8_mma on NVIDIA) and float
+ * (bf16, f16, f32) and dense weights; int8 inputs in one and two levels (gemm_q8, and gemm_q8_mma on NVIDIA) and float
  * ones (gemm_f); unsplit and split along K. PoCL runs it in CI. */
 #include <math.h>
 #include <stdlib.h>
@@ -16,7 +16,7 @@
 
 /* |y - oracle| <= TOL x sum_k |w_k x_k|: float32 sums of at most a few hundred products in another
  * order. The int8 oracle multiplies the inputs as the device quantizes them (the same float
- * operations, so the same codes). */
+ * operations, so the same codes but where a code sits at a tie: quantize_like_device's slack). */
 #define TOL_GEMM 2e-6
 
 static uint64_t rng = 88172645463325252ull;
@@ -32,13 +32,25 @@ static void put(void *p, enum tllm_dtype dt, size_t i, float v) {
     else ((uint16_t *)p)[i] = tllm_f32_to_bf16(v);
 }
 
-/* x as the device's int8 inputs take it: per block of 32, d = max|x| / 127 and x ~ d rint(x / d) */
-static void quantize_like_device(const float *x, float *xq, size_t n) {
+/* Whether a (a code times 1 / d) lies so near a rounding boundary that a device's division, which
+ * OpenCL lets be 2.5 ulp off (NVIDIA's is), may round it the other way */
+static int near_tie(float a) { return fabsf(fabsf(a - truncf(a)) - 0.5f) < 1e-4f; }
+
+/* x as the device's int8 inputs take it (emit_lane in kernels/opencl/prefill.cl): per block of 32,
+ * d = max|x| / 127, q = rint(x / d), and with two levels q2 = rint(fma(-q, d, x) 128 / d): x ~ d q (+ d q2 / 128).
+ * slack: how far the device's value may be from xq where a code sits at a tie (near_tie): one step of
+ * the last level (either way it rounds, the value stays within half a step of x) */
+static void quantize_like_device(const float *x, float *xq, float *slack, size_t n, int levels) {
     for (size_t b = 0; b < n; b += 32) {
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b + j]));
         float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 32; j++) xq[b + j] = d * rintf(x[b + j] * id);
+        for (int j = 0; j < 32; j++) {
+            float a = x[b + j] * id, q = rintf(a), a2 = fmaf(-q, d, x[b + j]) * id * 128.0f;
+            float q2 = levels == 2 ? fminf(fmaxf(rintf(a2), -127.0f), 127.0f) : 0.0f;
+            xq[b + j] = (float)((double)d * q + (double)d * q2 / 128.0);
+            slack[b + j] = near_tie(a) || (levels == 2 && near_tie(a2)) ? (levels == 2 ? d / 128.0f : d) : 0.0f;
+        }
     }
 }
 
@@ -57,29 +69,33 @@ static void one_case(struct tllm_backend *cl, int bits, int gs, enum tllm_dtype 
     }
     w.w = codes, w.scales = sc, w.biases = bi;
     float *x = malloc((size_t)n * cols * sizeof(float)), *xo = malloc((size_t)n * cols * sizeof(float));
+    float *slack = calloc((size_t)n * cols, sizeof(float));
     float *y = malloc((size_t)n * rows * sizeof(float)), *wr = malloc((size_t)cols * sizeof(float));
     for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform(-2.0f, 2.0f) * (i % 7 == 0 ? 4.0f : 1.0f);
-    if (int8) quantize_like_device(x, xo, (size_t)n * cols);
+    if (int8) quantize_like_device(x, xo, slack, (size_t)n * cols, int8);
     else memcpy(xo, x, (size_t)n * cols * sizeof(float));
     if (split) setenv("TLLM_CL_SPLIT", split, 1);
     int rc = cl->ops->matmul(cl, &w, x, n, int8, y, 0, NULL);
     if (split) unsetenv("TLLM_CL_SPLIT");
     char what[160];
     snprintf(what, sizeof what, "%s %d-bit g%d %s, %d x %d, %d tokens, %s inputs%s%s", bits ? "affine" : "dense", bits, gs,
-             tllm_dtype_name(dt), rows, cols, n, int8 ? "int8" : "float", split ? ", split " : "", split ? split : "");
+             tllm_dtype_name(dt), rows, cols, n, int8 == 2 ? "two-level int8" : int8 ? "int8" : "float", split ? ", split " : "", split ? split : "");
     CHECK(rc == TLLM_OK, "%s: %s", what, tllm_errmsg());
     double worst = 0;
     for (int r = 0; r < rows && rc == TLLM_OK; r++) {
         tllm_qw_dequant_row_ref(&w, r, wr);
         for (int t = 0; t < n; t++) {
-            double s = 0, mag = 0;
-            for (int k = 0; k < cols; k++) s += (double)wr[k] * xo[(size_t)t * cols + k], mag += fabs((double)wr[k] * xo[(size_t)t * cols + k]);
-            double err = fabs(y[(size_t)t * rows + r] - s) / (mag > 0 ? mag : 1);
+            double s = 0, mag = 0, tie = 0;
+            for (int k = 0; k < cols; k++) {
+                double p = (double)wr[k] * xo[(size_t)t * cols + k];
+                s += p, mag += fabs(p), tie += fabs((double)wr[k]) * slack[(size_t)t * cols + k];
+            }
+            double err = fmax(0.0, fabs(y[(size_t)t * rows + r] - s) - tie) / (mag > 0 ? mag : 1);
             worst = err > worst ? err : worst;
         }
     }
     CHECK(worst <= TOL_GEMM, "%s: error %.3g of sum |w x| (tolerance %.0e)", what, worst, TOL_GEMM);
-    free(codes), free(sc), free(bi), free(x), free(xo), free(y), free(wr);
+    free(codes), free(sc), free(bi), free(x), free(xo), free(slack), free(y), free(wr);
 }
 
 int main(int argc, char **argv) {
@@ -113,12 +129,13 @@ int main(int argc, char **argv) {
                 enum tllm_dtype dt = dts[i % 3];
                 /* K: one group (rows of whole 16 bytes: the decode kernels' condition) */
                 int k1 = gss[g] * bits[b] % 128 ? 128 / bits[b] : gss[g];
-                for (int int8 = 0; int8 < 2; int8++) {
+                for (int int8 = 0; int8 <= 2; int8++) {
                     one_case(cl, bits[b], gss[g], dt, 67, k1, 5, int8, NULL);
                     one_case(cl, bits[b], gss[g], dt, 130, 384, 70, int8, NULL); /* rows and tokens past the tiles */
                     one_case(cl, bits[b], gss[g], dt, 130, 384, 70, int8, "3");  /* split along K */
                 }
-                if (gss[g] == 32 && bits[b] > 2) one_case(cl, bits[b], 32, dt, 67, 96, 3, 1, NULL); /* half a staging step */
+                if (gss[g] == 32 && bits[b] > 2) /* half a staging step */
+                    for (int lv = 1; lv <= 2; lv++) one_case(cl, bits[b], 32, dt, 67, 96, 3, lv, NULL);
             }
         for (int d = 0; d < 3; d++) {
             one_case(cl, 0, 0, dts[d], 67, 96, 70, 0, NULL);

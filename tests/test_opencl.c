@@ -13,15 +13,13 @@
 
 #define TOL_CL_REL_RMS 1e-3 /* relative RMS of a logits row (issue 7) */
 #define MARGIN_MIN_CL 1e-2  /* compare argmax where top1 - top2 exceeds this */
-/* Prompts on the device (kernels/opencl/gemm.cl, prefill.cl): float activations against the
- * reference and the CPU as decode's (TOL_CL_REL_RMS); int8 activations (one level per block of 32, as
- * the CPU's prompt path quantizes) against the reference as the CPU's int8 prefill is held
- * (test_model_reference), and against the CPU's int8 prefill with the same bound: rows agree to 1e-6
- * until one activation of one token rounds the other way (sums in another order), and then that
- * token and the later ones (through its K and V) differ by int8 noise of their own (2e-2 on these
- * random-weight fixtures) */
-#define TOL_CL_INT8_PREFILL_REL_RMS 4e-2
-#define MIN_CL_INT8_ARGMAX_AGREEMENT 0.9
+/* Prompts on the device (kernels/opencl/gemm.cl, prefill.cl), float activations or int8 ones in two
+ * levels (about 15 bits a block of 32), against the reference as decode's (TOL_CL_REL_RMS: the issue's
+ * 1e-3; measured 1.4-2.0e-4 in int8), argmax everywhere the margin is clear. Against the CPU's
+ * prefill, where its prompt path takes one-level int8 activations, by the CPU's int8 noise: one
+ * activation of one token rounds the other way, and then that token and the later ones (through its
+ * K and V) differ (2-3e-2 on these random-weight fixtures). */
+#define TOL_CL_CPU_INT8_PREFILL_REL_RMS 4e-2
 
 static int stop_after_3(const char *text, size_t len, void *user) {
     (void)text, (void)len;
@@ -100,7 +98,7 @@ static void test_device_prefill(const char *dir, struct tllm_ctx *ctx, struct tl
     CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, logits, TLLM_LOGITS_ALL) == TLLM_OK, "%s: device prefill: %s", dir,
           tllm_errmsg());
     int int8 = packed && ctx->m->layers[0].wq.pack; /* the CPU's prompt path took int8 activations */
-    double worst = 0, worst_cpu = 0, tol = int8 ? TOL_CL_INT8_PREFILL_REL_RMS : TOL_CL_REL_RMS;
+    double worst = 0, worst_cpu = 0, tol = TOL_CL_REL_RMS, tol_cpu = int8 ? TOL_CL_CPU_INT8_PREFILL_REL_RMS : TOL_CL_REL_RMS;
     for (int j = 0; j < r->n_logits_rows; j++) {
         double rms, mx;
         ref_compare_row(r->logits + (size_t)j * vocab, logits + (size_t)r->logits_rows[j] * vocab, r->vocab, &rms, &mx);
@@ -112,15 +110,14 @@ static void test_device_prefill(const char *dir, struct tllm_ctx *ctx, struct tl
         ref_compare_row(cpu + (size_t)p * vocab, logits + (size_t)p * vocab, r->vocab, &rms, &mx);
         worst_cpu = rms > worst_cpu ? rms : worst_cpu;
     }
-    CHECK(worst_cpu <= tol, "%s device prefill against the CPU's: relative RMS %.3g",
-          dir, worst_cpu);
+    CHECK(worst_cpu <= tol_cpu, "%s device prefill against the CPU's: relative RMS %.3g", dir, worst_cpu);
     int agree = 0, compared = 0;
     for (int p = 0; p < r->n_seq - 1; p++) {
         if (r->margins[p] <= MARGIN_MIN_CL) continue;
         compared++;
         agree += argmax_f32(logits + (size_t)p * vocab, r->vocab) == r->top1[p];
     }
-    CHECK(agree >= (int8 ? MIN_CL_INT8_ARGMAX_AGREEMENT : 1.0) * compared, "%s device prefill: argmax %d/%d", dir, agree, compared);
+    CHECK(agree == compared, "%s device prefill: argmax %d/%d", dir, agree, compared);
     /* split-K (each GEMM's inputs in slices summed by gemm_reduce; on a small device only where
      * TLLM_CL_SPLIT asks): the same logits but for the order of the sums */
     setenv("TLLM_CL_SPLIT", "3", 1);
@@ -139,7 +136,6 @@ static void test_device_prefill(const char *dir, struct tllm_ctx *ctx, struct tl
     CHECK(tllm_ctx_forward(ctx, r->sequence, r->n_seq, last, TLLM_LOGITS_LAST) == TLLM_OK, "device prefill, last: %s", tllm_errmsg());
     double rms_last, mx_last;
     ref_compare_row(logits + (size_t)(r->n_seq - 1) * vocab, last, r->vocab, &rms_last, &mx_last);
-    /* (with int8 activations, the matvec takes the last token's in two levels, as decode steps do) */
     CHECK(rms_last <= tol, "%s device prefill: the last token's logits alone differ from its row (%.3g)", dir, rms_last);
     printf("  opencl prefill (the CPU's prompts in %s): worst rel RMS %.2e (against the CPU's %.2e, split-K %.2e), argmax %d/%d\n",
            int8 ? "int8" : "float32", worst, worst_cpu, worst_split, agree, compared);

@@ -63,7 +63,8 @@ struct tllm_backend_ops {
     int (*use_kv)(struct tllm_backend *b, struct tllm_kv *kv);
     void (*describe)(const struct tllm_backend *b, struct tllm_backend_info *info);
     /* Optional (tests, tllm bench-gemm): y[n][rows] = W x[n][cols] through the device's prompt GEMM
-     * (int8: x quantized there per block of 32, as prompt activations are), or with reps > 0 that GEMM
+     * (int8 1 or 2: x quantized there per block of 32 in that many int8 levels, as prompt activations
+     * are; 0: float inputs), or with reps > 0 that GEMM
      * alone reps times after a warm-up, *secs their wall time (y unused). */
     int (*matmul)(struct tllm_backend *b, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,
                   double *secs);

@@ -4,10 +4,13 @@
  * it (rows tx + GEMM_T i, so a warp's stores of one token are consecutive rows); the weights and the
  * activations of GEMM_TK inputs at a time are staged in local memory, rows padded by one word so the
  * threads of a warp read different banks.
- *   gemm_q8: int8 activations (per block of 32: codes, scale d and the block's sum d * sum q, as the
- *            CPU's packed kernels take them), affine codes of 2, 4 or 8 bits unpacked to bytes when
- *            staged, 4 products at a time by dp4a; per block the integer sums are scaled by the row's
- *            group scale and d, and the group bias meets the block sum. Groups of 32 or more.
+ *   gemm_q8: int8 activations (per block of 32: codes, scale d and the block's sum, as the CPU's
+ *            packed kernels take them), in one level or two (lv; emit_lane in prefill.cl: a token's
+ *            row of codes is followed by its row of level two), affine codes of 2, 4 or 8 bits
+ *            unpacked to bytes when staged, 4 products at a time by dp4a; per block the integer sums
+ *            (two levels: 128 x level one's + level two's, still exact in 32 bits) are scaled by the
+ *            row's group scale and d (d / 128), and the group bias meets the block sum. Groups of 32
+ *            or more.
  *   gemm_f:  float activations (--exact, dense weights, groups of 16): weights widened when staged.
  * Tunables are #ifndef defaults (-D overrides them; the host reads them back with prefill_tunables). */
 
@@ -116,13 +119,21 @@ inline float gemm_in_bias(__global const float *y, __global const float *part, i
     (float2)(gemm_in_bias(qkv, part, n_split, n_tok, ld, t, c, vecs, bias_off),                             \
              gemm_in_bias(qkv, part, n_split, n_tok, ld, t, (c) + (half_d), vecs, bias_off))
 
-__kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
-gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
-        __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
-        int add, GEMM_SPLIT_ARGS) {
+/* gemm_q8's and gemm_q8_mma's arguments, and the same passed on */
+#define GEMM_Q8_ARGS                                                                                        \
+    WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd, \
+        __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy, \
+        int add, GEMM_SPLIT_ARGS
+#define GEMM_Q8_PASS                                                                                        \
+    WPASS(0), WPASS(1), WPASS(2), rows_a, rows_ab, rows, cols, n_tok, xq, xd, xsum, vecs, bias_off, y, y_off, ldy, add, \
+        part, k_len
+
+/* The body of gemm_q8 (lv levels: 1 or 2, a constant in each kernel, so the one-level kernel keeps its
+ * registers and local memory) over local tiles the kernel declares (Bs2: level two's) */
+inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW + 1], __local uint (*Bs)[GEMM_KW + 1],
+                          __local uint (*Bs2)[GEMM_KW + 1], __local float (*Asc)[GEMM_TM], __local float (*Abi)[GEMM_TM],
+                          __local float (*Bd)[GEMM_TN], __local float (*Bsum)[GEMM_TN]) {
     Q_FIX(bits0, gs0, dt0);
-    __local uint As[GEMM_TM][GEMM_KW + 1], Bs[GEMM_TN][GEMM_KW + 1];
-    __local float Asc[2][GEMM_TM], Abi[2][GEMM_TM], Bd[2][GEMM_TN], Bsum[2][GEMM_TN];
     int tx = get_local_id(0), ty = get_local_id(1), lid = ty * GEMM_T + tx;
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;
     GEMM_PICK(r0, wr0, wrows);
@@ -138,8 +149,10 @@ gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const
             As[r][kw] = wr0 + r < wrows && k < k_end ? codes4(W0, bits0, row_words, wr0 + r, k) : 0u;
         }
         for (int i = lid; i < GEMM_TN * GEMM_KW; i += GEMM_LWS) {
-            int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw;
-            Bs[t][kw] = t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
+            int t = i / GEMM_KW, kw = i % GEMM_KW, k = k0 + 4 * kw, ok = t0 + t < n_tok && k < k_end;
+            __global const uint *xr = (__global const uint *)(xq + (size_t)(t0 + t) * lv * cols);
+            Bs[t][kw] = ok ? xr[k / 4] : 0u;
+            if (lv == 2) Bs2[t][kw] = ok ? xr[(cols + k) / 4] : 0u;
         }
         for (int i = lid; i < 2 * GEMM_TM; i += GEMM_LWS) {
             int b = i / GEMM_TM, r = i % GEMM_TM, k = k0 + 32 * b, ok = wr0 + r < wrows && k < k_end;
@@ -149,7 +162,7 @@ gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const
         }
         for (int i = lid; i < 2 * GEMM_TN; i += GEMM_LWS) {
             int b = i / GEMM_TN, t = i % GEMM_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < k_end;
-            Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
+            Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
             Bsum[b][t] = ok ? xsum[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -166,6 +179,18 @@ gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const
                 for (int i = 0; i < GEMM_RM; i++)
                     for (int j = 0; j < GEMM_RN; j++) ia[i][j] = dp4a(a[i], v[j], ia[i][j]);
             }
+            if (lv == 2) {
+                for (int i = 0; i < GEMM_RM; i++)
+                    for (int j = 0; j < GEMM_RN; j++) ia[i][j] *= 128;
+#pragma unroll
+                for (int kw = 8 * b; kw < 8 * b + 8; kw++) {
+                    uint a[GEMM_RM], v[GEMM_RN];
+                    for (int i = 0; i < GEMM_RM; i++) a[i] = As[tx + GEMM_T * i][kw];
+                    for (int j = 0; j < GEMM_RN; j++) v[j] = Bs2[ty + GEMM_T * j][kw];
+                    for (int i = 0; i < GEMM_RM; i++)
+                        for (int j = 0; j < GEMM_RN; j++) ia[i][j] = dp4a(a[i], v[j], ia[i][j]);
+                }
+            }
             for (int i = 0; i < GEMM_RM; i++) {
                 float s = Asc[b][tx + GEMM_T * i], o = Abi[b][tx + GEMM_T * i];
                 for (int j = 0; j < GEMM_RN; j++)
@@ -175,6 +200,20 @@ gemm_q8(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     GEMM_STORE(acc);
+}
+
+#define GEMM_Q8_LOCALS(n2)                                                                                  \
+    __local uint As[GEMM_TM][GEMM_KW + 1], Bs[GEMM_TN][GEMM_KW + 1], Bs2[n2][GEMM_KW + 1];                 \
+    __local float Asc[2][GEMM_TM], Abi[2][GEMM_TM], Bd[2][GEMM_TN], Bsum[2][GEMM_TN]
+
+__kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void gemm_q8(GEMM_Q8_ARGS) {
+    GEMM_Q8_LOCALS(1);
+    gemm_q8_tiles(GEMM_Q8_PASS, 1, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
+}
+
+__kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void gemm_q8_2(GEMM_Q8_ARGS) {
+    GEMM_Q8_LOCALS(GEMM_TN);
+    gemm_q8_tiles(GEMM_Q8_PASS, 2, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
 }
 
 /* Element k of row r of W as a float (dense, or affine codes) */
@@ -250,12 +289,12 @@ inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 
  * k + 1 are in flight while step k multiplies): its words of codes as stored (bits of them: a tile's
  * rows hold 2 x bits words a step), of activations, and one scale, bias, d and block sum */
 struct mma_stage {
-    uint a[8], x[8];
+    uint a[8], x[8], x2[8];
     float s, o, d, m;
 };
 
 inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
-                                 __global const float *xsum, int r0, int t0, int k0, int k_end) {
+                                 __global const float *xsum, int lv, int r0, int t0, int k0, int k_end) {
     Q_FIX(bits0, gs0, dt0);
     struct mma_stage st;
     int lid = get_local_id(0), wpr = 2 * bits0; /* words of a row a step */
@@ -264,26 +303,26 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
         int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr, k = k0 + w * (32 / bits0);
         st.a[j] = j < bits0 && r0 + r < rows && k < k_end
                       ? ((__global const uint *)W0)[(size_t)(r0 + r) * row_words + (size_t)k0 * bits0 / 32 + w] : 0u;
-        int t = i / GEMM_KW, kw = i % GEMM_KW;
+        int t = i / GEMM_KW, kw = i % GEMM_KW, ok = t0 + t < n_tok && k0 + 4 * kw < k_end;
+        __global const uint *xr = (__global const uint *)(xq + (size_t)(t0 + t) * lv * cols);
         k = k0 + 4 * kw;
-        st.x[j] = t0 + t < n_tok && k < k_end ? ((__global const uint *)(xq + (size_t)(t0 + t) * cols))[k / 4] : 0u;
+        st.x[j] = ok ? xr[k / 4] : 0u;
+        st.x2[j] = ok && lv == 2 ? xr[(cols + k) / 4] : 0u;
     }
     int b = lid / MMA_TM, r = lid % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end; /* MMA_LWS == 2 MMA_TM */
     size_t gi = (size_t)(r0 + r) * (cols / gs0) + k / gs0;
     st.s = ok ? ld(S0, dt0, gi) : 0.0f, st.o = ok ? ld(B0, dt0, gi) : 0.0f;
     ok = t0 + r < n_tok && k < k_end;
-    st.d = ok ? xd[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
+    st.d = ok ? xd[(size_t)(t0 + r) * (cols / 32) + k / 32] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
     st.m = ok ? xsum[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
     return st;
 }
 
-__kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void
-gemm_q8_mma(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
-            __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
-            int add, GEMM_SPLIT_ARGS) {
+/* The body of gemm_q8_mma (lv as gemm_q8_tiles') */
+inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __local uint *Bs, __local uint *Bs2,
+                              __local float (*Asc)[MMA_TM], __local float (*Abi)[MMA_TM], __local float (*Bd)[MMA_TN],
+                              __local float (*Bsum)[MMA_TN]) {
     Q_FIX(bits0, gs0, dt0);
-    __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS];
-    __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN];
     int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
     int wr = (warp % 2) * 32, wt = (warp / 2) * 32; /* the warp's rows and tokens in the tile */
     int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * MMA_TN, wpr = 2 * bits0, per = 32 / bits0;
@@ -292,19 +331,20 @@ gemm_q8_mma(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global c
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     GEMM_K_RANGE(k_begin, k_end);
-    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, wr0, t0, k_begin, k_end);
+    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, lv, wr0, t0, k_begin, k_end);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int j = 0; j < 8; j++) {
             int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr;
             if (j < bits0)
                 for (int q = 0; q < per / 4; q++) As[r * MMA_KS + w * (per / 4) + q] = unpack4(st.a[j] >> (4 * bits0 * q), bits0);
             Bs[(i / GEMM_KW) * MMA_KS + i % GEMM_KW] = st.x[j];
+            if (lv == 2) Bs2[(i / GEMM_KW) * MMA_KS + i % GEMM_KW] = st.x2[j];
         }
         Asc[lid / MMA_TM][lid % MMA_TM] = st.s, Abi[lid / MMA_TM][lid % MMA_TM] = st.o;
         Bd[lid / MMA_TM][lid % MMA_TM] = st.d, Bsum[lid / MMA_TM][lid % MMA_TM] = st.m;
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, wr0, t0, k0 + GEMM_TK, k_end);
-        uint a[2][2][4], v[2][4][2]; /* [block of 32][fragment] */
+        if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, lv, wr0, t0, k0 + GEMM_TK, k_end);
+        uint a[2][2][4], v[2][4][2], v2[2][4][2]; /* [block of 32][fragment] */
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             int kw = 8 * b + c;
@@ -316,6 +356,7 @@ gemm_q8_mma(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global c
             for (int j = 0; j < 4; j++) {
                 int t = wt + 8 * j + g;
                 v[b][j][0] = Bs[t * MMA_KS + kw], v[b][j][1] = Bs[t * MMA_KS + kw + 4];
+                v2[b][j][0] = lv == 2 ? Bs2[t * MMA_KS + kw] : 0u, v2[b][j][1] = lv == 2 ? Bs2[t * MMA_KS + kw + 4] : 0u;
             }
         }
         /* both blocks of the step in one weight group (groups of 64 or more): one scale and bias for
@@ -327,6 +368,10 @@ gemm_q8_mma(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global c
                 int t = wt + 8 * j + 2 * c;
                 int4 p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v[0][j][0], v[0][j][1], (int4)(0));
                 int4 q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v[1][j][0], v[1][j][1], (int4)(0));
+                if (lv == 2) { /* 128 x level one's sums + level two's */
+                    p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v2[0][j][0], v2[0][j][1], p * 128);
+                    q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v2[1][j][0], v2[1][j][1], q * 128);
+                }
                 float x0 = Bd[0][t], x1 = Bd[0][t + 1], y0 = Bd[1][t], y1 = Bd[1][t + 1];
                 if (one_group) {
                     float s0 = Asc[0][r], o0 = Abi[0][r], s1 = Asc[0][r + 8], o1 = Abi[0][r + 8];
@@ -356,5 +401,19 @@ gemm_q8_mma(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global c
                 int r = r0 + wr + 16 * i + g + 8 * (e / 2), t = t0 + wt + 8 * j + 2 * c + e % 2;
                 if (r < rows && t < n_tok) gemm_put(acc[i][j][e], r, t, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
             }
+}
+
+#define MMA_LOCALS(n2)                                                                                      \
+    __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS], Bs2[n2];                                         \
+    __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN]
+
+__kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void gemm_q8_mma(GEMM_Q8_ARGS) {
+    MMA_LOCALS(1);
+    gemm_q8_mma_tiles(GEMM_Q8_PASS, 1, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
+}
+
+__kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void gemm_q8_mma_2(GEMM_Q8_ARGS) {
+    MMA_LOCALS(MMA_TN * MMA_KS);
+    gemm_q8_mma_tiles(GEMM_Q8_PASS, 2, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
 }
 #endif

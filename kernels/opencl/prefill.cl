@@ -8,7 +8,7 @@
  * where a GEMM splits K, the kernel after it sums the slices (gemm_in), the norms adding o_proj's and
  * down_proj's to the residual.
  * A GEMM's input is either float rows (xf) or int8 blocks of 32 (xq, with the block's scale xd and
- * sum xs: one level, d = max|x| / 127, as the CPU quantizes prompt tokens). */
+ * sum xs) in one level, d = max|x| / 127, as the CPU quantizes prompt tokens, or in two (emit_lane). */
 
 #ifndef PF_LWS
 #define PF_LWS 256 /* work-group of the row-wise kernels: one a token */
@@ -31,9 +31,12 @@ __kernel void prefill_tunables(__global int *out) {
 #endif
 }
 
-/* Element j of token t (the work-item's), v, as a GEMM's input: a float, or quantized with the 31
- * work-items beside it (its block of 32). live: j < cols (a block is all live or not); every
- * work-item of the group calls it. */
+/* Element j of token t (the work-item's), v, as a GEMM's input: a float (int8 0), or quantized with the 31
+ * work-items beside it (its block of 32) in int8 levels of one or two (int8 1 or 2; the host's choice,
+ * uniform). Level one is q = rint(v / d), d = max|x| / 127; level two q2 = rint((v - q d) 128 / d)
+ * (|q2| <= 64), so v ~ (d / 128) (128 q + q2), as decode's matvecs quantize (quant8). Token t's row of
+ * xq is its cols codes of level one, then (two levels) its cols of level two; xs = d (sum q + sum q2 / 128).
+ * live: j < cols (a block is all live or not); every work-item of the group calls it. */
 inline void emit_lane(float v, int t, int j, int cols, int live, int int8, __global float *xf, __global char *xq,
                       __global float *xd, __global float *xs, __local float *red) {
     if (!int8) {
@@ -43,8 +46,12 @@ inline void emit_lane(float v, int t, int j, int cols, int live, int int8, __glo
     float amax = lanes_reduce(fabs(v), 32, red, 1);
     float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f, q = rint(v * id);
     float sum = lanes_reduce(q, 32, red, 0); /* exact: integers below 2^12 */
+    float q2 = int8 == 2 ? clamp(rint(fma(-q, d, v) * id * 128.0f), -127.0f, 127.0f) : 0.0f; /* fma: the same bits unfused or not */
+    if (int8 == 2) sum += lanes_reduce(q2, 32, red, 0) / 128.0f; /* exact: units of 1/128 below 2^19 */
     if (!live) return;
-    xq[(size_t)t * cols + j] = (char)(int)q;
+    __global char *row = xq + (size_t)t * int8 * cols;
+    row[j] = (char)(int)q;
+    if (int8 == 2) row[cols + j] = (char)(int)q2;
     if (j % 32 == 0) xd[(size_t)t * (cols / 32) + j / 32] = d, xs[(size_t)t * (cols / 32) + j / 32] = d * sum;
 }
 

@@ -27,7 +27,7 @@ static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k
 /* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
 struct pf_mm {
     cl_kernel k;
-    int int8;            /* int8 blocks (gemm_q8), else floats (gemm_f) */
+    int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
     int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
     cl_mem in, xd, xs;   /* [tokens][cols] floats or int8, and per block of 32 d and sum */
@@ -105,14 +105,17 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
 }
 
 /* The GEMMs take int8 inputs where the CPU's prompt path does (packed weights, i.e. not --exact) and
- * every matrix they multiply is affine 2/4/8-bit with groups of whole blocks of 32 */
-static int int8_ok(const struct tllm_cl *cl) {
+ * every matrix they multiply is affine 2/4/8-bit with groups of whole blocks of 32: in two levels (as
+ * decode's matvecs: the reference's logits to about 2e-4), or in one where the model asks for fast
+ * decode (--fast-decode: batch generation's and the server's default; 8-15% faster steps on an H100,
+ * logits to about 2e-2). 0: float inputs. */
+static int int8_levels(const struct tllm_cl *cl) {
     if (!cl->mats[2].pack) return 0;
     for (int i = 1; i < tllm_cl_n_mats(cl->m); i++) {
         const struct tllm_qweights *w = &cl->mats[i];
         if (w->format != TLLM_WF_AFFINE || !(w->bits == 2 || w->bits == 4 || w->bits == 8) || w->group_size % 32) return 0;
     }
-    return 1;
+    return cl->m->decode_levels == 1 ? 1 : 2;
 }
 
 /* TLLM_CL_SPLIT, read once a call (tests change it between calls) */
@@ -121,12 +124,14 @@ static int split_asked(void) {
     return s ? atoi(s) : 0;
 }
 
-/* mm's kernel for int8 or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
+/* mm's kernel for int8 (in int8 levels) or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
 static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     const struct cl_prefill *p = cl->pf;
     mm->int8 = int8, mm->mma = int8 && p->mma_tm > 0 && !getenv("TLLM_CL_NO_MMA");
     mm->tm = mm->mma ? p->mma_tm : p->tm, mm->tn = mm->mma ? p->mma_tn : p->tn, mm->gt = mm->mma ? p->mma_lws : p->gt;
-    return tllm_cl_make_kernel(cl, &mm->k, mm->mma ? "gemm_q8_mma" : int8 ? "gemm_q8" : "gemm_f");
+    const char *name = mm->mma ? (int8 == 2 ? "gemm_q8_mma_2" : "gemm_q8_mma") : int8 == 2 ? "gemm_q8_2" : int8 ? "gemm_q8" : "gemm_f";
+    if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
+    return tllm_cl_make_kernel(cl, &mm->k, name);
 }
 
 static int make(struct tllm_cl *cl) {
@@ -149,7 +154,7 @@ static int make(struct tllm_cl *cl) {
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
-    return mm_kernel(cl, &p->mm, int8_ok(cl));
+    return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
 
 /* Split-K slices for a GEMM of rows x cols over n tokens: enough for two work-groups per compute unit,
@@ -540,6 +545,8 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
     int rc = cl->pf ? TLLM_OK : make(cl);
     if (rc) return rc;
     struct cl_prefill *p = cl->pf;
+    int lv = p->mm.int8 ? (cl->m->decode_levels == 1 ? 1 : 2) : 0; /* the model's choice may change between steps */
+    if (lv != p->mm.int8 && (rc = mm_kernel(cl, &p->mm, lv))) return rc;
     p->mm.split = split_asked();
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
     if ((rc = reserve(cl, tk->n)) || (rc = meta_room(cl, (size_t)tk->n_meta))) return rc;
@@ -607,6 +614,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     int affine = w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8);
     if (!(affine || w->format == TLLM_WF_DENSE) || w->cols % 32 || n < 1)
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: %s is not dense or 2/4/8-bit affine with a multiple of 32 columns", w->name);
+    if (int8 < 0 || int8 > 2) return tllm_fail(TLLM_ERR_ARG, "opencl matmul: %d int8 levels (0 to 2)", int8);
     if (int8 && (!affine || w->group_size % 32))
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of a multiple of 32 (%s)", w->name);
     if (!reads_format(cl, w))
