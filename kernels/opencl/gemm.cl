@@ -276,9 +276,13 @@ gemm_f(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const 
 #define MMA_LWS 128
 #define MMA_KS (GEMM_KW + 4) /* words between staged rows */
 
+#ifndef MMA_ASM_QUAL
+#define MMA_ASM_QUAL volatile /* empty: the compiler may move the mma instructions among the others */
+#endif
+
 inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 c) {
     int4 d;
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+    asm MMA_ASM_QUAL("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%10, %11, %12, %13};"
                  : "=r"(d.x), "=r"(d.y), "=r"(d.z), "=r"(d.w)
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
@@ -288,8 +292,10 @@ inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 
 /* A thread's share of one staging step, read from global memory a step ahead (the loads of step
  * k + 1 are in flight while step k multiplies): its words of codes as stored (bits of them: a tile's
  * rows hold 2 x bits words a step), of activations, and one scale, bias, d and block sum */
+#define MMA_XV (MMA_TN * GEMM_KW / 4 / MMA_LWS) /* a thread's uint4s of a step's activations (a level) */
 struct mma_stage {
-    uint a[8], x[8], x2[8];
+    uint a[8];
+    uint4 x[MMA_XV], x2[MMA_XV];
     float s, o, d, m;
 };
 
@@ -303,11 +309,12 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
         int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr, k = k0 + w * (32 / bits0);
         st.a[j] = j < bits0 && r0 + r < rows && k < k_end
                       ? ((__global const uint *)W0)[(size_t)(r0 + r) * row_words + (size_t)k0 * bits0 / 32 + w] : 0u;
-        int t = i / GEMM_KW, kw = i % GEMM_KW, ok = t0 + t < n_tok && k0 + 4 * kw < k_end;
-        __global const uint *xr = (__global const uint *)(xq + (size_t)(t0 + t) * lv * cols);
-        k = k0 + 4 * kw;
-        st.x[j] = ok ? xr[k / 4] : 0u;
-        st.x2[j] = ok && lv == 2 ? xr[(cols + k) / 4] : 0u;
+    }
+    for (int j = 0; j < MMA_XV; j++) { /* 16 bytes a load: rows of cols % 32 == 0 bytes keep them aligned */
+        int i = lid + j * MMA_LWS, t = i / (GEMM_KW / 4), k = k0 + 16 * (i % (GEMM_KW / 4)), ok = t0 + t < n_tok && k < k_end;
+        __global const uint4 *xr = (__global const uint4 *)(xq + (size_t)(t0 + t) * lv * cols);
+        st.x[j] = ok ? xr[k / 16] : (uint4)(0u);
+        st.x2[j] = ok && lv == 2 ? xr[(cols + k) / 16] : (uint4)(0u);
     }
     int b = lid / MMA_TM, r = lid % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end; /* MMA_LWS == 2 MMA_TM */
     size_t gi = (size_t)(r0 + r) * (cols / gs0) + k / gs0;
@@ -337,8 +344,11 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
             int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr;
             if (j < bits0)
                 for (int q = 0; q < per / 4; q++) As[r * MMA_KS + w * (per / 4) + q] = unpack4(st.a[j] >> (4 * bits0 * q), bits0);
-            Bs[(i / GEMM_KW) * MMA_KS + i % GEMM_KW] = st.x[j];
-            if (lv == 2) Bs2[(i / GEMM_KW) * MMA_KS + i % GEMM_KW] = st.x2[j];
+        }
+        for (int j = 0; j < MMA_XV; j++) {
+            int i = lid + j * MMA_LWS, at = (i / (GEMM_KW / 4)) * MMA_KS + 4 * (i % (GEMM_KW / 4));
+            *(__local uint4 *)(Bs + at) = st.x[j];
+            if (lv == 2) *(__local uint4 *)(Bs2 + at) = st.x2[j];
         }
         Asc[lid / MMA_TM][lid % MMA_TM] = st.s, Abi[lid / MMA_TM][lid % MMA_TM] = st.o;
         Bd[lid / MMA_TM][lid % MMA_TM] = st.d, Bsum[lid / MMA_TM][lid % MMA_TM] = st.m;
@@ -368,9 +378,10 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
                 int t = wt + 8 * j + 2 * c;
                 int4 p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v[0][j][0], v[0][j][1], (int4)(0));
                 int4 q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v[1][j][0], v[1][j][1], (int4)(0));
-                if (lv == 2) { /* 128 x level one's sums + level two's */
-                    p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v2[0][j][0], v2[0][j][1], p * 128);
-                    q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v2[1][j][0], v2[1][j][1], q * 128);
+                if (lv == 2) { /* 128 x level one's sums + level two's (not chained: the four in flight at once) */
+                    int4 p2 = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v2[0][j][0], v2[0][j][1], (int4)(0));
+                    int4 q2 = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v2[1][j][0], v2[1][j][1], (int4)(0));
+                    p = p * 128 + p2, q = q * 128 + q2;
                 }
                 float x0 = Bd[0][t], x1 = Bd[0][t + 1], y0 = Bd[1][t], y1 = Bd[1][t + 1];
                 if (one_group) {
@@ -404,11 +415,12 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
 }
 
 #define MMA_LOCALS(n2)                                                                                      \
-    __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS], Bs2[n2];                                         \
+    __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS] __attribute__((aligned(16))),                    \
+        Bs2[n2] __attribute__((aligned(16)));                                                               \
     __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN]
 
 __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void gemm_q8_mma(GEMM_Q8_ARGS) {
-    MMA_LOCALS(1);
+    MMA_LOCALS(4);
     gemm_q8_mma_tiles(GEMM_Q8_PASS, 1, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
 }
 
