@@ -292,9 +292,19 @@ inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 
 /* A thread's share of one staging step, read from global memory a step ahead (the loads of step
  * k + 1 are in flight while step k multiplies): its words of codes as stored (bits of them: a tile's
  * rows hold 2 x bits words a step), of activations, and one scale, bias, d and block sum */
+/* Words w .. w + 3 of row r's codes in the step at k0: one 16-byte load where the row's words allow
+ * it (rows of whole 16 bytes) and all four lie before k_end, else a word at a time, 0 past k_end */
+inline uint4 mma_codes(__global const uchar *W, size_t row_words, int bits, int r, int k0, int w, int k_end) {
+    __global const uint *p = (__global const uint *)W + (size_t)r * row_words + (size_t)k0 * bits / 32 + w;
+    int per = 32 / bits;
+    if (row_words % 4 == 0 && k0 + (w + 4) * per <= k_end) return *(__global const uint4 *)p;
+    return (uint4)(k0 + w * per < k_end ? p[0] : 0u, k0 + (w + 1) * per < k_end ? p[1] : 0u,
+                   k0 + (w + 2) * per < k_end ? p[2] : 0u, k0 + (w + 3) * per < k_end ? p[3] : 0u);
+}
+
 #define MMA_XV (MMA_TN * GEMM_KW / 4 / MMA_LWS) /* a thread's uint4s of a step's activations (a level) */
 struct mma_stage {
-    uint a[8];
+    uint4 a[2];
     uint4 x[MMA_XV], x2[MMA_XV];
     float s, o, d, m;
 };
@@ -305,10 +315,9 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
     struct mma_stage st;
     int lid = get_local_id(0), wpr = 2 * bits0; /* words of a row a step */
     size_t row_words = (size_t)cols * bits0 / 32;
-    for (int j = 0; j < 8; j++) {
-        int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr, k = k0 + w * (32 / bits0);
-        st.a[j] = j < bits0 && r0 + r < rows && k < k_end
-                      ? ((__global const uint *)W0)[(size_t)(r0 + r) * row_words + (size_t)k0 * bits0 / 32 + w] : 0u;
+    for (int j = 0; j < 2; j++) { /* the tile's rows' words, 4 at a time (8-bit codes: 2 x 4 a thread) */
+        int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
+        st.a[j] = i < MMA_TM * wpr / 4 && r0 + r < rows ? mma_codes(W0, row_words, bits0, r0 + r, k0, w, k_end) : (uint4)(0u);
     }
     for (int j = 0; j < MMA_XV; j++) { /* 16 bytes a load: rows of cols % 32 == 0 bytes keep them aligned */
         int i = lid + j * MMA_LWS, t = i / (GEMM_KW / 4), k = k0 + 16 * (i % (GEMM_KW / 4)), ok = t0 + t < n_tok && k < k_end;
@@ -340,10 +349,12 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
     GEMM_K_RANGE(k_begin, k_end);
     struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, lv, wr0, t0, k_begin, k_end);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
-        for (int j = 0; j < 8; j++) {
-            int i = lid + j * MMA_LWS, r = i / wpr, w = i % wpr;
-            if (j < bits0)
-                for (int q = 0; q < per / 4; q++) As[r * MMA_KS + w * (per / 4) + q] = unpack4(st.a[j] >> (4 * bits0 * q), bits0);
+        for (int j = 0; j < 2; j++) {
+            int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
+            uint a4[4] = {st.a[j].x, st.a[j].y, st.a[j].z, st.a[j].w};
+            if (i < MMA_TM * wpr / 4)
+                for (int e = 0; e < 4; e++)
+                    for (int q = 0; q < per / 4; q++) As[r * MMA_KS + (w + e) * (per / 4) + q] = unpack4(a4[e] >> (4 * bits0 * q), bits0);
         }
         for (int j = 0; j < MMA_XV; j++) {
             int i = lid + j * MMA_LWS, at = (i / (GEMM_KW / 4)) * MMA_KS + 4 * (i % (GEMM_KW / 4));
