@@ -12,14 +12,15 @@
 
 static const char usage[] =
     "usage: tllm bench-gemm -m MODEL [--device opencl[:N]] [-M 512] [-K 4096] [-N 4096] [--bits 4] [--group-size 64]\n"
-    "                       [--float] [-r 20]\n"
-    "  Times Y[M x N] = X[M x K] W^T on the device with int8 inputs (--float: float32 ones), W random codes\n"
+    "                       [--levels 2 | --float] [-r 20]\n"
+    "  Times Y[M x N] = X[M x K] W^T on the device with int8 inputs in --levels 1 or 2 (2: as prompts are by\n"
+    "  default, 1: as with --fast-decode; --float: float32 inputs), W random codes\n"
     "  with bf16 scales and biases in MODEL's format where all its matrices share one (the kernels then\n"
     "  have it compiled in); reports ms per GEMM and TFLOPS (2 M N K flops).\n";
 
 int cmd_bench_gemm(int argc, char **argv) {
     const char *dir = NULL, *device = "opencl";
-    int M = 512, K = 4096, N = 4096, bits = 4, gs = 64, int8 = 1, reps = 20;
+    int M = 512, K = 4096, N = 4096, bits = 4, gs = 64, int8 = 2, reps = 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = cli_value(argc, argv, &i);
@@ -30,6 +31,7 @@ int cmd_bench_gemm(int argc, char **argv) {
         else if (!strcmp(a, "--bits")) bits = (int)cli_int(a, cli_value(argc, argv, &i), 2, 8);
         else if (!strcmp(a, "--group-size")) gs = (int)cli_int(a, cli_value(argc, argv, &i), 32, 1024);
         else if (!strcmp(a, "--float")) int8 = 0;
+        else if (!strcmp(a, "--levels")) int8 = (int)cli_int(a, cli_value(argc, argv, &i), 1, 2);
         else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) reps = (int)cli_int(a, cli_value(argc, argv, &i), 1, 100000);
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
@@ -60,7 +62,7 @@ int cmd_bench_gemm(int argc, char **argv) {
     if (cl->ops->matmul(cl, &w, x, M, int8, NULL, reps, &secs)) cli_die_lib();
     double ms = secs / reps * 1e3, tflops = 2.0 * M * (double)N * K / (secs / reps) / 1e12;
     printf("%s: M=%d K=%d N=%d, %d-bit g%d, %s inputs: %.4f ms per GEMM, %.2f TFLOPS (%d repetitions)\n",
-           info.name, M, K, N, bits, gs, int8 ? "int8" : "float32", ms, tflops, reps);
+           info.name, M, K, N, bits, gs, int8 == 2 ? "two-level int8" : int8 ? "int8" : "float32", ms, tflops, reps);
     free(codes), free(sc), free(bi), free(x);
     tllm_backend_free(cl);
     tllm_model_free(m);
