@@ -205,12 +205,15 @@ static void check_packed(const struct tllm_qweights *w, const float *x, int n, c
         CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: AVX-512 != portable",
               w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels);
     }
-    if (tllm_cpu_has_avx2()) {
+    for (int vnni = 0; vnni < 2; vnni++) {
+        if (!(vnni ? tllm_cpu_has_avxvnni() : tllm_cpu_has_avx2())) continue;
+        void (*fn)(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int) =
+            vnni ? tllm_qpack_matmul_avxvnni : tllm_qpack_matmul_avx2;
         memset(y2, 0, (size_t)n * w->rows * 4);
-        tllm_qpack_matmul_avx2(&p, &xq, y2, 0, split);
-        tllm_qpack_matmul_avx2(&p, &xq, y2, split, p.n_blocks);
-        CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: AVX2 != portable",
-              w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels);
+        fn(&p, &xq, y2, 0, split);
+        fn(&p, &xq, y2, split, p.n_blocks);
+        CHECK(memcmp(y1, y2, (size_t)n * w->rows * 4) == 0, "packed bits %d gs %d %s rows %d cols %d n %d levels %d: %s != portable",
+              w->bits, w->group_size, tllm_dtype_name(w->dtype), w->rows, w->cols, n, levels, vnni ? "AVX-VNNI" : "AVX2");
     }
     free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16), free(y1), free(y2);
     }

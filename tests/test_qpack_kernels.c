@@ -72,6 +72,7 @@ static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt,
     } k[] = {{"dispatched", tllm_qpack_matmul, 1},
              {"avx512", tllm_qpack_matmul_avx512, tllm_cpu_has_avx512vnni()},
              {"avx2", tllm_qpack_matmul_avx2, tllm_cpu_has_avx2()},
+             {"avxvnni", tllm_qpack_matmul_avxvnni, tllm_cpu_has_avxvnni()},
              {"neon", tllm_qpack_matmul_neon, tllm_cpu_has_neon_dot()}};
     for (int levels = 1; levels <= 2; levels++)
         for (int nt = 1; nt <= n; nt += nt < 4 ? 1 : 3) {

@@ -6,13 +6,13 @@
 
 #include "engine/base/error.h"
 
-/* The most TLLM_CPU lets the kernels use: 0 ref, 1 avx2, 2 avx512 (unset, "auto" or a value that is
- * not a path: no cap; tllm_cpu_select refuses the last) */
+/* The most TLLM_CPU lets the kernels use: 0 ref, 1 avx2, 2 avxvnni, 3 avx512 (unset, "auto" or a value
+ * that is not a path: no cap; tllm_cpu_select refuses the last) */
 static int cap(void) {
     static int c = -1;
     if (c < 0) {
         const char *e = getenv("TLLM_CPU");
-        c = !e ? 2 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") || !strcmp(e, "neon") ? 1 : 2;
+        c = !e ? 3 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") || !strcmp(e, "neon") ? 1 : !strcmp(e, "avxvnni") ? 2 : 3;
     }
     return c;
 }
@@ -38,6 +38,7 @@ static int cpu_avx512(void) {
 }
 
 static int cpu_avx512vnni(void) { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
+static int cpu_avxvnni(void) { return cpu_avx2() && __builtin_cpu_supports("avxvnni"); }
 static int cpu_neon_dot(void) { return 0; }
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
@@ -47,22 +48,25 @@ static int cpu_neon_dot(void) { return 0; }
 static int cpu_avx2(void) { return 0; }
 static int cpu_avx512(void) { return 0; }
 static int cpu_avx512vnni(void) { return 0; }
+static int cpu_avxvnni(void) { return 0; }
 static int cpu_neon_dot(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 #else
 static int cpu_avx2(void) { return 0; }
 static int cpu_avx512(void) { return 0; }
 static int cpu_avx512vnni(void) { return 0; }
+static int cpu_avxvnni(void) { return 0; }
 static int cpu_neon_dot(void) { return 0; }
 #endif
 
 int tllm_cpu_has_avx2(void) { return cap() >= 1 && cpu_avx2(); }
-int tllm_cpu_has_avx512(void) { return cap() >= 2 && cpu_avx512(); }
-int tllm_cpu_has_avx512vnni(void) { return cap() >= 2 && cpu_avx512vnni(); }
+int tllm_cpu_has_avxvnni(void) { return cap() >= 2 && cpu_avxvnni(); }
+int tllm_cpu_has_avx512(void) { return cap() >= 3 && cpu_avx512(); }
+int tllm_cpu_has_avx512vnni(void) { return cap() >= 3 && cpu_avx512vnni(); }
 int tllm_cpu_has_neon_dot(void) { return cap() >= 1 && cpu_neon_dot(); }
 
 const char *tllm_cpu_path(void) {
-    return tllm_cpu_has_avx512vnni() ? "avx512-vnni" : tllm_cpu_has_avx512() ? "avx512" : tllm_cpu_has_avx2() ? "avx2"
-           : tllm_cpu_has_neon_dot() ? "neon" : "ref";
+    return tllm_cpu_has_avx512vnni() ? "avx512-vnni" : tllm_cpu_has_avx512() ? "avx512" : tllm_cpu_has_avxvnni() ? "avx2-vnni"
+           : tllm_cpu_has_avx2() ? "avx2" : tllm_cpu_has_neon_dot() ? "neon" : "ref";
 }
 
 /* The paths TLLM_CPU may name: whether this build has kernels for them, and whether this CPU runs
@@ -72,9 +76,9 @@ static const struct {
     int (*runs)(void); /* NULL: no kernels for it in this build */
 } paths[] = {
 #if defined(__aarch64__)
-    {"neon", cpu_neon_dot}, {"avx2", NULL}, {"avx512", NULL}, {"amx", NULL},
+    {"neon", cpu_neon_dot}, {"avx2", NULL}, {"avxvnni", NULL}, {"avx512", NULL}, {"amx", NULL},
 #else
-    {"avx2", cpu_avx2}, {"avx512", cpu_avx512}, {"neon", NULL}, {"amx", NULL},
+    {"avx2", cpu_avx2}, {"avxvnni", cpu_avxvnni}, {"avx512", cpu_avx512}, {"neon", NULL}, {"amx", NULL},
 #endif
 };
 

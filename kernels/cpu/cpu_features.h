@@ -11,18 +11,20 @@
 #define TLLM_CLONES
 #endif
 
-/* Each answers for this CPU as TLLM_CPU=ref|avx2|avx512 (neon on arm64) caps it (unset or auto: the best it runs), so
+/* Each answers for this CPU as TLLM_CPU=ref|avx2|avxvnni|avx512 (neon on arm64) caps it (unset or auto: the best it runs), so
  * that every path can be run and tested on a machine that has a better one. The auto-vectorized
  * TLLM_CLONES loops are chosen by the loader and do not follow it. */
 /* 1 if this CPU runs the AVX2+FMA kernels */
 int tllm_cpu_has_avx2(void);
+/* 1 if it runs AVX-VNNI (256-bit vpdpbusd without AVX-512: the packed kernel's AVX2 form with it) */
+int tllm_cpu_has_avxvnni(void);
 /* 1 if it has AVX-512 F/BW/VL/DQ */
 int tllm_cpu_has_avx512(void);
 /* 1 if it also has AVX-512 VNNI (the packed int8 kernels) */
 int tllm_cpu_has_avx512vnni(void);
 /* 1 if it is arm64 with the dot-product extension (sdot: the NEON packed kernel) */
 int tllm_cpu_has_neon_dot(void);
-/* The packed kernels' path as it runs: "avx512-vnni", "avx512", "avx2", "neon" or "ref" */
+/* The packed kernels' path as it runs: "avx512-vnni", "avx512", "avx2-vnni", "avx2", "neon" or "ref" */
 const char *tllm_cpu_path(void);
 /* TLLM_OK, or TLLM_ERR_ARG (with tllm_errmsg) when TLLM_CPU names no path or one this CPU cannot run */
 int tllm_cpu_select(void);

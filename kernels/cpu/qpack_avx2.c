@@ -5,6 +5,9 @@
  * without overflow (8 products of at most 2 x 15 x 127 each; 8-bit codes are split into two nibbles),
  * then one vpmaddwd widens it to 32 bits. The integer sums are exact and the float epilogue is the
  * _ref kernel's, fused multiply-add for fused multiply-add, so the results are the same bits.
+ * With AVX-VNNI (qpack_avxvnni.c compiles this file again with TLLM_QPACK_AVXVNNI: Intel since Alder
+ * Lake, AMD since Zen 5) one vpdpbusd multiplies and adds the 4 products of a lane straight into 32
+ * bits: no 16-bit sums, no nibble split for 8-bit codes, no widening. Same integer sums, same bits.
  * Compiled for AVX2 via target attributes and chosen at run time. */
 #include <string.h>
 
@@ -28,7 +31,15 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#if TLLM_QPACK_AVXVNNI
+#define TGT __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define VNNI 1
+#define MATMUL tllm_qpack_matmul_avxvnni
+#else
 #define TGT __attribute__((target("avx2,fma,f16c")))
+#define VNNI 0
+#define MATMUL tllm_qpack_matmul_avx2
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 TGT INLINE __m256 load8(const void *src, enum tllm_dtype dt, size_t off) {
@@ -45,12 +56,20 @@ TGT INLINE __m256i bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+#if TLLM_QPACK_AVXVNNI
+TGT INLINE __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
+#else
+TGT INLINE __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) { return (void)u8, (void)s8, acc; } /* never called */
+#endif
+
 /* The block's 16-bit sums for the codes w (one half) against the activations at xo: 2- and 4-bit codes
  * directly; wider values (8-bit codes, and the E2M1 table's 0..24) as low and high nibble, the high
- * one's sums kept apart (sixteen times them would not fit 16 bits) */
+ * one's sums kept apart (sixteen times them would not fit 16 bits). With VNNI: 32-bit sums in s_lo. */
 #define MAC(s_lo, s_hi, w, xb)                                                                   \
     do {                                                                                          \
-        if (WIDE) {                                                                               \
+        if (VNNI)                                                                                 \
+            s_lo = dpbusd(s_lo, w, xb);                                                           \
+        else if (WIDE) {                                                                          \
             s_lo = _mm256_add_epi16(s_lo, _mm256_maddubs_epi16(_mm256_and_si256(w, nib), xb));    \
             s_hi = _mm256_add_epi16(s_hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), nib), xb)); \
         } else                                                                                    \
@@ -107,11 +126,11 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             for (int t = 0; t < NT; t++) {
                 __m256 dt = _mm256_set1_ps(xd[(size_t)t * nb + kb]);
                 for (int h = 0; h < 2; h++) {
-                    __m256i dot = _mm256_madd_epi16(lo[t][h], ones);
-                    if (WIDE) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 4));
+                    __m256i dot = VNNI ? lo[t][h] : _mm256_madd_epi16(lo[t][h], ones);
+                    if (WIDE && !VNNI) dot = _mm256_add_epi32(dot, _mm256_slli_epi32(_mm256_madd_epi16(hi[t][h], ones), 4));
                     if (LEVELS == 2) {
-                        __m256i dot2 = _mm256_madd_epi16(lo2[t][h], ones);
-                        if (WIDE) dot2 = _mm256_add_epi32(dot2, _mm256_slli_epi32(_mm256_madd_epi16(hi2[t][h], ones), 4));
+                        __m256i dot2 = VNNI ? lo2[t][h] : _mm256_madd_epi16(lo2[t][h], ones);
+                        if (WIDE && !VNNI) dot2 = _mm256_add_epi32(dot2, _mm256_slli_epi32(_mm256_madd_epi16(hi2[t][h], ones), 4));
                         dot = _mm256_add_epi32(_mm256_slli_epi32(dot, 7), dot2);
                     }
                     f[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dt, f[t][h]);
@@ -172,7 +191,7 @@ static tllm_qpack_tile_fn *const tiles[2][4][8] = {{ROW(2, 1), ROW(4, 1), ROW(8,
 #error "TLLM_QPACK_AVX2_TILE_TOKENS and TLLM_QPACK_AVX2_TILE_TOKENS2 must be 1..8"
 #endif
 
-void tllm_qpack_matmul_avx2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+void MATMUL(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_AVX2_TILE_TOKENS, TLLM_QPACK_AVX2_TILE_TOKENS2},
                                        TLLM_QPACK_AVX2_TILE_BLOCKS};
@@ -180,7 +199,11 @@ void tllm_qpack_matmul_avx2(const struct tllm_qpack *p, const struct tllm_xq *x,
 }
 
 #else
+#if TLLM_QPACK_AVXVNNI
+void tllm_qpack_matmul_avxvnni(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+#else
 void tllm_qpack_matmul_avx2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+#endif
     tllm_qpack_matmul_ref(p, x, y, b0, b1);
 }
 #endif

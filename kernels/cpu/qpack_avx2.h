@@ -7,5 +7,7 @@
 #include "kernels/cpu/qpack.h"
 
 void tllm_qpack_matmul_avx2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
+/* The same with AVX-VNNI's vpdpbusd (qpack_avxvnni.c), where tllm_cpu_has_avxvnni() says it may run */
+void tllm_qpack_matmul_avxvnni(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
 
 #endif

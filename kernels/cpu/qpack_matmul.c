@@ -8,6 +8,7 @@
 
 void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     if (tllm_cpu_has_avx512vnni()) tllm_qpack_matmul_avx512(p, x, y, b0, b1);
+    else if (tllm_cpu_has_avxvnni()) tllm_qpack_matmul_avxvnni(p, x, y, b0, b1);
     else if (tllm_cpu_has_avx2()) tllm_qpack_matmul_avx2(p, x, y, b0, b1);
     else if (tllm_cpu_has_neon_dot()) tllm_qpack_matmul_neon(p, x, y, b0, b1);
     else tllm_qpack_matmul_ref(p, x, y, b0, b1);
