@@ -64,8 +64,8 @@ struct tllm_backend_ops {
     void (*describe)(const struct tllm_backend *b, struct tllm_backend_info *info);
     /* Optional (tests, tllm bench-gemm): y[n][rows] = W x[n][cols] through the device's prompt GEMM
      * (int8 1 or 2: x quantized there per block of 32 in that many int8 levels, as prompt activations
-     * are; 0: float inputs), or with reps > 0 that GEMM
-     * alone reps times after a warm-up, *secs their wall time (y unused). */
+     * are; 0: float inputs), or with reps > 0 that GEMM alone reps times after a warm-up, *secs their
+     * wall time (y unused). */
     int (*matmul)(struct tllm_backend *b, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,
                   double *secs);
     void (*free)(struct tllm_backend *b);

@@ -171,22 +171,15 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
             int ia[GEMM_RM][GEMM_RN];
             for (int i = 0; i < GEMM_RM; i++)
                 for (int j = 0; j < GEMM_RN; j++) ia[i][j] = 0;
-#pragma unroll
-            for (int kw = 8 * b; kw < 8 * b + 8; kw++) {
-                uint a[GEMM_RM], v[GEMM_RN];
-                for (int i = 0; i < GEMM_RM; i++) a[i] = As[tx + GEMM_T * i][kw];
-                for (int j = 0; j < GEMM_RN; j++) v[j] = Bs[ty + GEMM_T * j][kw];
-                for (int i = 0; i < GEMM_RM; i++)
-                    for (int j = 0; j < GEMM_RN; j++) ia[i][j] = dp4a(a[i], v[j], ia[i][j]);
-            }
-            if (lv == 2) {
-                for (int i = 0; i < GEMM_RM; i++)
+            for (int l = 0; l < lv; l++) { /* level two: 128 x level one's sums + its own */
+                __local uint(*X)[GEMM_KW + 1] = l ? Bs2 : Bs;
+                for (int i = 0; l && i < GEMM_RM; i++)
                     for (int j = 0; j < GEMM_RN; j++) ia[i][j] *= 128;
 #pragma unroll
                 for (int kw = 8 * b; kw < 8 * b + 8; kw++) {
                     uint a[GEMM_RM], v[GEMM_RN];
                     for (int i = 0; i < GEMM_RM; i++) a[i] = As[tx + GEMM_T * i][kw];
-                    for (int j = 0; j < GEMM_RN; j++) v[j] = Bs2[ty + GEMM_T * j][kw];
+                    for (int j = 0; j < GEMM_RN; j++) v[j] = X[ty + GEMM_T * j][kw];
                     for (int i = 0; i < GEMM_RM; i++)
                         for (int j = 0; j < GEMM_RN; j++) ia[i][j] = dp4a(a[i], v[j], ia[i][j]);
                 }
