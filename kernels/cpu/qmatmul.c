@@ -7,6 +7,7 @@
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qmatmul_avx2.h"
+#include "kernels/cpu/qmatmul_neon.h"
 
 #define QM_CHUNK 256 /* a multiple of every group size */
 
@@ -100,8 +101,9 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
         permuted(tllm_qmatmul, w, x, n, y, r0, r1);
         return;
     }
+    int avx2 = tllm_cpu_has_avx2(), neon = !avx2 && tllm_cpu_has_neon_dot();
     if (w->format == TLLM_WF_AFFINE && (w->bits == 4 || w->bits == 8) && n <= QM_MATVEC_MAX_TOKENS &&
-        w->cols / w->group_size <= QM_MAX_GROUPS && tllm_cpu_has_avx2()) {
+        w->cols / w->group_size <= QM_MAX_GROUPS && (avx2 || neon)) {
         float xsum[QM_MAX_GROUPS];
         int ng = w->cols / w->group_size;
         for (int t = 0; t < n; t++) {
@@ -111,12 +113,13 @@ void tllm_qmatmul(const struct tllm_qweights *w, const float *x, int n, float *y
                 for (int j = 0; j < w->group_size; j++) sum += xt[g * w->group_size + j];
                 xsum[g] = sum;
             }
-            tllm_qmatvec_affine_avx2(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
+            if (avx2) tllm_qmatvec_affine_avx2(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
+            else tllm_qmatvec_affine_neon(w, xt, xsum, y + (size_t)t * w->rows, r0, r1);
         }
         return;
     }
     if ((w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4 || w->format == TLLM_WF_MXFP8) && n <= QM_MATVEC_MAX_TOKENS &&
-        tllm_cpu_has_avx2()) {
+        avx2) {
         for (int t = 0; t < n; t++) tllm_qmatvec_mx_avx2(w, x + (size_t)t * w->cols, y + (size_t)t * w->rows, r0, r1);
         return;
     }
