@@ -18,6 +18,8 @@ static int cap(void) {
 }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
+
 static int cpu_avx2(void) {
     static int has = -1;
     if (has < 0) {
@@ -38,7 +40,15 @@ static int cpu_avx512(void) {
 }
 
 static int cpu_avx512vnni(void) { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
-static int cpu_avxvnni(void) { return cpu_avx2() && __builtin_cpu_supports("avxvnni"); }
+/* CPUID leaf 7, subleaf 1, EAX bit 4 (clang's __builtin_cpu_supports has no name for it) */
+static int cpu_avxvnni(void) {
+    static int has = -1;
+    if (has < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        has = cpu_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
+    }
+    return has;
+}
 static int cpu_neon_dot(void) { return 0; }
 #elif defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
