@@ -85,7 +85,7 @@ int cmd_info(int argc, char **argv) {
            tllm_model_bits_per_weight(m));
     size_t kv = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     printf("KV cache         %zu bytes per token (float32; %.1f MiB for 4096 tokens)\n", kv, (double)kv * 4096 / (1 << 20));
-    printf("CPU kernels      %s (TLLM_CPU=ref|avx2|avxvnni|avx512 picks another this CPU runs)\n", tllm_cpu_path());
+    printf("CPU kernels      %s (TLLM_CPU=ref|avx2|avxvnni|avx512|amx picks another this CPU runs)\n", tllm_cpu_path());
     tllm_model_free(m);
     return 0;
 }

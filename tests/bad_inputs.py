@@ -228,8 +228,8 @@ case("serve: no key file", ["serve", "-m", DEMO, "--api-key-file", os.path.join(
      "tllm: --api-key-file {T}/nokey: No such file or directory")
 case("serve: unknown flag", ["serve", "--bogus"], 1, "tllm: serve: unknown option '--bogus' (see tllm serve --help)")
 case("TLLM_CPU not a path", ["generate", "-m", DEMO, "-p", "x", "-n", "1"], 1,
-     "tllm: TLLM_CPU=sse9: not a kernel path (auto, ref, avx2, avxvnni, avx512)", extra_env={"TLLM_CPU": "sse9"})
-case("TLLM_CPU not built", ["info", "-m", DEMO], 1, "tllm: TLLM_CPU=neon: this build has no neon kernels (auto, ref, avx2, avxvnni, avx512)",
+     "tllm: TLLM_CPU=sse9: not a kernel path (auto, ref, avx2, avxvnni, avx512, amx)", extra_env={"TLLM_CPU": "sse9"})
+case("TLLM_CPU not built", ["info", "-m", DEMO], 1, "tllm: TLLM_CPU=neon: this build has no neon kernels (auto, ref, avx2, avxvnni, avx512, amx)",
      extra_env={"TLLM_CPU": "neon"})
 case("invalid UTF-8 in -p", ["generate", "-m", DEMO, "-p", b"caf\xe9".decode("utf-8", "surrogateescape")], 1,
      "tllm: -p: the prompt is not valid UTF-8 (byte 4; is the file in another encoding?)")

@@ -11,7 +11,7 @@ CC=aarch64-linux-gnu-gcc QEMU=qemu-aarch64
 command -v "$CC" >/dev/null && command -v "$QEMU" >/dev/null || { echo "cross_neon: $CC or $QEMU is not installed"; exit 77; }
 BIN=$OUT/test_qpack_kernels_arm64
 "$CC" -O2 -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -I"$ROOT" -o "$BIN" "$ROOT/tests/test_qpack_kernels.c" \
-  "$ROOT/tests/check.c" "$ROOT"/kernels/cpu/{qpack,qpack_ref,qpack_matmul,qpack_neon,qpack_avx2,qpack_avxvnni,qpack_avx512,cpu_features}.c \
+  "$ROOT/tests/check.c" "$ROOT"/kernels/cpu/{qpack,qpack_ref,qpack_matmul,qpack_neon,qpack_avx2,qpack_avxvnni,qpack_avx512,qpack_amx,cpu_features}.c \
   "$ROOT"/engine/base/{dtype,error}.c -lm
 export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
 "$QEMU" -cpu max "$BIN" neon             # sdot: the NEON kernel

@@ -1,7 +1,7 @@
 /* The packed int8 kernels against their portable oracle, bit for bit, with nothing but the kernels
  * linked (no checkpoint, no json-c), so that it also builds with a cross compiler and runs under
  * qemu-user (tests/cross_neon.sh: the NEON kernel). Every bits / group / scale dtype (and mxfp4, nvfp4), a partial last
- * row block, 1 to 11 tokens (every tile size and a remainder), one and two activation levels, and the
+ * row block, 1 to 55 tokens (every tile size, three AMX tiles and a remainder), one and two activation levels, and the
  * dispatcher's choice (tllm_qpack_matmul) as well as each kernel this CPU runs called directly.
  * usage: test_qpack_kernels [PATH]   (PATH given: fail unless that is the path that runs) */
 #include <math.h>
@@ -12,6 +12,7 @@
 #include "engine/base/error.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qpack.h"
+#include "kernels/cpu/qpack_amx.h"
 #include "kernels/cpu/qpack_avx2.h"
 #include "kernels/cpu/qpack_avx512.h"
 #include "kernels/cpu/qpack_neon.h"
@@ -62,7 +63,7 @@ static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt,
         CHECK(0, "pack: %s", tllm_errmsg());
         return;
     }
-    const int n = 11, nb = cols / TLLM_XQ_BLOCK;
+    const int n = 55, nb = cols / TLLM_XQ_BLOCK; /* past three of the AMX kernel's tiles of 16 */
     float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
     for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform() * (i % 97 == 0 ? 8.0f : 1.0f);
     struct {
@@ -70,6 +71,7 @@ static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt,
         kernel_fn *fn;
         int runs;
     } k[] = {{"dispatched", tllm_qpack_matmul, 1},
+             {"amx", tllm_qpack_matmul_amx, tllm_cpu_has_amx()},
              {"avx512", tllm_qpack_matmul_avx512, tllm_cpu_has_avx512vnni()},
              {"avx2", tllm_qpack_matmul_avx2, tllm_cpu_has_avx2()},
              {"avxvnni", tllm_qpack_matmul_avxvnni, tllm_cpu_has_avxvnni()},

@@ -11,7 +11,7 @@
 #define TLLM_CLONES
 #endif
 
-/* Each answers for this CPU as TLLM_CPU=ref|avx2|avxvnni|avx512 (neon on arm64) caps it (unset or auto: the best it runs), so
+/* Each answers for this CPU as TLLM_CPU=ref|avx2|avxvnni|avx512|amx (neon on arm64) caps it (unset or auto: the best it runs), so
  * that every path can be run and tested on a machine that has a better one. The auto-vectorized
  * TLLM_CLONES loops are chosen by the loader and do not follow it. */
 /* 1 if this CPU runs the AVX2+FMA kernels */
@@ -22,9 +22,11 @@ int tllm_cpu_has_avxvnni(void);
 int tllm_cpu_has_avx512(void);
 /* 1 if it also has AVX-512 VNNI (the packed int8 kernels) */
 int tllm_cpu_has_avx512vnni(void);
+/* 1 if it has AMX-INT8 tiles (and AVX-512 VNNI), and Linux granted the tile state: the prompt kernel */
+int tllm_cpu_has_amx(void);
 /* 1 if it is arm64 with the dot-product extension (sdot: the NEON packed kernel) */
 int tllm_cpu_has_neon_dot(void);
-/* The packed kernels' path as it runs: "avx512-vnni", "avx512", "avx2-vnni", "avx2", "neon" or "ref" */
+/* The packed kernels' path as it runs: "amx", "avx512-vnni", "avx512", "avx2-vnni", "avx2", "neon" or "ref" */
 const char *tllm_cpu_path(void);
 /* TLLM_OK, or TLLM_ERR_ARG (with tllm_errmsg) when TLLM_CPU names no path or one this CPU cannot run */
 int tllm_cpu_select(void);

@@ -2,12 +2,14 @@
  * per-ISA kernels can depend on qpack.h's layout without qpack depending on them). */
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qpack.h"
+#include "kernels/cpu/qpack_amx.h"
 #include "kernels/cpu/qpack_avx2.h"
 #include "kernels/cpu/qpack_avx512.h"
 #include "kernels/cpu/qpack_neon.h"
 
 void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
-    if (tllm_cpu_has_avx512vnni()) tllm_qpack_matmul_avx512(p, x, y, b0, b1);
+    if (tllm_cpu_has_amx()) tllm_qpack_matmul_amx(p, x, y, b0, b1);
+    else if (tllm_cpu_has_avx512vnni()) tllm_qpack_matmul_avx512(p, x, y, b0, b1);
     else if (tllm_cpu_has_avxvnni()) tllm_qpack_matmul_avxvnni(p, x, y, b0, b1);
     else if (tllm_cpu_has_avx2()) tllm_qpack_matmul_avx2(p, x, y, b0, b1);
     else if (tllm_cpu_has_neon_dot()) tllm_qpack_matmul_neon(p, x, y, b0, b1);
