@@ -18,6 +18,7 @@
  * TLLM_AMX_MIN_TOKENS of them; the rest (the last tokens, tokens with two levels, which are generated
  * ones, steps of few tokens) and the packs it does not take (E2M1 tables, groups of 16 or of more than
  * TLLM_AMX_MAX_GROUP_BLOCKS blocks) through the AVX-512 kernel. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_features.h"
@@ -27,7 +28,7 @@
 
 #define AMX_TOKENS 16 /* A tile rows: tokens a tile */
 #ifndef TLLM_AMX_MAX_UNPACKED
-#define TLLM_AMX_MAX_UNPACKED (1 << 19) /* bytes of unpacked codes on the stack (row blocks at a time) */
+#define TLLM_AMX_MAX_UNPACKED (1 << 20) /* bytes of unpacked codes a call holds at most (row blocks at a time) */
 #endif
 #ifndef TLLM_AMX_MIN_TOKENS
 #define TLLM_AMX_MIN_TOKENS 32 /* one-level tokens a call needs for the tiles (two A tiles) */
@@ -114,13 +115,19 @@ TGT INLINE void epilogue(const struct tllm_qpack *p, const struct tllm_xq *x, fl
 
 /* Rows of MB row blocks from b (codes unpacked in w, one block after another) for MT x 16 tokens from t0,
  * one level. MT and MB (1 or 2) are constants at every call site. */
+struct scratch { /* a call's buffers (on the heap: a caller's thread may have a small stack) */
+    int32_t dots[2][TLLM_AMX_MAX_GROUP_BLOCKS][4][AMX_TOKENS][16]; /* [half][block of the group][product] */
+    float acc[4][AMX_TOKENS][16];                                     /* [product][token][row] */
+    uint8_t codes[];                                                  /* row blocks' codes unpacked */
+};
+
 TGT INLINE void tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w,
-                      const int MT, const int MB) {
+                      struct scratch *sc, const int MT, const int MB) {
     const int ng = p->cols / p->group_size, bpg = p->group_size / TLLM_XQ_BLOCK;
     const size_t stride = (size_t)p->cols, wb = (size_t)p->cols * TLLM_QPACK_ROWS;
-    int32_t dots[2][TLLM_AMX_MAX_GROUP_BLOCKS][4][AMX_TOKENS][16] __attribute__((aligned(64)));
-    float acc[4][AMX_TOKENS][16] __attribute__((aligned(64)));
-    memset(acc, 0, sizeof acc);
+    int32_t(*dots)[TLLM_AMX_MAX_GROUP_BLOCKS][4][AMX_TOKENS][16] = sc->dots;
+    float(*acc)[AMX_TOKENS][16] = sc->acc;
+    memset(sc->acc, 0, sizeof sc->acc);
     const int8_t *xq = x->q + (size_t)t0 * p->cols;
     /* The epilogue runs a group behind, from the other half of dots, its products spread over the
      * group's blocks so that the next tile instructions are never far behind in the instruction stream */
@@ -161,10 +168,18 @@ TGT INLINE void tiles(const struct tllm_qpack *p, const struct tllm_xq *x, float
     }
 }
 
-TGT static void tiles_2x2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w) { tiles(p, x, y, b, t0, w, 2, 2); }
-TGT static void tiles_2x1(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w) { tiles(p, x, y, b, t0, w, 2, 1); }
-TGT static void tiles_1x2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w) { tiles(p, x, y, b, t0, w, 1, 2); }
-TGT static void tiles_1x1(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w) { tiles(p, x, y, b, t0, w, 1, 1); }
+TGT static void tiles_2x2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w, struct scratch *sc) {
+    tiles(p, x, y, b, t0, w, sc, 2, 2);
+}
+TGT static void tiles_2x1(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w, struct scratch *sc) {
+    tiles(p, x, y, b, t0, w, sc, 2, 1);
+}
+TGT static void tiles_1x2(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w, struct scratch *sc) {
+    tiles(p, x, y, b, t0, w, sc, 1, 2);
+}
+TGT static void tiles_1x1(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const uint8_t *w, struct scratch *sc) {
+    tiles(p, x, y, b, t0, w, sc, 1, 1);
+}
 
 /* Tokens [t0, t1) of x as an activation set of their own (what the AVX-512 kernel takes for the rest) */
 static struct tllm_xq view(const struct tllm_xq *x, int t0, int t1) {
@@ -195,7 +210,13 @@ void tllm_qpack_matmul_amx(const struct tllm_qpack *p, const struct tllm_xq *x, 
     configure();
     const int per_pass = (int)(TLLM_AMX_MAX_UNPACKED / unpacked); /* row blocks unpacked at a time */
     const int nblk = b1 - b0 < per_pass ? b1 - b0 : per_pass;
-    uint8_t buf[(size_t)nblk * unpacked + 64], *w = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    struct scratch *sc = aligned_alloc(64, (sizeof(struct scratch) + (size_t)nblk * unpacked + 63) / 64 * 64);
+    if (!sc) { /* no room: the AVX-512 kernel, which needs none, gives the same bits */
+        struct tllm_xq v = view(x, n2, n2 + full);
+        tllm_qpack_matmul_avx512(p, &v, y + (size_t)n2 * p->rows, b0, b1);
+        return;
+    }
+    uint8_t *w = sc->codes;
     for (int bb = b0; bb < b1; bb += nblk) {
         const int be = bb + nblk < b1 ? bb + nblk : b1;
         for (int b = bb; b < be; b++) unpack(p, b, w + (size_t)(b - bb) * unpacked);
@@ -203,11 +224,12 @@ void tllm_qpack_matmul_amx(const struct tllm_qpack *p, const struct tllm_xq *x, 
             const int two = t0 + 2 * AMX_TOKENS <= n2 + full;
             for (int b = bb; b < be; b += 2) {
                 const uint8_t *wb = w + (size_t)(b - bb) * unpacked;
-                if (b + 1 < be) (two ? tiles_2x2 : tiles_1x2)(p, x, y, b, t0, wb);
-                else (two ? tiles_2x1 : tiles_1x1)(p, x, y, b, t0, wb);
+                if (b + 1 < be) (two ? tiles_2x2 : tiles_1x2)(p, x, y, b, t0, wb, sc);
+                else (two ? tiles_2x1 : tiles_1x1)(p, x, y, b, t0, wb, sc);
             }
         }
     }
+    free(sc);
 }
 
 #else
