@@ -68,13 +68,6 @@ TGT static void configure(void) {
     done = 1;
 }
 
-TGT INLINE __m512 load16(const void *src, enum tllm_dtype dt, size_t off) {
-    if (dt == TLLM_DT_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off))), 16));
-    if (dt == TLLM_DT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off)));
-    return _mm512_loadu_ps((const float *)src + off);
-}
-
 /* Row block b's codes as bytes: 64-byte vector q holds columns 4q .. 4q + 3 of each of the 16 rows */
 TGT static void unpack(const struct tllm_qpack *p, int b, uint8_t *out) {
     const int per = 8 / p->bits, n = (int)(p->block_bytes / 64);
@@ -95,8 +88,9 @@ TGT INLINE void epilogue(const struct tllm_qpack *p, const struct tllm_xq *x, fl
                          int32_t (*dots)[4][AMX_TOKENS][16], int c, int b, int t0, int g, int bpg, const int MB) {
     const int ng = p->cols / p->group_size, nb = p->cols / TLLM_XQ_BLOCK;
     const size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS, so1 = so + (size_t)ng * TLLM_QPACK_ROWS;
-    const __m512 S0 = load16(p->scales, p->dtype, so), B0 = load16(p->biases, p->dtype, so);
-    const __m512 S1 = MB > 1 ? load16(p->scales, p->dtype, so1) : S0, B1 = MB > 1 ? load16(p->biases, p->dtype, so1) : B0;
+    const __m512 S0 = tllm_qpack_load16_avx512(p->scales, p->dtype, so), B0 = tllm_qpack_load16_avx512(p->biases, p->dtype, so);
+    const __m512 S1 = MB > 1 ? tllm_qpack_load16_avx512(p->scales, p->dtype, so1) : S0;
+    const __m512 B1 = MB > 1 ? tllm_qpack_load16_avx512(p->biases, p->dtype, so1) : B0;
     for (int t = 0; t < AMX_TOKENS; t++) {
         const size_t o = (size_t)(t0 + t) * nb + (size_t)g * bpg;
         __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();
@@ -192,8 +186,8 @@ static struct tllm_xq view(const struct tllm_xq *x, int t0, int t1) {
 
 void tllm_qpack_matmul_amx(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int n2 = x->n2 < x->n ? x->n2 : x->n, full = (x->n - n2) / AMX_TOKENS * AMX_TOKENS;
-    /* fewer tokens than TLLM_AMX_MIN_TOKENS: the AVX-512 kernel (as fast there; the same bits either way) */
     const size_t unpacked = (size_t)p->cols * TLLM_QPACK_ROWS; /* bytes a row block */
+    /* fewer tokens than TLLM_AMX_MIN_TOKENS, or a pack the tiles do not take: the AVX-512 kernel (the same bits) */
     if (p->lut || p->group_size < TLLM_XQ_BLOCK || p->group_size / TLLM_XQ_BLOCK > TLLM_AMX_MAX_GROUP_BLOCKS || full < TLLM_AMX_MIN_TOKENS ||
         unpacked > TLLM_AMX_MAX_UNPACKED) {
         tllm_qpack_matmul_avx512(p, x, y, b0, b1);

@@ -30,14 +30,6 @@
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
 
-TGT INLINE __m512 load16(const void *src, enum tllm_dtype dt, size_t off) {
-    if (dt == TLLM_DT_BF16)
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off))), 16));
-    if (dt == TLLM_DT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off)));
-    return _mm512_loadu_ps((const float *)src + off);
-}
-
 TGT INLINE __m512i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -100,12 +92,12 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 ssum[t] += tllm_xq_group_sum(x, xs, t0, t, nb, kb, p->group_size, col0);
             }
         }
-        __m512 S = load16(p->scales, p->dtype, so);
+        __m512 S = tllm_qpack_load16_avx512(p->scales, p->dtype, so);
         if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
             for (int t = 0; t < NT; t++)
                 acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(-(float)TLLM_E2M1_OFFSET), _mm512_set1_ps(ssum[t]), f[t]), S, acc[t]);
         } else {
-            __m512 B = load16(p->biases, p->dtype, so);
+            __m512 B = tllm_qpack_load16_avx512(p->biases, p->dtype, so);
             for (int t = 0; t < NT; t++) {
                 acc[t] = _mm512_fmadd_ps(f[t], S, acc[t]);
                 acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(ssum[t]), acc[t]);

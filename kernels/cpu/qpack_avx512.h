@@ -7,4 +7,18 @@
 
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+/* 16 scales or biases of a pack (bf16, f16 or f32) from element off, as floats: for the kernels that
+ * apply them 16 rows at a time (this one and the AMX one) */
+static inline __attribute__((always_inline, target("avx512f"))) __m512 tllm_qpack_load16_avx512(const void *src, enum tllm_dtype dt,
+                                                                                                  size_t off) {
+    if (dt == TLLM_DT_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off))), 16));
+    if (dt == TLLM_DT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off)));
+    return _mm512_loadu_ps((const float *)src + off);
+}
+#endif
+
 #endif
