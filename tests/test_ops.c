@@ -2,8 +2,10 @@
  * blocks that are not a multiple of the tiles, key counts with tails, head sizes of one vector. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tests/check.h"
+#include "engine/base/dtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_avx512.h"
@@ -47,6 +49,58 @@ static void test_attention(const char *name, attn_fn *fn) {
                 CHECK(worst <= TOL_ATTN, "%s hd %d nq %d pos0 %d: max error %.3g", name, hd, nq, pos0, worst);
                 free(q), free(kt), free(v), free(s1), free(s2), free(o1), free(o2);
             }
+}
+
+/* Attention over a GQA group read from KV blocks in place (f16 and float32 blocks in a shuffled
+ * pool, unused slots NaN) = the AVX-512 kernel on a float copy of the same keys and values, head by
+ * head, bit for bit: what lets the CPU backend skip the copy without changing a result. */
+static void test_attention_blocks(void) {
+    enum { B = 16 };
+    const int hds[] = {16, 64, 128}, groups[] = {1, 2, 7}, nqs[] = {1, 3, 9, 16}, pos0s[] = {0, 5, 16, 40, 100};
+    unsigned seed = 11;
+    for (int f16 = 0; f16 <= 1; f16++)
+        for (size_t a = 0; a < sizeof hds / sizeof *hds; a++)
+            for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
+                for (size_t b = 0; b < sizeof nqs / sizeof *nqs; b++)
+                    for (size_t c = 0; c < sizeof pos0s / sizeof *pos0s; c++) {
+                        const int hd = hds[a], group = groups[g], nq = nqs[b], pos0 = pos0s[c], len = pos0 + nq;
+                        const int nblk = (len + B - 1) / B, pool = nblk + 3, es = f16 ? 2 : 4;
+                        const size_t q_stride = (size_t)group * hd + 5, blk = (size_t)hd * B * es;
+                        unsigned char *kpool = malloc(pool * blk), *vpool = malloc(pool * blk);
+                        float *q = malloc(nq * q_stride * sizeof(float)), *out = malloc(nq * q_stride * sizeof(float));
+                        float *ref = malloc(nq * q_stride * sizeof(float)), *kt = malloc((size_t)hd * len * sizeof(float));
+                        float *v = malloc((size_t)len * hd * sizeof(float)), *s = malloc((size_t)16 * len * sizeof(float));
+                        const void **kb = malloc(nblk * sizeof *kb), **vb = malloc(nblk * sizeof *vb);
+                        for (size_t i = 0; i < pool * blk / 2; i++) /* NaN in every slot not written below */
+                            ((uint16_t *)kpool)[i] = ((uint16_t *)vpool)[i] = 0x7fff;
+                        for (int i = 0; i < nblk; i++) /* block i in pool slot pool - 1 - i: backwards, gaps before */
+                            kb[i] = kpool + (size_t)(pool - 1 - i) * blk, vb[i] = vpool + (size_t)(pool - 1 - i) * blk;
+                        for (int p = 0; p < len; p++)
+                            for (int d = 0; d < hd; d++) {
+                                float kx = frand(&seed), vx = frand(&seed);
+                                size_t ko = (size_t)d * B + p % B, vo = (size_t)(p % B) * hd + d;
+                                if (f16) {
+                                    uint16_t kh = tllm_f32_to_f16(kx), vh = tllm_f32_to_f16(vx);
+                                    ((uint16_t *)kb[p / B])[ko] = kh, ((uint16_t *)vb[p / B])[vo] = vh;
+                                    kx = tllm_f16_to_f32(kh), vx = tllm_f16_to_f32(vh);
+                                } else {
+                                    ((float *)kb[p / B])[ko] = kx, ((float *)vb[p / B])[vo] = vx;
+                                }
+                                kt[(size_t)d * len + p] = kx, v[(size_t)p * hd + d] = vx;
+                            }
+                        for (size_t i = 0; i < nq * q_stride; i++) q[i] = 4.0f * frand(&seed), out[i] = ref[i] = 0.0f;
+                        tllm_attention_blocks_avx512(q, q_stride, nq, group, pos0, kb, vb, f16, hd, s, out, q_stride);
+                        for (int h = 0; h < group; h++)
+                            tllm_attention_avx512(q + (size_t)h * hd, q_stride, nq, pos0, kt, (size_t)len, v, (size_t)hd, hd, s,
+                                                  ref + (size_t)h * hd, q_stride);
+                        int same = 1;
+                        for (int j = 0; j < nq; j++)
+                            same &= !memcmp(out + j * q_stride, ref + j * q_stride, (size_t)group * hd * sizeof(float));
+                        CHECK(same, "attention from %s blocks, hd %d group %d nq %d pos0 %d: not the copy's bits", f16 ? "f16" : "f32",
+                              hd, group, nq, pos0);
+                        free(kpool), free(vpool), free(q), free(out), free(ref), free(kt), free(v), free(s);
+                        free((void *)kb), free((void *)vb);
+                    }
 }
 
 static void test_exp(void) {
@@ -105,6 +159,7 @@ int main(void) {
     test_attention("dispatch", tllm_attention);
     if (tllm_cpu_has_avx512()) {
         test_attention("avx512", tllm_attention_avx512);
+        test_attention_blocks();
         test_argmax();
         test_exp();
         test_swiglu();

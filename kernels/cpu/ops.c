@@ -106,6 +106,13 @@ void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const flo
         tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
 }
 
+int tllm_attention_blocks_ok(int hd) { return tllm_attention_avx512_ok(hd); }
+
+void tllm_attention_blocks(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
+                           const void *const *vb, int f16, int hd, float *scores, float *out, size_t out_stride) {
+    tllm_attention_blocks_avx512(q, q_stride, nq, group, pos0, kb, vb, f16, hd, scores, out, out_stride);
+}
+
 double tllm_logsumexp(const float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;

@@ -26,6 +26,15 @@ void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, 
                              const float *v, size_t v_stride, int head_dim, float *scores, float *out,
                              size_t out_stride);
 
+/* The same for a GQA group's queries straight from the KV cache's blocks of 16 positions (no float
+ * copy): nq tokens at positions pos0.., group query heads each (token j's head h at q + j q_stride +
+ * h head_dim, its output likewise at out); kb[i] = block i's keys of the KV head ([head_dim][16]),
+ * vb[i] its values ([16][head_dim]), f16 if f16 else float32; scores: scratch of 8 x (pos0 + nq).
+ * Per query the bits of tllm_attention over the float copy. Only where tllm_attention_blocks_ok. */
+int tllm_attention_blocks_ok(int head_dim);
+void tllm_attention_blocks(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
+                           const void *const *vb, int f16, int head_dim, float *scores, float *out, size_t out_stride);
+
 /* gate[i] = silu(gate[i]) * up[i] */
 void tllm_swiglu(float *gate, const float *up, int n);
 

@@ -141,6 +141,110 @@ TGT void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0
     }
 }
 
+/* The same kernel reading the KV cache's blocks in place (no float32 copy): 16 positions a block,
+ * keys [head_dim][16] and values [16][head_dim] per KV head, f16 (widened as they are loaded) or
+ * float32. The queries are a GQA group's: every query head of one KV head, for nq tokens, so each key
+ * and value vector loaded serves all of them (a decode token's 7 heads in Qwen2.5-0.5B fill one tile).
+ * Per query the sums run in the order above's, so the bits are those of tllm_attention_avx512 over
+ * the gathered copy (tests/test_ops.c compares them). */
+#define KV_BLOCK 16
+
+/* 16 keys or values from a block (m: lanes to read; the rest 0), widened from f16 if F16 */
+TGT INLINE __m512 kv_load(const void *base, size_t off, __mmask16 m, const int F16) {
+    if (F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)base + off));
+    return _mm512_maskz_loadu_ps(m, (const float *)base + off);
+}
+
+/* qk_tile over keys [p0, p0 + 16 NV) of blocks kb (the last vector masked by m) */
+TGT INLINE void qkb_tile(const float *qs, const void *const *kb, int p0, int hd, float *s, int L, int nj, const int NQ,
+                         const int NV, __mmask16 m, const int F16) {
+    __m512 acc[QK_QUERIES][4];
+    for (int j = 0; j < QK_QUERIES; j++) /* all of them: GCC 12 cannot see that the stores stay within NQ x NV */
+        for (int c = 0; c < 4; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i++) {
+        __m512 kv[4];
+        for (int c = 0; c < NV; c++) kv[c] = kv_load(kb[p0 / KV_BLOCK + c], (size_t)i * KV_BLOCK, c == NV - 1 ? m : (__mmask16)0xffff, F16);
+        for (int j = 0; j < NQ; j++) {
+            __m512 qj = _mm512_set1_ps(qs[i * QK_QUERIES + j]);
+            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(qj, kv[c], acc[j][c]);
+        }
+    }
+    for (int j = 0; j < NQ && j < nj; j++)
+        for (int c = 0; c < NV; c++)
+            _mm512_mask_storeu_ps(s + (size_t)j * L + p0 + 16 * c, c == NV - 1 ? m : (__mmask16)0xffff, acc[j][c]);
+}
+
+TGT INLINE void qkb_block(const float *qs, const void *const *kb, int hd, float *s, int L, int nj, int len, const int NQ,
+                          const int F16) {
+    const int NV = NQ == 1 ? 4 : 2;
+    int p0 = 0;
+    for (; p0 + 16 * NV <= len; p0 += 16 * NV) qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, NV, 0xffff, F16);
+    for (; p0 < len; p0 += 16) qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, 1, tail_mask(len - p0), F16);
+}
+
+/* pv_tile over lanes [i0, i0 + 16 NV) of the values in blocks vb; out rows are the queries' own (outs) */
+TGT INLINE void pvb_tile(const float *s, int L, const void *const *vb, int i0, int hd, int len, const float *inv,
+                         float *const *outs, int nj, const int NQ, const int NV, const int F16) {
+    __m512 acc[PV_QUERIES][4];
+    for (int j = 0; j < NQ; j++)
+        for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ps();
+    for (int p = 0; p < len; p++) {
+        const void *blk = vb[p / KV_BLOCK];
+        const size_t row = (size_t)(p % KV_BLOCK) * (size_t)hd + (size_t)i0;
+        __m512 vv[4];
+        for (int c = 0; c < NV; c++) vv[c] = kv_load(blk, row + 16 * (size_t)c, 0xffff, F16);
+        for (int j = 0; j < NQ; j++) {
+            __m512 sj = _mm512_set1_ps(s[(size_t)(j < nj ? j : 0) * L + p]);
+            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(sj, vv[c], acc[j][c]);
+        }
+    }
+    for (int j = 0; j < NQ && j < nj; j++)
+        for (int c = 0; c < NV; c++) _mm512_storeu_ps(outs[j] + i0 + 16 * c, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv[j])));
+}
+
+TGT INLINE void pvb_block(const float *s, int L, const void *const *vb, int hd, int len, const float *inv, float *const *outs,
+                          int nj, const int NQ, const int F16) {
+    int i0 = 0;
+    for (; i0 + 64 <= hd; i0 += 64) pvb_tile(s, L, vb, i0, hd, len, inv, outs, nj, NQ, 4, F16);
+    for (; i0 < hd; i0 += 16) pvb_tile(s, L, vb, i0, hd, len, inv, outs, nj, NQ, 1, F16);
+}
+
+TGT INLINE void attention_blocks(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
+                                 const void *const *vb, int hd, float *scores, float *out, size_t out_stride, const int F16) {
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int nqh = nq * group; /* queries, token-major: query u is token u / group's head u % group */
+    float qs[HD_MAX * QK_QUERIES] __attribute__((aligned(64))), inv[QK_QUERIES];
+    for (int u0 = 0; u0 < nqh; u0 += QK_QUERIES) {
+        const int nj = nqh - u0 < QK_QUERIES ? nqh - u0 : QK_QUERIES, len = pos0 + (u0 + nj - 1) / group + 1, L = len;
+        const float *qp[QK_QUERIES];
+        float *op[QK_QUERIES];
+        for (int j = 0; j < QK_QUERIES; j++) {
+            int u = u0 + (j < nj ? j : 0);
+            qp[j] = q + (size_t)(u / group) * q_stride + (size_t)(u % group) * hd;
+            op[j] = out + (size_t)(u / group) * out_stride + (size_t)(u % group) * hd;
+        }
+        for (int i = 0; i < hd; i++)
+            for (int j = 0; j < QK_QUERIES; j++) qs[i * QK_QUERIES + j] = j < nj ? qp[j][i] * scale : 0.0f;
+        if (nj == 1) qkb_block(qs, kb, hd, scores, L, nj, len, 1, F16);
+        else if (nj <= 4) qkb_block(qs, kb, hd, scores, L, nj, len, 4, F16);
+        else qkb_block(qs, kb, hd, scores, L, nj, len, QK_QUERIES, F16);
+        for (int j = 0; j < nj; j++) inv[j] = softmax_row(scores + (size_t)j * L, pos0 + (u0 + j) / group + 1, len);
+        for (int jj = 0; jj < nj; jj += PV_QUERIES) {
+            const int nv = nj - jj < PV_QUERIES ? nj - jj : PV_QUERIES;
+            /* a PV tile reads values up to its last query's position (the scores beyond each query's own are 0) */
+            const int vlen = pos0 + (u0 + jj + nv - 1) / group + 1;
+            if (nv == 1) pvb_block(scores + (size_t)jj * L, L, vb, hd, vlen, inv + jj, op + jj, nv, 1, F16);
+            else pvb_block(scores + (size_t)jj * L, L, vb, hd, vlen, inv + jj, op + jj, nv, PV_QUERIES, F16);
+        }
+    }
+}
+
+TGT void tllm_attention_blocks_avx512(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
+                                      const void *const *vb, int f16, int hd, float *scores, float *out, size_t out_stride) {
+    if (f16) attention_blocks(q, q_stride, nq, group, pos0, kb, vb, hd, scores, out, out_stride, 1);
+    else attention_blocks(q, q_stride, nq, group, pos0, kb, vb, hd, scores, out, out_stride, 0);
+}
+
 TGT void tllm_swiglu_avx512(float *gate, const float *up, int n) {
     for (int i = 0; i < n; i += 16) {
         __mmask16 k = tail_mask(n - i);
@@ -191,6 +295,11 @@ int tllm_attention_avx512_ok(int head_dim) { return (void)head_dim, 0; }
 void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                            const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
     tllm_attention_ref(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
+}
+void tllm_attention_blocks_avx512(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
+                                  const void *const *vb, int f16, int hd, float *scores, float *out, size_t out_stride) {
+    (void)q, (void)q_stride, (void)nq, (void)group, (void)pos0, (void)kb, (void)vb, (void)f16, (void)hd, (void)scores, (void)out,
+        (void)out_stride; /* never called: tllm_attention_avx512_ok is 0 */
 }
 void tllm_swiglu_avx512(float *gate, const float *up, int n) { tllm_swiglu_ref(gate, up, n); }
 void tllm_exp_avx512(float *x, int n) {

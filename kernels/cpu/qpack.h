@@ -51,6 +51,16 @@ struct tllm_xq {
                       * NULL when no such pack reads this input */
 };
 
+/* Tokens [t0, t1) of x as an activation set of their own (their second levels where they have them):
+ * a kernel's results for a token do not depend on what else is in the set, so callers split tokens freely */
+static inline struct tllm_xq tllm_xq_view(const struct tllm_xq *x, int t0, int t1) {
+    const size_t nb = (size_t)(x->cols / TLLM_XQ_BLOCK);
+    struct tllm_xq v = {t1 - t0, x->cols, x->q + (size_t)t0 * (size_t)x->cols, x->q2 ? x->q2 + (size_t)t0 * (size_t)x->cols : NULL,
+                        x->d + (size_t)t0 * nb, x->sum + (size_t)t0 * nb, x->n2 > t0 ? (x->n2 < t1 ? x->n2 : t1) - t0 : 0,
+                        x->sum16 ? x->sum16 + (size_t)t0 * (size_t)(x->cols / 16) : NULL};
+    return v;
+}
+
 /* Which tile family runs p: 0, 1, 2 for 2-, 4-, 8-bit codes, 3 for 4-bit codes through the E2M1 table */
 static inline int tllm_qpack_kind(const struct tllm_qpack *p) {
     return p->lut ? 3 : p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;

@@ -175,15 +175,6 @@ TGT static void tiles_1x1(const struct tllm_qpack *p, const struct tllm_xq *x, f
     tiles(p, x, y, b, t0, w, sc, 1, 1);
 }
 
-/* Tokens [t0, t1) of x as an activation set of their own (what the AVX-512 kernel takes for the rest) */
-static struct tllm_xq view(const struct tllm_xq *x, int t0, int t1) {
-    const size_t nb = (size_t)(x->cols / TLLM_XQ_BLOCK);
-    struct tllm_xq v = {t1 - t0, x->cols, x->q + (size_t)t0 * x->cols, x->q2 ? x->q2 + (size_t)t0 * x->cols : NULL,
-                        x->d + t0 * nb, x->sum + t0 * nb, x->n2 > t0 ? (x->n2 < t1 ? x->n2 : t1) - t0 : 0,
-                        x->sum16 ? x->sum16 + (size_t)t0 * (size_t)(x->cols / 16) : NULL};
-    return v;
-}
-
 void tllm_qpack_matmul_amx(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int n2 = x->n2 < x->n ? x->n2 : x->n, full = (x->n - n2) / AMX_TOKENS * AMX_TOKENS;
     const size_t unpacked = (size_t)p->cols * TLLM_QPACK_ROWS; /* bytes a row block */
@@ -194,11 +185,11 @@ void tllm_qpack_matmul_amx(const struct tllm_qpack *p, const struct tllm_xq *x, 
         return;
     }
     if (n2 > 0) {
-        struct tllm_xq v = view(x, 0, n2);
+        struct tllm_xq v = tllm_xq_view(x, 0, n2);
         tllm_qpack_matmul_avx512(p, &v, y, b0, b1);
     }
     if (n2 + full < x->n) {
-        struct tllm_xq v = view(x, n2 + full, x->n);
+        struct tllm_xq v = tllm_xq_view(x, n2 + full, x->n);
         tllm_qpack_matmul_avx512(p, &v, y + (size_t)(n2 + full) * p->rows, b0, b1);
     }
     configure();
@@ -206,7 +197,7 @@ void tllm_qpack_matmul_amx(const struct tllm_qpack *p, const struct tllm_xq *x, 
     const int nblk = b1 - b0 < per_pass ? b1 - b0 : per_pass;
     struct scratch *sc = aligned_alloc(64, (sizeof(struct scratch) + (size_t)nblk * unpacked + 63) / 64 * 64);
     if (!sc) { /* no room: the AVX-512 kernel, which needs none, gives the same bits */
-        struct tllm_xq v = view(x, n2, n2 + full);
+        struct tllm_xq v = tllm_xq_view(x, n2, n2 + full);
         tllm_qpack_matmul_avx512(p, &v, y + (size_t)n2 * p->rows, b0, b1);
         return;
     }

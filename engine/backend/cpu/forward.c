@@ -23,6 +23,9 @@
                                 * prefetcher streaming (the weights come from memory every step), where
                                 * grabs of 4 blocks taken in turn cost a 16-sequence decode step 1.2x in
                                 * its lm_head; several grabs still even out cores of unequal speed */
+#define LINEAR_PART_TOKENS 32  /* tokens a range at least, where a long step's matmul splits its tokens
+                                * (two AMX token tiles; 4 AVX-512 ones) */
+#define TOKEN_TASK_MIN 8       /* tokens a step needs before its per-token work goes to the pool */
 #define LINEAR_DECODE_SPLIT 1  /* runs per thread in one-token steps: long runs keep the prefetcher streaming */
 
 /* A stretch of a step's tokens that belong to one sequence, at consecutive positions */
@@ -54,6 +57,8 @@ struct tllm_cpu {
     int n_scratch;      /* threads in the pool when the backend was made */
     float *scores;      /* [n_scratch x 16 x max_len] attention scores, a block of query rows per thread */
     float *gather;      /* [n_scratch x 2 x head_dim x max_len] a KV head's keys (transposed) and values, float32 and contiguous */
+    const void **kv_blocks; /* [n_scratch x 2 x max_len/16 + 1] a sequence's blocks of one KV head, keys then values, for
+                             * the AVX-512 kernel that reads them in place (NULL without it) */
     float *rope_cos;    /* [n_batch x head_dim/2] */
     float *rope_sin;    /* [n_batch x head_dim/2] */
     /* int8 copy of the current matmul input, for packed weights (kernels/cpu/qpack.h) */
@@ -97,7 +102,9 @@ struct linear_args {
     const struct tllm_qweights *w[LINEAR_MAX_W];
     float *y[LINEAR_MAX_W];
     int chunk[LINEAR_MAX_W];   /* row blocks per grab, per weight */
-    int first[LINEAR_MAX_W + 1]; /* the weights' chunks, numbered one after another */
+    int parts[LINEAR_MAX_W];   /* token ranges per row chunk, per weight (packed weights, long steps) */
+    int part_tokens[LINEAR_MAX_W]; /* tokens a range */
+    int first[LINEAR_MAX_W + 1]; /* the weights' grabs, numbered one after another */
     struct act *a;
     atomic_int next;           /* the next chunk not yet taken */
 };
@@ -114,9 +121,16 @@ static void linear_task(void *arg, int ith, int nth) {
         while (c >= la->first[i + 1]) i++;
         const struct tllm_qweights *w = la->w[i];
         const int rows = w->rows, n_blocks = (rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
-        int b0 = (c - la->first[i]) * la->chunk[i], b1 = b0 + la->chunk[i] < n_blocks ? b0 + la->chunk[i] : n_blocks;
+        const int k = c - la->first[i], part = k % la->parts[i];
+        int b0 = k / la->parts[i] * la->chunk[i], b1 = b0 + la->chunk[i] < n_blocks ? b0 + la->chunk[i] : n_blocks;
         if (w->pack) {
-            tllm_qpack_matmul(w->pack, &la->a->q, la->y[i], b0, b1);
+            if (la->parts[i] == 1) {
+                tllm_qpack_matmul(w->pack, &la->a->q, la->y[i], b0, b1);
+            } else {
+                int t0 = part * la->part_tokens[i], t1 = t0 + la->part_tokens[i] < la->a->n ? t0 + la->part_tokens[i] : la->a->n;
+                struct tllm_xq v = tllm_xq_view(&la->a->q, t0, t1);
+                tllm_qpack_matmul(w->pack, &v, la->y[i] + (size_t)t0 * rows, b0, b1);
+            }
             continue;
         }
         /* float activations: a generated token through the one-token kernel, prompt tokens through the
@@ -129,6 +143,12 @@ static void linear_task(void *arg, int ith, int nth) {
             tllm_qmatmul_tiled(w, a->x + (size_t)a->n_gen * a->cols, a->n - a->n_gen,
                                la->y[i] + (size_t)a->n_gen * rows, r0, r1);
     }
+}
+
+static int packed_all(int nw, const struct tllm_qweights *const *w) {
+    for (int i = 0; i < nw; i++)
+        if (!w[i]->pack) return 0;
+    return 1;
 }
 
 static void quantize_task(void *arg, int ith, int nth) {
@@ -148,14 +168,26 @@ static void linears_plain(struct act *a, int nw, const struct tllm_qweights *con
         a->quantized = 1;
     }
     struct linear_args la = {.nw = nw, .a = a};
-    int nth = tllm_threadpool_size();
+    const int nth = tllm_threadpool_size(), split = packed_all(nw, w) && a->n >= 2 * LINEAR_PART_TOKENS;
     for (int i = 0; i < nw; i++) {
         int n_blocks = (w[i]->rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
         int many = (n_blocks + nth * LINEAR_MANY_SPLIT - 1) / (nth * LINEAR_MANY_SPLIT);
         int chunk = a->n > 1 ? (many > LINEAR_PREFILL_CHUNK ? many : LINEAR_PREFILL_CHUNK)
                              : (n_blocks + nth * LINEAR_DECODE_SPLIT - 1) / (nth * LINEAR_DECODE_SPLIT);
         la.w[i] = w[i], la.y[i] = y[i], la.chunk[i] = chunk > 0 ? chunk : 1;
-        la.first[i + 1] = la.first[i] + (n_blocks + la.chunk[i] - 1) / la.chunk[i];
+        int grabs = (n_blocks + la.chunk[i] - 1) / la.chunk[i];
+        /* A long step's weight with fewer row chunks than two a thread (k and v of a prompt: 8 row blocks
+         * each; q and o on many cores) splits its tokens too, in ranges of whole AMX tile pairs, so that
+         * no thread waits at the barrier with nothing to take */
+        la.part_tokens[i] = a->n, la.parts[i] = 1;
+        if (split && grabs < 2 * nth) {
+            int parts = (nth * LINEAR_MANY_SPLIT + grabs - 1) / grabs, most = a->n / LINEAR_PART_TOKENS;
+            parts = parts < most ? parts : most;
+            int pt = (a->n + parts - 1) / parts;
+            la.part_tokens[i] = (pt + LINEAR_PART_TOKENS - 1) / LINEAR_PART_TOKENS * LINEAR_PART_TOKENS;
+            la.parts[i] = (a->n + la.part_tokens[i] - 1) / la.part_tokens[i];
+        }
+        la.first[i + 1] = la.first[i] + grabs * la.parts[i];
     }
     atomic_init(&la.next, 0);
     tllm_parallel(linear_task, &la);
@@ -237,25 +269,48 @@ static void gather_kv(const struct tllm_kv *kv, const struct tllm_kv_seq *s, int
 struct attn_args {
     struct tllm_cpu *cpu;
     int l;
+    atomic_int taken; /* tasks taken so far, from the last */
 };
 
 /* Causal GQA attention of every token of the step over its own sequence's cache (its K/V already
  * written). A query's result depends on its sequence alone: the kernel sums each query's row in the
- * same order whatever block it is computed in. Tasks (run, KV head, query block) are dealt round-robin
- * so the causal triangle's cost evens out. */
+ * same order whatever block it is computed in. Threads take tasks (run, KV head, query block) from a
+ * shared counter, a run's last query blocks first: the causal triangle makes them the longest, and
+ * taking the longest first evens the threads out (dealt round-robin, the thread with the last blocks of
+ * a 512-token prompt on 16 threads had 1.24x the mean's work). */
 static void attention_task(void *arg, int ith, int nth) {
-    const struct attn_args *a = arg;
+    (void)nth;
+    struct attn_args *a = arg;
     struct tllm_cpu *cpu = a->cpu;
-    if (ith >= cpu->n_scratch) return;
-    if (nth > cpu->n_scratch) nth = cpu->n_scratch;
+    if (ith >= cpu->n_scratch) return; /* a scratch row per thread the pool had when the backend was made */
     const struct tllm_config *c = &cpu->m->cfg;
     const int hd = c->head_dim, q_dim = c->n_heads * hd, group = c->n_heads / c->n_kv_heads;
     float *s = cpu->scores + (size_t)ith * ATT_QUERY_BLOCK * cpu->max_len;
+    const struct tllm_kv *kv = cpu->kv;
+    const int max_blocks = cpu->max_len / TLLM_KV_BLOCK + 1;
     float *kt = cpu->gather + (size_t)ith * 2 * hd * cpu->max_len, *v = kt + (size_t)hd * cpu->max_len;
-    for (int task = ith; task < cpu->n_tasks; task += nth) {
+    const void **kb = cpu->kv_blocks ? cpu->kv_blocks + (size_t)ith * 2 * max_blocks : NULL, **vb = kb ? kb + max_blocks : NULL;
+    for (;;) {
+        int task = cpu->n_tasks - 1 - atomic_fetch_add_explicit(&a->taken, 1, memory_order_relaxed);
+        if (task < 0) break;
         const struct att_task *at = &cpu->tasks[task];
         const struct run *r = &cpu->runs[at->run];
         int pos0 = r->pos0 + at->q0, len = pos0 + at->nq;
+        if (kb && at->nq == 1) {
+            /* A run of one token (a generated one): its query heads of the KV head in one tile, reading the
+             * blocks where they are, 1.2x faster than the copy and a pass a head (VM, 200-1000 positions).
+             * Longer runs take the copy: widening f16 in every tile made 16 queries 1.3x slower. */
+            const struct tllm_kv_seq *sq = &kv->seqs[r->seq];
+            const size_t head = (size_t)at->kvh * hd * TLLM_KV_BLOCK * kv->esize;
+            for (int i = 0; i * TLLM_KV_BLOCK < len; i++) {
+                kb[i] = (const char *)tllm_kv_k(kv, a->l, sq->blocks[i]) + head;
+                vb[i] = (const char *)tllm_kv_v(kv, a->l, sq->blocks[i]) + head;
+            }
+            size_t row = (size_t)(r->t0 + at->q0) * q_dim + (size_t)at->kvh * group * hd;
+            tllm_attention_blocks(cpu->q + row, (size_t)q_dim, at->nq, group, pos0, kb, vb, kv->dtype == TLLM_DT_F16, hd, s,
+                                         cpu->att_out + row, (size_t)q_dim);
+            continue;
+        }
         size_t stride = (size_t)(len + 15) / 16 * 16;
         gather_kv(cpu->kv, &cpu->kv->seqs[r->seq], a->l, at->kvh, len, kt, stride, v);
         for (int h = at->kvh * group; h < (at->kvh + 1) * group; h++) {
@@ -267,17 +322,18 @@ static void attention_task(void *arg, int ith, int nth) {
 }
 
 static void attention(struct tllm_cpu *cpu, int l) {
-    struct attn_args a = {cpu, l};
+    struct attn_args a = {cpu, l, 0};
+    atomic_init(&a.taken, 0);
     if (cpu->n_tasks == 1) attention_task(&a, 0, 1);
     else tllm_parallel(attention_task, &a);
 }
 
-/* The step's K/V (after RoPE) into each token's block and slot */
-static void write_kv(struct tllm_cpu *cpu, int l) {
+/* Tokens [t0, t1)'s K/V (after RoPE) into each token's block and slot */
+static void write_kv(struct tllm_cpu *cpu, int l, int t0, int t1) {
     const struct tllm_kv *kv = cpu->kv;
     const struct tllm_batch *bt = cpu->bt;
     const int hd = kv->head_dim, kv_dim = kv->n_kv_heads * hd, B = TLLM_KV_BLOCK;
-    for (int t = 0; t < bt->n; t++) {
+    for (int t = t0; t < t1; t++) {
         const struct tllm_kv_seq *s = &kv->seqs[bt->seq[t]];
         int b = s->blocks[bt->pos[t] / B], o = bt->pos[t] % B;
         const float *k = cpu->k + (size_t)t * kv_dim, *v = cpu->v + (size_t)t * kv_dim;
@@ -294,6 +350,78 @@ static void write_kv(struct tllm_cpu *cpu, int l) {
     }
 }
 
+/* The per-token work between the matmuls (norms, biases, RoPE, the cache writes, residual adds): each
+ * token's on its own, so a step of many tokens shares its tokens out (a 512-token prompt on 16 cores
+ * spent a tenth of its time here on one thread) and any split gives the same bits. */
+struct token_args {
+    struct tllm_cpu *cpu;
+    int l;           /* the layer */
+    const float *norm; /* residual_norm: the RMSNorm weight of the next sublayer, or NULL (add only) */
+    const float *add;  /* residual_norm: what is added to the residual stream first, or NULL */
+};
+
+static void token_range(int n, int ith, int nth, int *t0, int *t1) {
+    int per = (n + nth - 1) / nth;
+    *t0 = ith * per < n ? ith * per : n, *t1 = *t0 + per < n ? *t0 + per : n;
+}
+
+/* x[t] = embedding of token t; its RoPE tables */
+static void embed_task(void *arg, int ith, int nth) {
+    const struct token_args *a = arg;
+    struct tllm_cpu *cpu = a->cpu;
+    const struct tllm_config *c = &cpu->m->cfg;
+    const int half = c->head_dim / 2;
+    int t0, t1;
+    token_range(cpu->bt->n, ith, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        tllm_qw_dequant_row(&cpu->m->embed, cpu->bt->id[t], cpu->x + (size_t)t * c->dim);
+        tllm_rope_tables(cpu->bt->pos[t], c->head_dim, c->rope_theta, cpu->rope_cos + (size_t)t * half, cpu->rope_sin + (size_t)t * half);
+    }
+}
+
+/* x[t] += add[t] (if add); xb[t] = rmsnorm(x[t]) * norm (if norm) */
+static void residual_norm_task(void *arg, int ith, int nth) {
+    const struct token_args *a = arg;
+    struct tllm_cpu *cpu = a->cpu;
+    const struct tllm_config *c = &cpu->m->cfg;
+    const size_t dim = (size_t)c->dim;
+    int t0, t1;
+    token_range(cpu->bt->n, ith, nth, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        float *x = cpu->x + (size_t)t * dim;
+        if (a->add)
+            for (size_t i = 0; i < dim; i++) x[i] += a->add[(size_t)t * dim + i];
+        if (a->norm) tllm_rmsnorm(cpu->xb + (size_t)t * dim, x, a->norm, c->dim, c->norm_eps);
+    }
+}
+
+/* q, k, v of layer l: biases, RoPE, and k, v into the cache */
+static void qkv_post_task(void *arg, int ith, int nth) {
+    const struct token_args *a = arg;
+    struct tllm_cpu *cpu = a->cpu;
+    const struct tllm_config *c = &cpu->m->cfg;
+    const struct tllm_layer *L = &cpu->m->layers[a->l];
+    const int hd = c->head_dim, half = hd / 2, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+    int t0, t1;
+    token_range(cpu->bt->n, ith, nth, &t0, &t1);
+    if (t0 >= t1) return;
+    add_bias(cpu->q + (size_t)t0 * q_dim, L->bq, t1 - t0, q_dim);
+    add_bias(cpu->k + (size_t)t0 * kv_dim, L->bk, t1 - t0, kv_dim);
+    add_bias(cpu->v + (size_t)t0 * kv_dim, L->bv, t1 - t0, kv_dim);
+    for (int t = t0; t < t1; t++) {
+        const float *ct = cpu->rope_cos + (size_t)t * half, *st = cpu->rope_sin + (size_t)t * half;
+        tllm_rope(cpu->q + (size_t)t * q_dim, c->n_heads, hd, ct, st);
+        tllm_rope(cpu->k + (size_t)t * kv_dim, c->n_kv_heads, hd, ct, st);
+    }
+    write_kv(cpu, a->l, t0, t1);
+}
+
+/* fn over the step's tokens: on the pool where there are enough of them to pay for a dispatch */
+static void per_token(struct tllm_cpu *cpu, tllm_task_fn fn, struct token_args *a) {
+    if (cpu->bt->n >= TOKEN_TASK_MIN) tllm_parallel(fn, a);
+    else fn(a, 0, 1);
+}
+
 /* One step: the batch's n tokens through every layer, their K/V into the cache; the final norm and
  * the lm_head for the n_out tokens that `out` marks, their logits in order into `logits`. */
 static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
@@ -301,41 +429,25 @@ static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
     const struct tllm_config *c = &m->cfg;
     const struct tllm_batch *bt = cpu->bt;
     const int n = bt->n, n_gen = bt->n_gen;
-    int dim = c->dim, hd = c->head_dim, half = hd / 2;
-    int q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+    const int dim = c->dim, q_dim = c->n_heads * c->head_dim;
 
-    for (int t = 0; t < n; t++) {
-        tllm_qw_dequant_row(&m->embed, bt->id[t], cpu->x + (size_t)t * dim);
-        tllm_rope_tables(bt->pos[t], hd, c->rope_theta, cpu->rope_cos + (size_t)t * half,
-                         cpu->rope_sin + (size_t)t * half);
-    }
-
+    struct token_args ta = {cpu, 0, m->layers[0].attn_norm, NULL};
+    per_token(cpu, embed_task, &ta);
+    per_token(cpu, residual_norm_task, &ta); /* the first layer's attention norm */
     for (int l = 0; l < c->n_layers; l++) {
         const struct tllm_layer *L = &m->layers[l];
-        /* attention block */
-        for (int t = 0; t < n; t++)
-            tllm_rmsnorm(cpu->xb + (size_t)t * dim, cpu->x + (size_t)t * dim, L->attn_norm, dim,
-                         c->norm_eps);
+        /* attention block (xb: its normed input) */
         struct act a = act_of(cpu, cpu->xb, n, dim, n_gen);
         linears(&a, 3, (const struct tllm_qweights *const[]){&L->wq, &L->wk, &L->wv}, (float *const[]){cpu->q, cpu->k, cpu->v});
-        add_bias(cpu->q, L->bq, n, q_dim);
-        add_bias(cpu->k, L->bk, n, kv_dim);
-        add_bias(cpu->v, L->bv, n, kv_dim);
-        for (int t = 0; t < n; t++) {
-            const float *ct = cpu->rope_cos + (size_t)t * half, *st = cpu->rope_sin + (size_t)t * half;
-            tllm_rope(cpu->q + (size_t)t * q_dim, c->n_heads, hd, ct, st);
-            tllm_rope(cpu->k + (size_t)t * kv_dim, c->n_kv_heads, hd, ct, st);
-        }
-        write_kv(cpu, l);
+        ta.l = l;
+        per_token(cpu, qkv_post_task, &ta);
         attention(cpu, l);
         a = act_of(cpu, cpu->att_out, n, q_dim, n_gen);
         linear(&L->wo, &a, cpu->proj);
-        for (size_t i = 0; i < (size_t)n * dim; i++) cpu->x[i] += cpu->proj[i];
+        ta.add = cpu->proj, ta.norm = L->ffn_norm;
+        per_token(cpu, residual_norm_task, &ta);
 
         /* MLP block */
-        for (int t = 0; t < n; t++)
-            tllm_rmsnorm(cpu->xb + (size_t)t * dim, cpu->x + (size_t)t * dim, L->ffn_norm, dim,
-                         c->norm_eps);
         a = act_of(cpu, cpu->xb, n, dim, n_gen);
         linears(&a, 2, (const struct tllm_qweights *const[]){&L->w_gate, &L->w_up}, (float *const[]){cpu->hb, cpu->hb2});
         struct swiglu_args sw = {cpu->hb, cpu->hb2, (size_t)n * c->ffn_dim};
@@ -343,7 +455,8 @@ static void forward_step(struct tllm_cpu *cpu, int n_out, float *logits) {
         else swiglu_task(&sw, 0, 1);
         a = act_of(cpu, cpu->hb, n, c->ffn_dim, n_gen);
         linear(&L->w_down, &a, cpu->proj);
-        for (size_t i = 0; i < (size_t)n * dim; i++) cpu->x[i] += cpu->proj[i];
+        ta.add = cpu->proj, ta.norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : NULL; /* and the next layer's norm */
+        per_token(cpu, residual_norm_task, &ta);
     }
 
     if (n_out == 0) return;
@@ -418,6 +531,7 @@ static void cpu_free(struct tllm_backend *b) {
     float *bufs[] = {cpu->x, cpu->xb, cpu->q, cpu->k, cpu->v, cpu->att_out, cpu->proj, cpu->hb, cpu->hb2,
                      cpu->scores, cpu->gather, cpu->rope_cos, cpu->rope_sin, cpu->xq_d, cpu->xq_sum, cpu->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    free((void *)cpu->kv_blocks);
     free(cpu->xq);
     free(cpu->xq2);
     free(cpu->xperm);
@@ -461,6 +575,8 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->n_scratch = tllm_threadpool_size();
     cpu->scores = malloc((size_t)cpu->n_scratch * ATT_QUERY_BLOCK * ml * sizeof(float));
     cpu->gather = malloc((size_t)cpu->n_scratch * 2 * c->head_dim * ml * sizeof(float));
+    const int in_place = tllm_attention_blocks_ok(c->head_dim); /* generated tokens' attention reads the blocks */
+    if (in_place) cpu->kv_blocks = malloc((size_t)cpu->n_scratch * 2 * (ml / TLLM_KV_BLOCK + 1) * sizeof *cpu->kv_blocks);
     cpu->rope_cos = malloc(nb * half * sizeof(float));
     cpu->rope_sin = malloc(nb * half * sizeof(float));
     size_t max_cols = (size_t)c->dim;
@@ -488,7 +604,7 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->runs = malloc(nb * sizeof *cpu->runs);
     cpu->tasks = malloc(nb * (size_t)c->n_kv_heads * sizeof *cpu->tasks);
     if (!cpu->x || !cpu->xb || !cpu->q || !cpu->k || !cpu->v || !cpu->att_out || !cpu->proj || !cpu->hb ||
-        !cpu->hb2 || !cpu->scores || !cpu->gather || !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 ||
+        !cpu->hb2 || !cpu->scores || !cpu->gather || (in_place && !cpu->kv_blocks) || !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 ||
         !cpu->xq_d || !cpu->xq_sum || !cpu->runs || !cpu->tasks) {
         cpu_free(&cpu->base);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory for steps of %d tokens over a cache of %d positions", n_batch,
