@@ -48,11 +48,13 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     const int8_t *xq = x->q + (size_t)t0 * p->cols, *xq2 = LEVELS == 2 ? x->q2 + (size_t)t0 * p->cols : NULL;
     const float *xd = x->d + (size_t)t0 * nb, *xs = x->sum + (size_t)t0 * nb;
     __m512 acc[8];
+    #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS;
         __m512 f[8];    /* the group's sum of dot * d, per token */
         float ssum[8];  /* and of its blocks' x sums: scale and bias are applied once a group */
+        #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) f[t] = _mm512_setzero_ps(), ssum[t] = 0.0f;
         for (int k = 0; k < bpg; k++) {
             const int col0 = g * p->group_size + k * TLLM_XQ_BLOCK, kb = col0 / TLLM_XQ_BLOCK;
@@ -60,18 +62,24 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
              * few-token tile latency-bound */
             const int SPLIT = NT * LEVELS == 1 ? 4 : NT * LEVELS <= 3 ? 2 : 1;
             __m512i dot[8][4], dot2[8][4];
+            #pragma GCC unroll 8
             for (int t = 0; t < NT; t++)
+                #pragma GCC unroll 8
                 for (int h = 0; h < SPLIT; h++) dot[t][h] = _mm512_setzero_si512();
+            #pragma GCC unroll 8
             for (int t = 0; t < NT && LEVELS == 2; t++)
+                #pragma GCC unroll 8
                 for (int h = 0; h < SPLIT; h++) dot2[t][h] = _mm512_setzero_si512();
             for (int ch = 0; ch < chunks; ch++, c += 64) {
                 if (TLLM_QPACK_PREFETCH) _mm_prefetch((const char *)c + TLLM_QPACK_PREFETCH, _MM_HINT_T0);
                 __m512i v = _mm512_load_si512((const void *)c);
+                #pragma GCC unroll 8
                 for (int m = 0; m < per; m++) {
                     __m512i w = BITS == 8 ? v : _mm512_and_si512(m ? _mm512_srli_epi16(v, BITS * m) : v, mask);
                     if (LUT) w = _mm512_shuffle_epi8(lut, w);
                     const int h = (ch * per + m) % SPLIT;
                     const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
+                    #pragma GCC unroll 8
                     for (int t = 0; t < NT; t++) {
                         dot[t][h] = _mm512_dpbusd_epi32(dot[t][h], w, bcast4(xq + (size_t)t * p->cols + off));
                         if (LEVELS == 2)
@@ -79,13 +87,17 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                     }
                 }
             }
+            #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
+                #pragma GCC unroll 8
                 for (int h = 1; h < SPLIT; h++) dot[t][0] = _mm512_add_epi32(dot[t][0], dot[t][h]);
                 if (LEVELS == 2) {
+                    #pragma GCC unroll 8
                     for (int h = 1; h < SPLIT; h++) dot2[t][0] = _mm512_add_epi32(dot2[t][0], dot2[t][h]);
                     dot[t][0] = _mm512_add_epi32(_mm512_slli_epi32(dot[t][0], 7), dot2[t][0]);
                 }
             }
+            #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 __m512 dt = _mm512_set1_ps(xd[(size_t)t * nb + kb]);
                 f[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t][0]), dt, f[t]);
@@ -94,10 +106,12 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
         }
         __m512 S = tllm_qpack_load16_avx512(p->scales, p->dtype, so);
         if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
+            #pragma GCC unroll 8
             for (int t = 0; t < NT; t++)
                 acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(-(float)TLLM_E2M1_OFFSET), _mm512_set1_ps(ssum[t]), f[t]), S, acc[t]);
         } else {
             __m512 B = tllm_qpack_load16_avx512(p->biases, p->dtype, so);
+            #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 acc[t] = _mm512_fmadd_ps(f[t], S, acc[t]);
                 acc[t] = _mm512_fmadd_ps(B, _mm512_set1_ps(ssum[t]), acc[t]);
@@ -106,6 +120,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     }
     int n_out = p->rows - b * TLLM_QPACK_ROWS;
     __mmask16 keep = n_out >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n_out) - 1);
+    #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
         _mm512_mask_storeu_ps(y + (size_t)(t0 + t) * p->rows + (size_t)b * TLLM_QPACK_ROWS, keep, acc[t]);
 }

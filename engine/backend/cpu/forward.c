@@ -56,7 +56,8 @@ struct tllm_cpu {
     float *hb2;         /* [n_batch x ffn_dim] up */
     int n_scratch;      /* threads in the pool when the backend was made */
     float *scores;      /* [n_scratch x 16 x max_len] attention scores, a block of query rows per thread */
-    float *gather;      /* [n_scratch x 2 x head_dim x max_len] a KV head's keys (transposed) and values, float32 and contiguous */
+    float *gather;      /* [n_scratch x 2 x head_dim x max_len] a KV head's keys (transposed) and values, float32 and
+                         * contiguous, for the portable attention kernel (NULL where the AVX-512 one reads the blocks) */
     const void **kv_blocks; /* [n_scratch x 2 x max_len/16 + 1] a sequence's blocks of one KV head, keys then values, for
                              * the AVX-512 kernel that reads them in place (NULL without it) */
     float *rope_cos;    /* [n_batch x head_dim/2] */
@@ -288,7 +289,7 @@ static void attention_task(void *arg, int ith, int nth) {
     float *s = cpu->scores + (size_t)ith * ATT_QUERY_BLOCK * cpu->max_len;
     const struct tllm_kv *kv = cpu->kv;
     const int max_blocks = cpu->max_len / TLLM_KV_BLOCK + 1;
-    float *kt = cpu->gather + (size_t)ith * 2 * hd * cpu->max_len, *v = kt + (size_t)hd * cpu->max_len;
+    float *kt = cpu->gather ? cpu->gather + (size_t)ith * 2 * hd * cpu->max_len : NULL, *v = kt ? kt + (size_t)hd * cpu->max_len : NULL;
     const void **kb = cpu->kv_blocks ? cpu->kv_blocks + (size_t)ith * 2 * max_blocks : NULL, **vb = kb ? kb + max_blocks : NULL;
     for (;;) {
         int task = cpu->n_tasks - 1 - atomic_fetch_add_explicit(&a->taken, 1, memory_order_relaxed);
@@ -296,10 +297,10 @@ static void attention_task(void *arg, int ith, int nth) {
         const struct att_task *at = &cpu->tasks[task];
         const struct run *r = &cpu->runs[at->run];
         int pos0 = r->pos0 + at->q0, len = pos0 + at->nq;
-        if (kb && at->nq == 1) {
-            /* A run of one token (a generated one): its query heads of the KV head in one tile, reading the
-             * blocks where they are, 1.2x faster than the copy and a pass a head (VM, 200-1000 positions).
-             * Longer runs take the copy: widening f16 in every tile made 16 queries 1.3x slower. */
+        if (kb) {
+            /* every query head of the KV head in the same tiles, reading the blocks where they are: a
+             * generated token's 7 heads are one tile (2.2x the copy and a pass a head at 200 positions,
+             * VM), 16 tokens' 1.0-1.2x; and no copy's memory (threads x 2 x head_dim x the cache) */
             const struct tllm_kv_seq *sq = &kv->seqs[r->seq];
             const size_t head = (size_t)at->kvh * hd * TLLM_KV_BLOCK * kv->esize;
             for (int i = 0; i * TLLM_KV_BLOCK < len; i++) {
@@ -574,9 +575,9 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->hb2 = malloc(nb * c->ffn_dim * sizeof(float));
     cpu->n_scratch = tllm_threadpool_size();
     cpu->scores = malloc((size_t)cpu->n_scratch * ATT_QUERY_BLOCK * ml * sizeof(float));
-    cpu->gather = malloc((size_t)cpu->n_scratch * 2 * c->head_dim * ml * sizeof(float));
-    const int in_place = tllm_attention_blocks_ok(c->head_dim); /* generated tokens' attention reads the blocks */
+    const int in_place = tllm_attention_blocks_ok(c->head_dim); /* attention reads the blocks (else copies them) */
     if (in_place) cpu->kv_blocks = malloc((size_t)cpu->n_scratch * 2 * (ml / TLLM_KV_BLOCK + 1) * sizeof *cpu->kv_blocks);
+    else cpu->gather = malloc((size_t)cpu->n_scratch * 2 * c->head_dim * ml * sizeof(float));
     cpu->rope_cos = malloc(nb * half * sizeof(float));
     cpu->rope_sin = malloc(nb * half * sizeof(float));
     size_t max_cols = (size_t)c->dim;
@@ -604,7 +605,7 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->runs = malloc(nb * sizeof *cpu->runs);
     cpu->tasks = malloc(nb * (size_t)c->n_kv_heads * sizeof *cpu->tasks);
     if (!cpu->x || !cpu->xb || !cpu->q || !cpu->k || !cpu->v || !cpu->att_out || !cpu->proj || !cpu->hb ||
-        !cpu->hb2 || !cpu->scores || !cpu->gather || (in_place && !cpu->kv_blocks) || !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 ||
+        !cpu->hb2 || !cpu->scores || (in_place ? !cpu->kv_blocks : !cpu->gather) || !cpu->rope_cos || !cpu->rope_sin || !cpu->xq || !cpu->xq2 ||
         !cpu->xq_d || !cpu->xq_sum || !cpu->runs || !cpu->tasks) {
         cpu_free(&cpu->base);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory for steps of %d tokens over a cache of %d positions", n_batch,
