@@ -52,8 +52,9 @@ static void test_attention(const char *name, attn_fn *fn) {
 }
 
 /* Attention over a GQA group read from KV blocks in place (f16 and float32 blocks in a shuffled
- * pool, unused slots NaN) = the AVX-512 kernel on a float copy of the same keys and values, head by
- * head, bit for bit: what lets the CPU backend skip the copy without changing a result. */
+ * pool, unused slots NaN): within TOL_ATTN of the scalar oracle on a float copy of the same keys and
+ * values, and each head's rows the same bits as that head alone (a query's result does not depend on
+ * the queries that share its tiles). */
 static void test_attention_blocks(void) {
     enum { B = 16 };
     const int hds[] = {16, 64, 128}, groups[] = {1, 2, 7}, nqs[] = {1, 3, 9, 16}, pos0s[] = {0, 5, 16, 40, 100};
@@ -70,6 +71,7 @@ static void test_attention_blocks(void) {
                         float *q = malloc(nq * q_stride * sizeof(float)), *out = malloc(nq * q_stride * sizeof(float));
                         float *ref = malloc(nq * q_stride * sizeof(float)), *kt = malloc((size_t)hd * len * sizeof(float));
                         float *v = malloc((size_t)len * hd * sizeof(float)), *s = malloc((size_t)16 * len * sizeof(float));
+                        float *alone = malloc((size_t)nq * hd * sizeof(float));
                         const void **kb = malloc(nblk * sizeof *kb), **vb = malloc(nblk * sizeof *vb);
                         for (size_t i = 0; i < pool * blk / 2; i++) /* NaN in every slot not written below */
                             ((uint16_t *)kpool)[i] = ((uint16_t *)vpool)[i] = 0x7fff;
@@ -90,15 +92,25 @@ static void test_attention_blocks(void) {
                             }
                         for (size_t i = 0; i < nq * q_stride; i++) q[i] = 4.0f * frand(&seed), out[i] = ref[i] = 0.0f;
                         tllm_attention_blocks_avx512(q, q_stride, nq, group, pos0, kb, vb, f16, hd, s, out, q_stride);
-                        for (int h = 0; h < group; h++)
-                            tllm_attention_avx512(q + (size_t)h * hd, q_stride, nq, pos0, kt, (size_t)len, v, (size_t)hd, hd, s,
-                                                  ref + (size_t)h * hd, q_stride);
                         int same = 1;
-                        for (int j = 0; j < nq; j++)
-                            same &= !memcmp(out + j * q_stride, ref + j * q_stride, (size_t)group * hd * sizeof(float));
-                        CHECK(same, "attention from %s blocks, hd %d group %d nq %d pos0 %d: not the copy's bits", f16 ? "f16" : "f32",
+                        double worst = 0;
+                        for (int h = 0; h < group; h++) {
+                            tllm_attention_blocks_avx512(q + (size_t)h * hd, q_stride, nq, 1, pos0, kb, vb, f16, hd, s, alone, hd);
+                            tllm_attention_ref(q + (size_t)h * hd, q_stride, nq, pos0, kt, (size_t)len, v, (size_t)hd, hd, s,
+                                               ref + (size_t)h * hd, q_stride);
+                            for (int j = 0; j < nq; j++) {
+                                same &= !memcmp(out + j * q_stride + (size_t)h * hd, alone + (size_t)j * hd, (size_t)hd * sizeof(float));
+                                for (int i = 0; i < hd; i++) {
+                                    double e = fabs((double)out[j * q_stride + (size_t)h * hd + i] - ref[j * q_stride + (size_t)h * hd + i]);
+                                    worst = e > worst || isnan(e) ? e : worst;
+                                }
+                            }
+                        }
+                        CHECK(same, "attention from %s blocks, hd %d group %d nq %d pos0 %d: a head in its group != alone", f16 ? "f16" : "f32",
                               hd, group, nq, pos0);
-                        free(kpool), free(vpool), free(q), free(out), free(ref), free(kt), free(v), free(s);
+                        CHECK(worst <= TOL_ATTN, "attention from %s blocks, hd %d group %d nq %d pos0 %d: max error %.3g", f16 ? "f16" : "f32",
+                              hd, group, nq, pos0, worst);
+                        free(kpool), free(vpool), free(q), free(out), free(ref), free(kt), free(v), free(s), free(alone);
                         free((void *)kb), free((void *)vb);
                     }
 }
@@ -158,7 +170,6 @@ int main(void) {
     test_attention("portable", tllm_attention_portable);
     test_attention("dispatch", tllm_attention);
     if (tllm_cpu_has_avx512()) {
-        test_attention("avx512", tllm_attention_avx512);
         test_attention_blocks();
         test_argmax();
         test_exp();

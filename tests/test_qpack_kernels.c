@@ -105,6 +105,38 @@ static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt,
 
 static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) { one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols); }
 
+/* The activation quantizer the dispatcher picks (AVX-512 here where the CPU has it) against the
+ * portable one, bit for bit: codes of both levels, scales and (half-)block sums. Blocks of every scale,
+ * one of zeros, one with a NaN and an infinity-free huge value, and values on the codes' rounding ties. */
+static void quantizer(void) {
+    enum { N = 7, COLS = 256, NB = COLS / 32 };
+    static float x[N * COLS];
+    for (int i = 0; i < N * COLS; i++) x[i] = uniform() * powf(2.0f, (float)(i / 32 % 24) - 12.0f);
+    for (int j = 0; j < 32; j++) x[32 + j] = 0.0f;                    /* token 0, block 1: zeros */
+    x[2 * 32 + 5] = NAN;                                             /* block 2: a NaN the max skips */
+    x[3 * 32 + 7] = 3e38f;
+    for (int j = 0; j < 32; j++) x[4 * 32 + j] = (float)(j - 16) + 0.5f; /* ties after scaling by 127 / 15.5 */
+    x[4 * 32] = 127.0f;                                              /* ... and by 1: codes exactly k + 0.5 */
+    /* d = 3, so x / d is x times 1/3 rounded up: k + 0.5 rounded to float is a tie (to even), where one
+     * fused multiply-add would see the exact product just above it and round up */
+    for (int j = 0; j < 32; j++) x[5 * 32 + j] = 3.0f * ((float)(j - 16) + 0.5f);
+    x[5 * 32] = 381.0f;
+    for (int levels = 1; levels <= 2; levels++) {
+        static int8_t q[2][N * COLS], q2[2][N * COLS];
+        static float d[2][N * NB], sum[2][N * NB], sum16[2][N * NB * 2];
+        for (int k = 0; k < 2; k++) {
+            struct tllm_xq xq = {N, COLS, q[k], levels == 2 ? q2[k] : NULL, d[k], sum[k], levels == 2 ? N - 2 : 0, sum16[k]};
+            memset(q2[k], 0, sizeof q2[k]);
+            (k ? tllm_xq_quantize : tllm_xq_quantize_ref)(&xq, x, 0, N);
+        }
+        CHECK(!memcmp(q[0], q[1], sizeof q[0]) && !memcmp(q2[0], q2[1], sizeof q2[0]), "quantizer (%d levels, path %s): codes != portable",
+              levels, tllm_cpu_path());
+        CHECK(!memcmp(d[0], d[1], sizeof d[0]) && !memcmp(sum[0], sum[1], sizeof sum[0]) && !memcmp(sum16[0], sum16[1], sizeof sum16[0]),
+              "quantizer (%d levels, path %s): scales or sums != portable", levels, tllm_cpu_path());
+        cases += 2;
+    }
+}
+
 int main(int argc, char **argv) {
     const int bits[] = {2, 4, 8}, gss[] = {32, 64, 128};
     const enum tllm_dtype dts[] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
@@ -116,6 +148,7 @@ int main(int argc, char **argv) {
     one_fmt(TLLM_WF_MXFP4, 4, 32, TLLM_DT_U8, 21, 96); /* E2M1 codes in the 8-bit pack */
     one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 37, 160); /* groups of half an activation block */
     one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 16, 32);
+    quantizer();
     printf("packed kernels: %d comparisons with the portable kernel, bit for bit; path %s\n", cases, tllm_cpu_path());
     if (argc > 1) CHECK(!strcmp(argv[1], tllm_cpu_path()), "the path that runs is %s, not %s", tllm_cpu_path(), argv[1]);
     return check_done();

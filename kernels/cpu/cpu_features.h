@@ -11,6 +11,14 @@
 #define TLLM_CLONES
 #endif
 
+/* Floating-point steps that must round one at a time (GCC's default contracts a * b + c into an FMA in
+ * the clones that have FMA, and not in the others, so the results would depend on the machine) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define TLLM_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define TLLM_NO_CONTRACT /* clang contracts within one expression only */
+#endif
+
 /* Each answers for this CPU as TLLM_CPU=ref|avx2|avxvnni|avx512|amx (neon on arm64) caps it (unset or auto: the best it runs), so
  * that every path can be run and tested on a machine that has a better one. The auto-vectorized
  * TLLM_CLONES loops are chosen by the loader and do not follow it. */

@@ -100,10 +100,7 @@ TLLM_CLONES void tllm_attention_portable(const float *q, size_t q_stride, int nq
 
 void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                     const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
-    if (tllm_attention_avx512_ok(hd))
-        tllm_attention_avx512(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
-    else
-        tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
+    tllm_attention_portable(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
 }
 
 int tllm_attention_blocks_ok(int hd) { return tllm_attention_avx512_ok(hd); }

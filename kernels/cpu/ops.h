@@ -15,22 +15,23 @@ void tllm_rope(float *v, int n_heads, int head_dim, const float *cos_t, const fl
 void tllm_rope_tables(int pos, int head_dim, float theta, float *cos_t, float *sin_t);
 
 
-/* Causal attention of nq consecutive queries of one head, the j-th at position pos0 + j.
+/* Causal attention of nq consecutive queries of one head, the j-th at position pos0 + j, over a float
+ * copy of its keys and values (the CPU backend's path where tllm_attention_blocks is not available).
  * q: [nq rows, q_stride apart]; kt: the head's keys transposed, kt[i * kt_stride + p] (head_dim x
  * positions); v: value rows v_stride apart; scores: scratch of nq x (pos0 + nq); out: [nq rows,
  * out_stride apart] of head_dim. */
 void tllm_attention(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                     const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
-/* The portable version (GCC vector extensions); the scalar oracle is in ops_ref.h. */
+/* What tllm_attention runs: the portable kernel (GCC vector extensions); the scalar oracle is in ops_ref.h. */
 void tllm_attention_portable(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                              const float *v, size_t v_stride, int head_dim, float *scores, float *out,
                              size_t out_stride);
 
 /* The same for a GQA group's queries straight from the KV cache's blocks of 16 positions (no float
- * copy): nq tokens at positions pos0.., group query heads each (token j's head h at q + j q_stride +
- * h head_dim, its output likewise at out); kb[i] = block i's keys of the KV head ([head_dim][16]),
- * vb[i] its values ([16][head_dim]), f16 if f16 else float32; scores: scratch of 8 x (pos0 + nq).
- * Per query the bits of tllm_attention over the float copy. Only where tllm_attention_blocks_ok. */
+ * copy; AVX-512): nq tokens at positions pos0.., group query heads each (token j's head h at q + j
+ * q_stride + h head_dim, its output likewise at out); kb[i] = block i's keys of the KV head
+ * ([head_dim][16]), vb[i] its values ([16][head_dim]), f16 if f16 else float32; scores: scratch of
+ * 8 x (pos0 + nq). A query's result does not depend on the others. Only where tllm_attention_blocks_ok. */
 int tllm_attention_blocks_ok(int head_dim);
 void tllm_attention_blocks(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
                            const void *const *vb, int f16, int head_dim, float *scores, float *out, size_t out_stride);

@@ -46,77 +46,6 @@ TGT INLINE __m512 exp16(__m512 x) {
 
 static inline __mmask16 tail_mask(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
 
-/* Scores of NQ queries (qs: head_dim x QK_QUERIES, transposed and pre-scaled) against NV x 16 keys
- * from kt (the last vector masked by m), stored to s (rows L apart) for the first nj queries. */
-TGT INLINE void qk_tile(const float *qs, const float *kt, size_t kt_stride, int hd, float *s, int L, int nj,
-                        const int NQ, const int NV, __mmask16 m) {
-    __m512 acc[QK_QUERIES][4];
-    #pragma GCC unroll 8
-    for (int j = 0; j < NQ; j++)
-        #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ps();
-    for (int i = 0; i < hd; i++) {
-        const float *k = kt + (size_t)i * kt_stride;
-        __m512 kv[4];
-        #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++) kv[c] = c == NV - 1 ? _mm512_maskz_loadu_ps(m, k + 16 * c) : _mm512_loadu_ps(k + 16 * c);
-        #pragma GCC unroll 8
-        for (int j = 0; j < NQ; j++) {
-            __m512 qj = _mm512_set1_ps(qs[i * QK_QUERIES + j]);
-            #pragma GCC unroll 4
-            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(qj, kv[c], acc[j][c]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int j = 0; j < NQ && j < nj; j++)
-        #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++)
-            _mm512_mask_storeu_ps(s + (size_t)j * L + 16 * c, c == NV - 1 ? m : (__mmask16)0xffff, acc[j][c]);
-}
-
-/* All keys [0, len) for one block of nj <= QK_QUERIES queries. */
-TGT INLINE void qk_block(const float *qs, const float *kt, size_t kt_stride, int hd, float *s, int L, int nj,
-                         int len, const int NQ) {
-    const int NV = NQ == 1 ? 4 : 2; /* one query: more keys per tile, for independent FMA chains */
-    int p0 = 0;
-    for (; p0 + 16 * NV <= len; p0 += 16 * NV) qk_tile(qs, kt + p0, kt_stride, hd, s + p0, L, nj, NQ, NV, 0xffff);
-    for (; p0 < len; p0 += 16) qk_tile(qs, kt + p0, kt_stride, hd, s + p0, L, nj, NQ, 1, tail_mask(len - p0));
-}
-
-/* out rows (NQ queries, NV x 16 lanes from lane i0) = sum_p s[j][p] v_p over p < len, times inv[j]. */
-TGT INLINE void pv_tile(const float *s, int L, const float *v, size_t v_stride, int len, const float *inv,
-                        float *out, size_t out_stride, int nj, const int NQ, const int NV) {
-    __m512 acc[PV_QUERIES][4];
-    #pragma GCC unroll 8
-    for (int j = 0; j < NQ; j++)
-        #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ps();
-    for (int p = 0; p < len; p++) {
-        const float *vp = v + (size_t)p * v_stride;
-        __m512 vv[4];
-        #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++) vv[c] = _mm512_loadu_ps(vp + 16 * c);
-        #pragma GCC unroll 8
-        for (int j = 0; j < NQ; j++) {
-            __m512 sj = _mm512_set1_ps(s[(size_t)(j < nj ? j : 0) * L + p]);
-            #pragma GCC unroll 4
-            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(sj, vv[c], acc[j][c]);
-        }
-    }
-    #pragma GCC unroll 8
-    for (int j = 0; j < NQ && j < nj; j++)
-        #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++)
-            _mm512_storeu_ps(out + (size_t)j * out_stride + 16 * c, _mm512_mul_ps(acc[j][c], _mm512_set1_ps(inv[j])));
-}
-
-TGT INLINE void pv_block(const float *s, int L, const float *v, size_t v_stride, int len, const float *inv,
-                         float *out, size_t out_stride, int nj, int hd, const int NQ) {
-    int i0 = 0;
-    for (; i0 + 64 <= hd; i0 += 64) pv_tile(s, L, v + i0, v_stride, len, inv, out + i0, out_stride, nj, NQ, 4);
-    for (; i0 < hd; i0 += 16) pv_tile(s, L, v + i0, v_stride, len, inv, out + i0, out_stride, nj, NQ, 1);
-}
-
 /* exp(s - max) over [0, n) in place, zeros over [n, n_zero); returns 1 / sum. */
 TGT static float softmax_row(float *s, int n, int n_zero) {
     __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -132,38 +61,12 @@ TGT static float softmax_row(float *s, int n, int n_zero) {
     return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
-TGT void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt,
-                               size_t kt_stride, const float *v, size_t v_stride, int hd, float *scores, float *out,
-                               size_t out_stride) {
-    const int L = pos0 + nq;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float qs[HD_MAX * QK_QUERIES] __attribute__((aligned(64))), inv[QK_QUERIES];
-    for (int j0 = 0; j0 < nq; j0 += QK_QUERIES) {
-        const int nj = nq - j0 < QK_QUERIES ? nq - j0 : QK_QUERIES, len = pos0 + j0 + nj;
-        for (int i = 0; i < hd; i++)
-            for (int j = 0; j < QK_QUERIES; j++) qs[i * QK_QUERIES + j] = j < nj ? q[(size_t)(j0 + j) * q_stride + i] * scale : 0.0f;
-        float *s = scores + (size_t)j0 * L;
-        if (nj == 1) qk_block(qs, kt, kt_stride, hd, s, L, nj, len, 1);
-        else if (nj <= 4) qk_block(qs, kt, kt_stride, hd, s, L, nj, len, 4);
-        else qk_block(qs, kt, kt_stride, hd, s, L, nj, len, QK_QUERIES);
-        /* query j sees keys [0, pos0 + j0 + j]; the rest of its row, up to its PV tile's length, is 0 */
-        for (int j = 0; j < nj; j++) inv[j] = softmax_row(s + (size_t)j * L, pos0 + j0 + j + 1, len);
-        for (int jj = 0; jj < nj; jj += PV_QUERIES) {
-            const int nv = nj - jj < PV_QUERIES ? nj - jj : PV_QUERIES;
-            const float *sj = s + (size_t)jj * L;
-            float *oj = out + (size_t)(j0 + jj) * out_stride;
-            if (nv == 1) pv_block(sj, L, v, v_stride, pos0 + j0 + jj + 1, inv + jj, oj, out_stride, nv, hd, 1);
-            else pv_block(sj, L, v, v_stride, pos0 + j0 + jj + nv, inv + jj, oj, out_stride, nv, hd, PV_QUERIES);
-        }
-    }
-}
-
-/* The same kernel reading the KV cache's blocks in place (no float32 copy): 16 positions a block,
- * keys [head_dim][16] and values [16][head_dim] per KV head, f16 (widened as they are loaded) or
- * float32. The queries are a GQA group's: every query head of one KV head, for nq tokens, so each key
- * and value vector loaded serves all of them (a decode token's 7 heads in Qwen2.5-0.5B fill one tile).
- * Per query the sums run in the order above's, so the bits are those of tllm_attention_avx512 over
- * the gathered copy (tests/test_ops.c compares them). */
+/* Attention reads the KV cache's blocks in place (no float copy): 16 positions a block, keys
+ * [head_dim][16] and values [16][head_dim] per KV head, f16 (widened as they are loaded) or float32.
+ * The queries are a GQA group's: every query head of one KV head, for nq tokens, so each key and value
+ * vector loaded serves all of them (a generated token's 7 heads in Qwen2.5-0.5B fill one tile). Each
+ * query's sums run in one order whatever tile it shares, so its result does not depend on the other
+ * queries (tests/test_ops.c: a group = its heads one at a time, bit for bit). */
 #define KV_BLOCK 16
 
 /* 16 keys or values from a block (m: lanes to read; the rest 0), widened from f16 if F16 */
@@ -172,7 +75,8 @@ TGT INLINE __m512 kv_load(const void *base, size_t off, __mmask16 m, const int F
     return _mm512_maskz_loadu_ps(m, (const float *)base + off);
 }
 
-/* qk_tile over keys [p0, p0 + 16 NV) of blocks kb (the last vector masked by m) */
+/* Scores of NQ queries (qs: head_dim x QK_QUERIES, transposed and pre-scaled) against keys [p0, p0 + 16 NV)
+ * of blocks kb (the last vector masked by m), stored to s (rows L apart) for the first nj queries */
 TGT INLINE void qkb_tile(const float *qs, const void *const *kb, int p0, int hd, float *s, int L, int nj, const int NQ,
                          const int NV, __mmask16 m, const int F16) {
     __m512 acc[QK_QUERIES][4];
@@ -200,13 +104,14 @@ TGT INLINE void qkb_tile(const float *qs, const void *const *kb, int p0, int hd,
 
 TGT INLINE void qkb_block(const float *qs, const void *const *kb, int hd, float *s, int L, int nj, int len, const int NQ,
                           const int F16) {
-    const int NV = NQ == 1 ? 4 : 2;
+    const int NV = NQ == 1 ? 4 : 2; /* one query: more keys per tile, for independent FMA chains */
     int p0 = 0;
     for (; p0 + 16 * NV <= len; p0 += 16 * NV) qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, NV, 0xffff, F16);
     for (; p0 < len; p0 += 16) qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, 1, tail_mask(len - p0), F16);
 }
 
-/* pv_tile over lanes [i0, i0 + 16 NV) of the values in blocks vb; out rows are the queries' own (outs) */
+/* Output lanes [i0, i0 + 16 NV) of NQ queries = sum_p s[j][p] v_p over p < len, times inv[j], into
+ * each query's own row (outs) */
 TGT INLINE void pvb_tile(const float *s, int L, const void *const *vb, int i0, int hd, int len, const float *inv,
                          float *const *outs, int nj, const int NQ, const int NV, const int F16) {
     __m512 acc[PV_QUERIES][4];
@@ -323,10 +228,6 @@ TGT void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n) {
 int tllm_attention_avx512_ok(int head_dim) { return tllm_cpu_has_avx512() && head_dim % 16 == 0 && head_dim <= HD_MAX; }
 #else
 int tllm_attention_avx512_ok(int head_dim) { return (void)head_dim, 0; }
-void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
-                           const float *v, size_t v_stride, int hd, float *scores, float *out, size_t out_stride) {
-    tllm_attention_ref(q, q_stride, nq, pos0, kt, kt_stride, v, v_stride, hd, scores, out, out_stride);
-}
 void tllm_attention_blocks_avx512(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
                                   const void *const *vb, int f16, int hd, float *scores, float *out, size_t out_stride) {
     (void)q, (void)q_stride, (void)nq, (void)group, (void)pos0, (void)kb, (void)vb, (void)f16, (void)hd, (void)scores, (void)out,

@@ -8,14 +8,11 @@
 
 /* attention needs head_dim % 16 == 0 (tllm_attention_avx512_ok says). */
 int tllm_attention_avx512_ok(int head_dim);
-void tllm_attention_avx512(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
-                           const float *v, size_t v_stride, int head_dim, float *scores, float *out,
-                           size_t out_stride);
 /* Causal attention of a GQA group's queries (nq tokens at positions pos0.., group heads each: token j's
  * head h at q + j q_stride + h head_dim, its output likewise at out) straight from the KV cache's
  * blocks of 16 positions: kb[i] = block i's keys of the KV head ([head_dim][16]), vb[i] its values
- * ([16][head_dim]), f16 if f16 else float32. scores: scratch of 8 x (pos0 + nq). Per query, the bits of
- * tllm_attention_avx512 over the float copy of the same keys and values. Needs tllm_attention_avx512_ok. */
+ * ([16][head_dim]), f16 if f16 else float32. scores: scratch of 8 x (pos0 + nq). A query's result does
+ * not depend on the other queries. Needs tllm_attention_avx512_ok. */
 void tllm_attention_blocks_avx512(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
                                   const void *const *vb, int f16, int head_dim, float *scores, float *out, size_t out_stride);
 void tllm_swiglu_avx512(float *gate, const float *up, int n);

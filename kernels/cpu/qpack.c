@@ -122,7 +122,11 @@ size_t tllm_qpack_nbytes(const struct tllm_qpack *p) {
                                                          tllm_dtype_size(p->dtype));
 }
 
-TLLM_CLONES void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {
+/* Written out as v = x / d rounded to float, then to the nearest integer (ties to even) by the
+ * 1.5 * 2^23 trick, with contraction off: GCC fused x * (1/d) + 1.5 * 2^23 into one FMA in its AVX2
+ * and AVX-512 clones and not in the baseline one, so machines with and without FMA quantized ties
+ * differently. Now every clone, clang's builds and tllm_xq_quantize_avx512 give the same codes. */
+TLLM_CLONES TLLM_NO_CONTRACT void tllm_xq_quantize_ref(struct tllm_xq *xq, const float *x, int t0, int t1) {
     const int nb = xq->cols / TLLM_XQ_BLOCK;
     for (int t = t0; t < t1; t++)
         for (int b = 0; b < nb; b++) {

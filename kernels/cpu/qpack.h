@@ -94,8 +94,10 @@ void tllm_qpack_free(struct tllm_qpack *p);
 size_t tllm_qpack_nbytes(const struct tllm_qpack *p);
 
 /* Quantize tokens [t0, t1) of x [n x cols] into xq (buffers sized by the caller; two levels when
- * xq->q2 is set; half-block sums when xq->sum16 is). */
+ * xq->q2 is set; half-block sums when xq->sum16 is). tllm_xq_quantize picks the AVX-512 version where
+ * the CPU has it (the same bits); _ref is the portable one. */
 void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1);
+void tllm_xq_quantize_ref(struct tllm_xq *xq, const float *x, int t0, int t1);
 
 /* y[t x rows] for row blocks [b0, b1) and all tokens: the integer-activation matmul.
  * tllm_qpack_matmul picks the fastest kernel; _ref is the portable one (and the NEON slot's model). */

@@ -154,6 +154,47 @@ static tllm_qpack_tile_fn *const tiles2[4][8] = {ROW2(2), ROW2(4), ROW2(8), ROW2
 #error "TLLM_QPACK_TILE_TOKENS and TLLM_QPACK_TILE_TOKENS2 must be 1..8"
 #endif
 
+/* The quantizer of qpack.c on two vectors a block, operation for operation (no contraction either: an
+ * FMA would round x / d once where the portable loop rounds it twice). The amax keeps the scalar loop's
+ * NaN rule: vmaxps returns its second operand when the first is NaN, as `a > amax ? a : amax` does. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) TLLM_NO_CONTRACT void tllm_xq_quantize_avx512(struct tllm_xq *xq, const float *x, int t0, int t1) {
+    const int nb = xq->cols / TLLM_XQ_BLOCK;
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f), zero = _mm512_setzero_ps(), k128 = _mm512_set1_ps(128.0f);
+    for (int t = t0; t < t1; t++)
+        for (int b = 0; b < nb; b++) {
+            const size_t o = (size_t)t * xq->cols + (size_t)b * TLLM_XQ_BLOCK;
+            const __m512 x0 = _mm512_loadu_ps(x + o), x1 = _mm512_loadu_ps(x + o + 16);
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x1), _mm512_max_ps(_mm512_abs_ps(x0), zero)));
+            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            const __m512 vid = _mm512_set1_ps(id);
+            const __m512 v0 = _mm512_mul_ps(x0, vid), v1 = _mm512_mul_ps(x1, vid);
+            const __m512 r0 = _mm512_sub_ps(_mm512_add_ps(v0, magic), magic), r1 = _mm512_sub_ps(_mm512_add_ps(v1, magic), magic);
+            /* whole numbers, converted exactly, then narrowed as the scalar cast does; the sums take the
+             * narrowed codes back (they differ from the wide ones only for a NaN) */
+            const __m128i c0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r0)), c1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r1));
+            _mm_storeu_si128((__m128i *)(xq->q + o), c0);
+            _mm_storeu_si128((__m128i *)(xq->q + o + 16), c1);
+            __m512i s0 = _mm512_cvtepi8_epi32(c0), s1 = _mm512_cvtepi8_epi32(c1);
+            if (t < xq->n2) {
+                const __m512 w0 = _mm512_mul_ps(_mm512_sub_ps(v0, r0), k128), w1 = _mm512_mul_ps(_mm512_sub_ps(v1, r1), k128);
+                const __m128i e0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_sub_ps(_mm512_add_ps(w0, magic), magic)));
+                const __m128i e1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_sub_ps(_mm512_add_ps(w1, magic), magic)));
+                _mm_storeu_si128((__m128i *)(xq->q2 + o), e0);
+                _mm_storeu_si128((__m128i *)(xq->q2 + o + 16), e1);
+                s0 = _mm512_add_epi32(_mm512_slli_epi32(s0, 7), _mm512_cvtepi8_epi32(e0));
+                s1 = _mm512_add_epi32(_mm512_slli_epi32(s1, 7), _mm512_cvtepi8_epi32(e1));
+                d *= 1.0f / 128.0f;
+            }
+            const int lo = _mm512_reduce_add_epi32(s0), isum = lo + _mm512_reduce_add_epi32(s1);
+            xq->d[(size_t)t * nb + b] = d;
+            xq->sum[(size_t)t * nb + b] = d * (float)isum;
+            if (xq->sum16) {
+                xq->sum16[(size_t)t * 2 * nb + 2 * (size_t)b] = d * (float)lo;
+                xq->sum16[(size_t)t * 2 * nb + 2 * (size_t)b + 1] = d * (float)(isum - lo);
+            }
+        }
+}
+
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[bi], tiles2[bi]}, {TLLM_QPACK_TILE_TOKENS, TLLM_QPACK_TILE_TOKENS2}, TLLM_QPACK_TILE_BLOCKS};
@@ -164,4 +205,5 @@ void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     tllm_qpack_matmul_ref(p, x, y, b0, b1);
 }
+void tllm_xq_quantize_avx512(struct tllm_xq *xq, const float *x, int t0, int t1) { tllm_xq_quantize_ref(xq, x, t0, t1); }
 #endif

@@ -6,6 +6,8 @@
 #include "kernels/cpu/qpack.h"
 
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1);
+/* tllm_xq_quantize_ref's codes, scales and sums on 16 lanes (needs AVX-512 F/BW/VL/DQ: tllm_cpu_has_avx512) */
+void tllm_xq_quantize_avx512(struct tllm_xq *xq, const float *x, int t0, int t1);
 
 #if defined(__x86_64__)
 #include <immintrin.h>

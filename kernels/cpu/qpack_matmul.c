@@ -1,5 +1,6 @@
-/* tllm_qpack_matmul: the fastest integer-activation kernel this CPU runs (a file of its own, so the
- * per-ISA kernels can depend on qpack.h's layout without qpack depending on them). */
+/* tllm_qpack_matmul and tllm_xq_quantize: the fastest integer-activation kernel and activation quantizer
+ * this CPU runs (a file of its own, so the per-ISA kernels can depend on qpack.h's layout without qpack
+ * depending on them). */
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/qpack_amx.h"
@@ -14,4 +15,9 @@ void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, floa
     else if (tllm_cpu_has_avx2()) tllm_qpack_matmul_avx2(p, x, y, b0, b1);
     else if (tllm_cpu_has_neon_dot()) tllm_qpack_matmul_neon(p, x, y, b0, b1);
     else tllm_qpack_matmul_ref(p, x, y, b0, b1);
+}
+
+void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {
+    if (tllm_cpu_has_avx512()) tllm_xq_quantize_avx512(xq, x, t0, t1);
+    else tllm_xq_quantize_ref(xq, x, t0, t1);
 }
