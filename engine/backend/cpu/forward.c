@@ -309,7 +309,7 @@ static void attention_task(void *arg, int ith, int nth) {
             }
             size_t row = (size_t)(r->t0 + at->q0) * q_dim + (size_t)at->kvh * group * hd;
             tllm_attention_blocks(cpu->q + row, (size_t)q_dim, at->nq, group, pos0, kb, vb, kv->dtype == TLLM_DT_F16, hd, s,
-                                         cpu->att_out + row, (size_t)q_dim);
+                                  cpu->att_out + row, (size_t)q_dim);
             continue;
         }
         size_t stride = (size_t)(len + 15) / 16 * 16;
