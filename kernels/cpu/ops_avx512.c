@@ -23,6 +23,9 @@
  * (prompts) to 2.2x (a generated token) slower than with the accumulators in registers. */
 #define QK_QUERIES 8  /* queries per score tile: 8 x 2 vectors of 16 keys = 16 accumulators */
 #define PV_QUERIES 4  /* queries per output tile: 4 x 64 lanes of head_dim = 16 accumulators */
+#ifndef PV_AHEAD
+#define PV_AHEAD 1 /* blocks ahead that the value tiles prefetch (the score tiles prefetch the first) */
+#endif
 #define HD_MAX 256    /* head_dim bound of the transposed-query scratch (Qwen2: 64 or 128) */
 
 /* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial
@@ -42,6 +45,13 @@ TGT INLINE __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* acc + v * (*p broadcast), the broadcast embedded in the FMA's memory operand: GCC 12 loads it once
+ * into a register for the FMAs that share it, and on Zen 4 that broadcast takes a vector pipe */
+TGT INLINE __m512 fmadd_bcast(__m512 v, const float *p, __m512 acc) {
+    __asm__("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(v), "m"(*p));
+    return acc;
 }
 
 static inline __mmask16 tail_mask(int n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1); }
@@ -78,7 +88,7 @@ TGT INLINE __m512 kv_load(const void *base, size_t off, __mmask16 m, const int F
 /* Scores of NQ queries (qs: head_dim x QK_QUERIES, transposed and pre-scaled) against keys [p0, p0 + 16 NV)
  * of blocks kb (the last vector masked by m), stored to s (rows L apart) for the first nj queries */
 TGT INLINE void qkb_tile(const float *qs, const void *const *kb, int p0, int hd, float *s, int L, int nj, const int NQ,
-                         const int NV, __mmask16 m, const int F16) {
+                         const int NV, __mmask16 m, const char *const *pf, const int F16) {
     __m512 acc[QK_QUERIES][4];
     #pragma GCC unroll 8
     for (int j = 0; j < QK_QUERIES; j++) /* all of them: GCC 12 cannot see that the stores stay within NQ x NV */
@@ -87,13 +97,14 @@ TGT INLINE void qkb_tile(const float *qs, const void *const *kb, int p0, int hd,
     for (int i = 0; i < hd; i++) {
         __m512 kv[4];
         #pragma GCC unroll 4
-        for (int c = 0; c < NV; c++) kv[c] = kv_load(kb[p0 / KV_BLOCK + c], (size_t)i * KV_BLOCK, c == NV - 1 ? m : (__mmask16)0xffff, F16);
-        #pragma GCC unroll 8
-        for (int j = 0; j < NQ; j++) {
-            __m512 qj = _mm512_set1_ps(qs[i * QK_QUERIES + j]);
-            #pragma GCC unroll 4
-            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(qj, kv[c], acc[j][c]);
+        for (int c = 0; c < NV; c++) {
+            kv[c] = kv_load(kb[p0 / KV_BLOCK + c], (size_t)i * KV_BLOCK, c == NV - 1 ? m : (__mmask16)0xffff, F16);
+            if (pf[c]) _mm_prefetch(pf[c] + (size_t)i * KV_BLOCK * (F16 ? 2 : 4), _MM_HINT_T0);
         }
+        #pragma GCC unroll 8
+        for (int j = 0; j < NQ; j++)
+            #pragma GCC unroll 4
+            for (int c = 0; c < NV; c++) acc[j][c] = fmadd_bcast(kv[c], qs + i * QK_QUERIES + j, acc[j][c]);
     }
     #pragma GCC unroll 8
     for (int j = 0; j < NQ && j < nj; j++)
@@ -102,12 +113,28 @@ TGT INLINE void qkb_tile(const float *qs, const void *const *kb, int p0, int hd,
             _mm512_mask_storeu_ps(s + (size_t)j * L + p0 + 16 * c, c == NV - 1 ? m : (__mmask16)0xffff, acc[j][c]);
 }
 
-TGT INLINE void qkb_block(const float *qs, const void *const *kb, int hd, float *s, int L, int nj, int len, const int NQ,
-                          const int F16) {
+/* Block i of the keys, then of the values (i - nb), for prefetching a tile ahead: the cache's blocks are
+ * scattered over the pool, so the hardware's stream prefetcher finds each one only after its first
+ * misses (a cold cache's keys and values made attention 2.2x slower than a hot one's, VM) */
+static inline const char *next_block(const void *const *kb, const void *const *vb, int i, int nb) {
+    return i < nb ? (const char *)kb[i] : i < 2 * nb ? (const char *)vb[i - nb] : NULL;
+}
+
+TGT INLINE void qkb_block(const float *qs, const void *const *kb, const void *const *vb, int hd, float *s, int L, int nj,
+                          int len, const int NQ, const int F16) {
     const int NV = NQ == 1 ? 4 : 2; /* one query: more keys per tile, for independent FMA chains */
+    const int nb = (len + KV_BLOCK - 1) / KV_BLOCK;
     int p0 = 0;
-    for (; p0 + 16 * NV <= len; p0 += 16 * NV) qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, NV, 0xffff, F16);
-    for (; p0 < len; p0 += 16) qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, 1, tail_mask(len - p0), F16);
+    for (; p0 + 16 * NV <= len; p0 += 16 * NV) {
+        const char *pf[4];
+        #pragma GCC unroll 4
+        for (int c = 0; c < NV; c++) pf[c] = next_block(kb, vb, p0 / KV_BLOCK + NV + c, nb);
+        qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, NV, 0xffff, pf, F16);
+    }
+    for (; p0 < len; p0 += 16) {
+        const char *pf[1] = {next_block(kb, vb, p0 / KV_BLOCK + 1, nb)};
+        qkb_tile(qs, kb, p0, hd, s, L, nj, NQ, 1, tail_mask(len - p0), pf, F16);
+    }
 }
 
 /* Output lanes [i0, i0 + 16 NV) of NQ queries = sum_p s[j][p] v_p over p < len, times inv[j], into
@@ -119,18 +146,21 @@ TGT INLINE void pvb_tile(const float *s, int L, const void *const *vb, int i0, i
     for (int j = 0; j < NQ; j++)
         #pragma GCC unroll 4
         for (int c = 0; c < NV; c++) acc[j][c] = _mm512_setzero_ps();
+    const int nb = (len + KV_BLOCK - 1) / KV_BLOCK;
     for (int p = 0; p < len; p++) {
         const void *blk = vb[p / KV_BLOCK];
         const size_t row = (size_t)(p % KV_BLOCK) * (size_t)hd + (size_t)i0;
+        if (p / KV_BLOCK + PV_AHEAD < nb) { /* the same row PV_AHEAD blocks on (a row is 16 NV lanes) */
+            for (int c = 0; c < (NV * 16 * (F16 ? 2 : 4) + 63) / 64; c++)
+                _mm_prefetch((const char *)vb[p / KV_BLOCK + PV_AHEAD] + (row * (F16 ? 2 : 4)) + 64 * c, _MM_HINT_T0);
+        }
         __m512 vv[4];
         #pragma GCC unroll 4
         for (int c = 0; c < NV; c++) vv[c] = kv_load(blk, row + 16 * (size_t)c, 0xffff, F16);
         #pragma GCC unroll 8
-        for (int j = 0; j < NQ; j++) {
-            __m512 sj = _mm512_set1_ps(s[(size_t)(j < nj ? j : 0) * L + p]);
+        for (int j = 0; j < NQ; j++)
             #pragma GCC unroll 4
-            for (int c = 0; c < NV; c++) acc[j][c] = _mm512_fmadd_ps(sj, vv[c], acc[j][c]);
-        }
+            for (int c = 0; c < NV; c++) acc[j][c] = fmadd_bcast(vv[c], s + (size_t)(j < nj ? j : 0) * L + p, acc[j][c]);
     }
     #pragma GCC unroll 8
     for (int j = 0; j < NQ && j < nj; j++)
@@ -161,9 +191,9 @@ TGT INLINE void attention_blocks(const float *q, size_t q_stride, int nq, int gr
         }
         for (int i = 0; i < hd; i++)
             for (int j = 0; j < QK_QUERIES; j++) qs[i * QK_QUERIES + j] = j < nj ? qp[j][i] * scale : 0.0f;
-        if (nj == 1) qkb_block(qs, kb, hd, scores, L, nj, len, 1, F16);
-        else if (nj <= 4) qkb_block(qs, kb, hd, scores, L, nj, len, 4, F16);
-        else qkb_block(qs, kb, hd, scores, L, nj, len, QK_QUERIES, F16);
+        if (nj == 1) qkb_block(qs, kb, vb, hd, scores, L, nj, len, 1, F16);
+        else if (nj <= 4) qkb_block(qs, kb, vb, hd, scores, L, nj, len, 4, F16);
+        else qkb_block(qs, kb, vb, hd, scores, L, nj, len, QK_QUERIES, F16);
         for (int j = 0; j < nj; j++) inv[j] = softmax_row(scores + (size_t)j * L, pos0 + (u0 + j) / group + 1, len);
         for (int jj = 0; jj < nj; jj += PV_QUERIES) {
             const int nv = nj - jj < PV_QUERIES ? nj - jj : PV_QUERIES;
