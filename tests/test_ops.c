@@ -166,7 +166,45 @@ static void test_argmax(void) {
         }
 }
 
+/* The KV cache's row conversion = the scalar tllm_f32_to_f16, bit for bit: halfway cases both ways,
+ * subnormals, overflow to infinity, infinities, NaNs with payloads, zeros of both signs, and every
+ * f16 value widened and converted back; lengths that end mid-vector */
+static void test_f32_to_f16_row(void) {
+    enum { N = 65536 + 1000 };
+    static float x[N];
+    static uint16_t got[N + 1];
+    unsigned seed = 7;
+    for (int i = 0; i < 65536; i++) x[i] = tllm_f16_to_f32((uint16_t)i);
+    for (int i = 65536; i < N; i++) {
+        uint32_t u;
+        switch (i % 8) {
+        case 0: x[i] = 1e5f * frand(&seed); break;                   /* some overflow */
+        case 1: x[i] = 1e-6f * frand(&seed); break;                  /* subnormal halves */
+        case 2: { /* exactly halfway between two halves */
+            uint32_t h = (uint32_t)(i * 37) & 0x7bff;
+            float a = tllm_f16_to_f32((uint16_t)h), b = tllm_f16_to_f32((uint16_t)(h + 1));
+            x[i] = (a + b) * 0.5f;
+            break;
+        }
+        case 3: u = 0x7f800001u + (uint32_t)i * 977u % 0x7fffffu; memcpy(&x[i], &u, 4); break; /* NaN, payloads */
+        case 4: u = 0xff800000u | ((uint32_t)i * 131u & 0x7fffffu) | 1u; memcpy(&x[i], &u, 4); break;
+        case 5: x[i] = (i & 16) ? INFINITY : -INFINITY; break;
+        case 6: x[i] = (i & 16) ? 0.0f : -0.0f; break;
+        default: x[i] = 65504.0f + 16.0f * frand(&seed); break;     /* at the edge of the range */
+        }
+    }
+    int bad = 0;
+    for (int n = N; n > N - 20; n -= 3) {
+        memset(got, 0xa5, sizeof got);
+        tllm_f32_to_f16_row(x, got, n);
+        for (int i = 0; i < n; i++) bad += got[i] != tllm_f32_to_f16(x[i]);
+        bad += got[n] != 0xa5a5; /* nothing past the end */
+    }
+    CHECK(bad == 0, "f32 -> f16 rows: %d conversions differ from the scalar one", bad);
+}
+
 int main(void) {
+    test_f32_to_f16_row();
     test_attention("portable", tllm_attention_portable);
     test_attention("dispatch", tllm_attention);
     if (tllm_cpu_has_avx512()) {

@@ -128,6 +128,12 @@ void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n) {
         for (int i = 0; i < n; i++) dst[i] = tllm_f16_to_f32(src[i]);
 }
 
+void tllm_f32_to_f16_row(const float *src, uint16_t *dst, int n) {
+    if (tllm_cpu_has_avx512()) tllm_f32_to_f16_row_avx512(src, dst, n);
+    else
+        for (int i = 0; i < n; i++) dst[i] = tllm_f32_to_f16(src[i]);
+}
+
 void tllm_swiglu(float *gate, const float *up, int n) {
     if (tllm_cpu_has_avx512()) tllm_swiglu_avx512(gate, up, n);
     else tllm_swiglu_ref(gate, up, n);

@@ -48,5 +48,7 @@ double tllm_logsumexp(const float *x, int n);
 
 /* dst[i] = src[i] widened from IEEE half (the KV cache's f16 rows); exact. */
 void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n);
+/* dst[i] = src[i] rounded to IEEE half as tllm_f32_to_f16 rounds it (nearest even; NaN -> sign | 0x7e00) */
+void tllm_f32_to_f16_row(const float *src, uint16_t *dst, int n);
 
 #endif

@@ -16,8 +16,10 @@ int tllm_attention_avx512_ok(int head_dim);
 void tllm_attention_blocks_avx512(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
                                   const void *const *vb, int f16, int head_dim, float *scores, float *out, size_t out_stride);
 void tllm_swiglu_avx512(float *gate, const float *up, int n);
-void tllm_exp_avx512(float *x, int n);
+void tllm_exp_avx512(float *x, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
 int tllm_argmax_avx512(const float *x, int n);
-void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
+void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n);
+/* tllm_f32_to_f16's bits, 16 lanes at once (F16C's rounding, NaN lanes set as the scalar one sets them) */
+void tllm_f32_to_f16_row_avx512(const float *src, uint16_t *dst, int n);
 
 #endif
