@@ -19,10 +19,13 @@
 
 #define ATT_QUERY_BLOCK 16     /* queries per attention task: (sequence, KV head, query block) tasks are shared out */
 #define LINEAR_PREFILL_CHUNK 4 /* row blocks per grab in multi-token steps, at least */
-#define LINEAR_MANY_SPLIT 4    /* and grabs per thread at most: a run of row blocks keeps the hardware
-                                * prefetcher streaming (the weights come from memory every step), where
-                                * grabs of 4 blocks taken in turn cost a 16-sequence decode step 1.2x in
-                                * its lm_head; several grabs still even out cores of unequal speed */
+#define LINEAR_MANY_SPLIT 4    /* grabs per thread, where a weight's tokens are split too */
+#define LINEAR_GUIDED 2        /* in multi-token steps a grab takes 1 / (LINEAR_GUIDED x threads) of the row
+                                * blocks left: long runs first keep the hardware prefetcher streaming (the
+                                * weights come from memory every step; grabs of 4 blocks taken in turn cost a
+                                * 16-sequence decode step 1.2x in its lm_head), short ones at the end even
+                                * the threads out at the barrier (fixed grabs of an eighth of a weight left
+                                * one thread waiting 1.6% of a 16-sequence decode step, VM) */
 #define LINEAR_PART_TOKENS 32  /* tokens a range at least, where a long step's matmul splits its tokens
                                 * (two AMX token tiles; 4 AVX-512 ones) */
 #define TOKEN_TASK_MIN 8       /* tokens a step needs before its per-token work goes to the pool */
@@ -102,28 +105,39 @@ struct linear_args {
     int nw;
     const struct tllm_qweights *w[LINEAR_MAX_W];
     float *y[LINEAR_MAX_W];
-    int chunk[LINEAR_MAX_W];   /* row blocks per grab, per weight */
+    int chunk[LINEAR_MAX_W];   /* row blocks per unit of work, per weight */
     int parts[LINEAR_MAX_W];   /* token ranges per row chunk, per weight (packed weights, long steps) */
     int part_tokens[LINEAR_MAX_W]; /* tokens a range */
-    int first[LINEAR_MAX_W + 1]; /* the weights' grabs, numbered one after another */
+    int first[LINEAR_MAX_W + 1]; /* the weights' units, numbered one after another */
+    int guided;                /* a grab takes a share of the units left (LINEAR_GUIDED), else one unit */
     struct act *a;
-    atomic_int next;           /* the next chunk not yet taken */
+    atomic_int next;           /* the next unit not yet taken */
 };
 
 /* Threads take chunks of 16-row blocks from a shared counter rather than a fixed share: on a shared
  * or hybrid machine cores run at different speeds, and a fixed split waits for the slowest. Each
  * row's result does not depend on who computes it, so any thread count gives the same bits. */
 static void linear_task(void *arg, int ith, int nth) {
-    (void)ith, (void)nth;
+    (void)ith;
     struct linear_args *la = arg;
+    const int total = la->first[la->nw];
     for (;;) {
-        int c = atomic_fetch_add_explicit(&la->next, 1, memory_order_relaxed), i = 0;
-        if (c >= la->first[la->nw]) return;
-        while (c >= la->first[i + 1]) i++;
+        /* units [c, e) of weight i: one unit, or (guided, a weight not split by tokens) a share of those left */
+        int c = atomic_load_explicit(&la->next, memory_order_relaxed), e, i;
+        do {
+            if (c >= total) return;
+            for (i = 0; c >= la->first[i + 1]; i++) continue;
+            e = c + 1;
+            if (la->guided && la->parts[i] == 1) {
+                int share = (total - c) / (LINEAR_GUIDED * nth);
+                e = share > 1 ? c + share : c + 1;
+                e = e < la->first[i + 1] ? e : la->first[i + 1];
+            }
+        } while (!atomic_compare_exchange_weak_explicit(&la->next, &c, e, memory_order_relaxed, memory_order_relaxed));
         const struct tllm_qweights *w = la->w[i];
         const int rows = w->rows, n_blocks = (rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
-        const int k = c - la->first[i], part = k % la->parts[i];
-        int b0 = k / la->parts[i] * la->chunk[i], b1 = b0 + la->chunk[i] < n_blocks ? b0 + la->chunk[i] : n_blocks;
+        const int k = c - la->first[i], part = k % la->parts[i], units = e - c;
+        int b0 = k / la->parts[i] * la->chunk[i], b1 = b0 + units * la->chunk[i] < n_blocks ? b0 + units * la->chunk[i] : n_blocks;
         if (w->pack) { /* its token range (all the step's where the weight is not split by tokens) */
             int t0 = part * la->part_tokens[i], t1 = t0 + la->part_tokens[i] < la->a->n ? t0 + la->part_tokens[i] : la->a->n;
             struct tllm_xq v = tllm_xq_view(&la->a->q, t0, t1);
@@ -184,8 +198,13 @@ static void linears_plain(struct act *a, int nw, const struct tllm_qweights *con
             la.part_tokens[i] = (pt + LINEAR_PART_TOKENS - 1) / LINEAR_PART_TOKENS * LINEAR_PART_TOKENS;
             la.parts[i] = (a->n + la.part_tokens[i] - 1) / la.part_tokens[i];
         }
+        if (a->n > 1 && la.parts[i] == 1) { /* guided grabs of units of the least chunk */
+            la.chunk[i] = LINEAR_PREFILL_CHUNK;
+            grabs = (n_blocks + la.chunk[i] - 1) / la.chunk[i];
+        }
         la.first[i + 1] = la.first[i] + grabs * la.parts[i];
     }
+    la.guided = a->n > 1;
     atomic_init(&la.next, 0);
     tllm_parallel(linear_task, &la);
 }
