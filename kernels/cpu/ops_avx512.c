@@ -176,6 +176,17 @@ TGT INLINE void pvb_block(const float *s, int L, const void *const *vb, int hd, 
     for (; i0 < hd; i0 += 16) pvb_tile(s, L, vb, i0, hd, len, inv, outs, nj, NQ, 1, F16);
 }
 
+/* Scores, softmax and output of nj (<= NQ) queries u0.. of the group: one score pass over the keys and
+ * one pass over the values for all of them (they read the values up to the last one's position; the
+ * scores beyond each query's own are 0) */
+TGT INLINE void group_tiles(const float *qs, const void *const *kb, const void *const *vb, int hd, float *scores, int L,
+                            int nj, int len, int pos0, int u0, int group, float *inv, float *const *op, const int NQ,
+                            const int F16) {
+    qkb_block(qs, kb, vb, hd, scores, L, nj, len, NQ, F16);
+    for (int j = 0; j < nj; j++) inv[j] = softmax_row(scores + (size_t)j * L, pos0 + (u0 + j) / group + 1, len);
+    pvb_block(scores, L, vb, hd, len, inv, op, nj, NQ, F16);
+}
+
 TGT INLINE void attention_blocks(const float *q, size_t q_stride, int nq, int group, int pos0, const void *const *kb,
                                  const void *const *vb, int hd, float *scores, float *out, size_t out_stride, const int F16) {
     const float scale = 1.0f / sqrtf((float)hd);
@@ -195,24 +206,12 @@ TGT INLINE void attention_blocks(const float *q, size_t q_stride, int nq, int gr
         /* tiles of exactly nj queries from 5 on: a generated token's group of 7 (Qwen2.5-0.5B, 7B) in a tile of 8
          * spent an eighth of its FMAs on a query that is not there */
         switch (nj) {
-        case 1: qkb_block(qs, kb, vb, hd, scores, L, nj, len, 1, F16); break;
-        case 2: case 3: case 4: qkb_block(qs, kb, vb, hd, scores, L, nj, len, 4, F16); break;
-        case 5: qkb_block(qs, kb, vb, hd, scores, L, nj, len, 5, F16); break;
-        case 6: qkb_block(qs, kb, vb, hd, scores, L, nj, len, 6, F16); break;
-        case 7: qkb_block(qs, kb, vb, hd, scores, L, nj, len, 7, F16); break;
-        default: qkb_block(qs, kb, vb, hd, scores, L, nj, len, 8, F16); break;
-        }
-        for (int j = 0; j < nj; j++) inv[j] = softmax_row(scores + (size_t)j * L, pos0 + (u0 + j) / group + 1, len);
-        /* one pass over the values for all nj queries: they read the values up to the last one's position
-         * (the scores beyond each query's own are 0) */
-        const int vlen = len;
-        switch (nj) {
-        case 1: pvb_block(scores, L, vb, hd, vlen, inv, op, nj, 1, F16); break;
-        case 2: case 3: case 4: pvb_block(scores, L, vb, hd, vlen, inv, op, nj, 4, F16); break;
-        case 5: pvb_block(scores, L, vb, hd, vlen, inv, op, nj, 5, F16); break;
-        case 6: pvb_block(scores, L, vb, hd, vlen, inv, op, nj, 6, F16); break;
-        case 7: pvb_block(scores, L, vb, hd, vlen, inv, op, nj, 7, F16); break;
-        default: pvb_block(scores, L, vb, hd, vlen, inv, op, nj, 8, F16); break;
+        case 1: group_tiles(qs, kb, vb, hd, scores, L, nj, len, pos0, u0, group, inv, op, 1, F16); break;
+        case 2: case 3: case 4: group_tiles(qs, kb, vb, hd, scores, L, nj, len, pos0, u0, group, inv, op, 4, F16); break;
+        case 5: group_tiles(qs, kb, vb, hd, scores, L, nj, len, pos0, u0, group, inv, op, 5, F16); break;
+        case 6: group_tiles(qs, kb, vb, hd, scores, L, nj, len, pos0, u0, group, inv, op, 6, F16); break;
+        case 7: group_tiles(qs, kb, vb, hd, scores, L, nj, len, pos0, u0, group, inv, op, 7, F16); break;
+        default: group_tiles(qs, kb, vb, hd, scores, L, nj, len, pos0, u0, group, inv, op, 8, F16); break;
         }
     }
 }
