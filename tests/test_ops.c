@@ -166,7 +166,7 @@ static void test_argmax(void) {
         }
 }
 
-/* The KV cache's row conversion = the scalar tllm_f32_to_f16, bit for bit: halfway cases both ways,
+/* The KV cache's AVX-512 row conversion = the scalar tllm_f32_to_f16, bit for bit: halfway cases both ways,
  * subnormals, overflow to infinity, infinities, NaNs with payloads, zeros of both signs, and every
  * f16 value widened and converted back; lengths that end mid-vector */
 static void test_f32_to_f16_row(void) {
@@ -196,7 +196,7 @@ static void test_f32_to_f16_row(void) {
     int bad = 0;
     for (int n = N; n > N - 20; n -= 3) {
         memset(got, 0xa5, sizeof got);
-        tllm_f32_to_f16_row(x, got, n);
+        tllm_f32_to_f16_row_avx512(x, got, n);
         for (int i = 0; i < n; i++) bad += got[i] != tllm_f32_to_f16(x[i]);
         bad += got[n] != 0xa5a5; /* nothing past the end */
     }
@@ -204,11 +204,11 @@ static void test_f32_to_f16_row(void) {
 }
 
 int main(void) {
-    test_f32_to_f16_row();
     test_attention("portable", tllm_attention_portable);
     test_attention("dispatch", tllm_attention);
     if (tllm_cpu_has_avx512()) {
         test_attention_blocks();
+        test_f32_to_f16_row();
         test_argmax();
         test_exp();
         test_swiglu();

@@ -109,7 +109,6 @@ struct linear_args {
     int parts[LINEAR_MAX_W];   /* token ranges per row chunk, per weight (packed weights, long steps) */
     int part_tokens[LINEAR_MAX_W]; /* tokens a range */
     int first[LINEAR_MAX_W + 1]; /* the weights' units, numbered one after another */
-    int guided;                /* a grab takes a share of the units left (LINEAR_GUIDED), else one unit */
     struct act *a;
     atomic_int next;           /* the next unit not yet taken */
 };
@@ -122,13 +121,14 @@ static void linear_task(void *arg, int ith, int nth) {
     struct linear_args *la = arg;
     const int total = la->first[la->nw];
     for (;;) {
-        /* units [c, e) of weight i: one unit, or (guided, a weight not split by tokens) a share of those left */
+        /* units [c, e) of weight i: one unit, or (a step of many tokens, a weight not split by tokens) a
+         * share of those left (LINEAR_GUIDED) */
         int c = atomic_load_explicit(&la->next, memory_order_relaxed), e, i;
         do {
             if (c >= total) return;
             for (i = 0; c >= la->first[i + 1]; i++) continue;
             e = c + 1;
-            if (la->guided && la->parts[i] == 1) {
+            if (la->a->n > 1 && la->parts[i] == 1) {
                 int share = (total - c) / (LINEAR_GUIDED * nth);
                 e = share > 1 ? c + share : c + 1;
                 e = e < la->first[i + 1] ? e : la->first[i + 1];
@@ -181,30 +181,29 @@ static void linears_plain(struct act *a, int nw, const struct tllm_qweights *con
     struct linear_args la = {.nw = nw, .a = a};
     const int nth = tllm_threadpool_size(), split = packed_all(nw, w) && a->n >= 2 * LINEAR_PART_TOKENS;
     for (int i = 0; i < nw; i++) {
-        int n_blocks = (w[i]->rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
-        int many = (n_blocks + nth * LINEAR_MANY_SPLIT - 1) / (nth * LINEAR_MANY_SPLIT);
-        int chunk = a->n > 1 ? (many > LINEAR_PREFILL_CHUNK ? many : LINEAR_PREFILL_CHUNK)
-                             : (n_blocks + nth * LINEAR_DECODE_SPLIT - 1) / (nth * LINEAR_DECODE_SPLIT);
-        la.w[i] = w[i], la.y[i] = y[i], la.chunk[i] = chunk > 0 ? chunk : 1;
-        int grabs = (n_blocks + la.chunk[i] - 1) / la.chunk[i];
-        /* A long step's weight with fewer row chunks than two a thread (k and v of a prompt: 8 row blocks
-         * each; q and o on many cores) splits its tokens too, in ranges of whole AMX tile pairs, so that
-         * no thread waits at the barrier with nothing to take */
-        la.part_tokens[i] = a->n, la.parts[i] = 1;
-        if (split && grabs < 2 * nth) {
-            int parts = (nth * LINEAR_MANY_SPLIT + grabs - 1) / grabs, most = a->n / LINEAR_PART_TOKENS;
-            parts = parts < most ? parts : most;
-            int pt = (a->n + parts - 1) / parts;
-            la.part_tokens[i] = (pt + LINEAR_PART_TOKENS - 1) / LINEAR_PART_TOKENS * LINEAR_PART_TOKENS;
-            la.parts[i] = (a->n + la.part_tokens[i] - 1) / la.part_tokens[i];
-        }
-        if (a->n > 1 && la.parts[i] == 1) { /* guided grabs of units of the least chunk */
+        const int n_blocks = (w[i]->rows + TLLM_QPACK_ROWS - 1) / TLLM_QPACK_ROWS;
+        la.w[i] = w[i], la.y[i] = y[i], la.part_tokens[i] = a->n, la.parts[i] = 1;
+        if (a->n == 1) { /* one run a thread */
+            int chunk = (n_blocks + nth * LINEAR_DECODE_SPLIT - 1) / (nth * LINEAR_DECODE_SPLIT);
+            la.chunk[i] = chunk > 0 ? chunk : 1;
+        } else { /* guided grabs of units of the least chunk (linear_task), unless split by tokens */
             la.chunk[i] = LINEAR_PREFILL_CHUNK;
-            grabs = (n_blocks + la.chunk[i] - 1) / la.chunk[i];
+            int many = (n_blocks + nth * LINEAR_MANY_SPLIT - 1) / (nth * LINEAR_MANY_SPLIT);
+            int chunk = many > LINEAR_PREFILL_CHUNK ? many : LINEAR_PREFILL_CHUNK, grabs = (n_blocks + chunk - 1) / chunk;
+            /* A long step's weight with fewer row chunks than two a thread (k and v of a prompt: 8 row blocks
+             * each; q and o on many cores) splits its tokens too, in ranges of whole AMX tile pairs, so that
+             * no thread waits at the barrier with nothing to take */
+            if (split && grabs < 2 * nth) {
+                int parts = (nth * LINEAR_MANY_SPLIT + grabs - 1) / grabs, most = a->n / LINEAR_PART_TOKENS;
+                parts = parts < most ? parts : most;
+                int pt = (a->n + parts - 1) / parts;
+                la.part_tokens[i] = (pt + LINEAR_PART_TOKENS - 1) / LINEAR_PART_TOKENS * LINEAR_PART_TOKENS;
+                la.parts[i] = (a->n + la.part_tokens[i] - 1) / la.part_tokens[i];
+                if (la.parts[i] > 1) la.chunk[i] = chunk;
+            }
         }
-        la.first[i + 1] = la.first[i] + grabs * la.parts[i];
+        la.first[i + 1] = la.first[i] + (n_blocks + la.chunk[i] - 1) / la.chunk[i] * la.parts[i];
     }
-    la.guided = a->n > 1;
     atomic_init(&la.next, 0);
     tllm_parallel(linear_task, &la);
 }
