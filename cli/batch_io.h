@@ -17,6 +17,7 @@ struct batch_in {
     long total;       /* its lines (0 when not known: a pipe is read once) */
     int jsonl;        /* 1 JSONL, 0 plain text, -1 not known yet (no non-blank line read) */
     int stopped;      /* a line too long in a stream: nothing after it is read */
+    long n_read;      /* lines read by batch_in_next (a UTF-8 byte order mark is taken off the first) */
     char *line;       /* the current line, NUL-terminated, its newline removed */
     size_t cap;
 };
@@ -33,6 +34,8 @@ struct batch_out {
     const char *name;          /* the path, or "stdout" */
     int regular;               /* a regular file: locked, and resumed */
     struct json_object *done;  /* the ids (canonical JSON text) it already has records for */
+    struct json_object *dups;  /* the lines (as text) it already has duplicate-id error records for: such a
+                                  record does not answer its id, whose first line may still be unanswered */
 };
 
 /* path NULL: standard output. force: append to a regular file even if it holds lines that are not

@@ -111,24 +111,33 @@ static int run_one(struct cli_session *s, const struct tllm_sampler_params *sp, 
 
 /* ---- batch mode ---- */
 
-static void error_record(struct batch_out *out, struct json_object *id, const char *msg, const char *file, long lineno) {
+/* dup_of: the line whose id this line repeats (0: none). Such a record says "line" too, so that a resumed
+ * run knows this line was answered while its id's first line may not have been */
+static void error_record(struct batch_out *out, struct json_object *id, const char *msg, const char *file, long lineno,
+                         long dup_of) {
     struct json_object *rec = json_object_new_object();
     json_object_object_add(rec, "id", json_object_get(id));
     json_object_object_add(rec, "error", json_object_new_string(msg));
+    if (dup_of) {
+        json_object_object_add(rec, "line", json_object_new_int64(lineno));
+        json_object_object_add(rec, "duplicate_of", json_object_new_int64(dup_of));
+    }
     batch_out_emit(out, rec);
     json_object_put(rec);
     fprintf(stderr, "\rtllm: %s:%ld: %s\n", file, lineno, msg);
 }
 
-/* An id names one line of the file: a string or a number, and no other line's */
-static int check_id(struct json_object *id, const char *key, struct json_object *seen, long lineno, char *err, size_t cap) {
+/* An id names one line of the file: a string or a number, and no other line's (*dup_of: that line) */
+static int check_id(struct json_object *id, const char *key, struct json_object *seen, long lineno, char *err, size_t cap,
+                    long *dup_of) {
     struct json_object *first;
+    *dup_of = 0;
     if (!json_object_is_type(id, json_type_string) && !json_object_is_type(id, json_type_int) &&
         !json_object_is_type(id, json_type_double))
         return snprintf(err, cap, "\"id\" must be a string or a number, not %s", key), 1;
     if (json_object_object_get_ex(seen, key, &first))
-        return snprintf(err, cap, "id %.200s is also line %ld's (ids must be unique in a prompt file)", key,
-                        (long)json_object_get_int64(first)), 1;
+        return *dup_of = (long)json_object_get_int64(first),
+               snprintf(err, cap, "id %.200s is also line %ld's (ids must be unique in a prompt file)", key, *dup_of), 1;
     json_object_object_add(seen, key, json_object_new_int64(lineno));
     return 0;
 }
@@ -165,7 +174,7 @@ static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_
     struct batch *b = arg;
     struct job *j = user;
     if (rc) {
-        error_record(&b->out, j->id, msg ? msg : tllm_errmsg(), b->in.name, j->lineno);
+        error_record(&b->out, j->id, msg ? msg : tllm_errmsg(), b->in.name, j->lineno, 0);
         b->errors++;
     } else
         record_result(b, j->id, r);
@@ -230,13 +239,15 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
             if (too_long) snprintf(bl.err, sizeof bl.err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
             struct tllm_ids prompt = {0};
             const char *key = json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN);
-            char id_err[320] = "";
-            /* ids already answered are skipped before any work on them */
-            if (json_object_object_get_ex(b.out.done, key, NULL)) {
+            char id_err[320] = "", line_key[24];
+            long dup_of = 0;
+            snprintf(line_key, sizeof line_key, "%ld", lineno);
+            /* ids already answered, and repeated ids already refused, are skipped before any work on them */
+            if (json_object_object_get_ex(b.out.done, key, NULL) || json_object_object_get_ex(b.out.dups, line_key, NULL)) {
                 b.skipped++;
-                json_object_object_add(seen, key, json_object_new_int64(lineno));
+                if (!json_object_object_get_ex(seen, key, NULL)) json_object_object_add(seen, key, json_object_new_int64(lineno));
             } else {
-                if (check_id(bl.id, key, seen, lineno, id_err, sizeof id_err)) {
+                if (check_id(bl.id, key, seen, lineno, id_err, sizeof id_err, &dup_of)) {
                 } else if (bl.err[0]) {
                 } else if (bl.n_ids) {
                     if (tllm_ids_append(&prompt, bl.ids, (size_t)bl.n_ids)) cli_die("out of memory");
@@ -248,7 +259,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
                     snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
                 }
                 if (id_err[0] || bl.err[0]) {
-                    error_record(&b.out, bl.id, id_err[0] ? id_err : bl.err, b.in.name, lineno);
+                    error_record(&b.out, bl.id, id_err[0] ? id_err : bl.err, b.in.name, lineno, dup_of);
                     b.errors++;
                 } else
                     run_prompt(&b, &bl, &prompt, lineno);

@@ -55,8 +55,9 @@ int cmd_info(int argc, char **argv) {
     printf("architecture     qwen2: %d layers, hidden %d, heads %d (KV %d, GQA %d:1), head_dim %d, ffn %d, vocab %d\n",
            c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim, c->ffn_dim,
            c->vocab_size);
-    printf("                 rope_theta %g, rms_norm_eps %g, max positions %d, %s embeddings\n", c->rope_theta,
-           c->norm_eps, c->max_pos, c->tie_embeddings ? "tied" : "separate lm_head");
+    printf("                 rope_theta %g, rms_norm_eps %g, max positions %d%s, %s embeddings\n", c->rope_theta,
+           c->norm_eps, c->max_pos, c->sliding_window ? " (the sliding window)" : "",
+           c->tie_embeddings ? "tied" : "separate lm_head");
     static const char *const methods[] = {"mlx", "GPTQ", "AWQ"};
     if (!c->quant.bits) printf("quantization     none (dense)\n");
     else if (c->qmethod == TLLM_QMETHOD_MLX)

@@ -47,6 +47,9 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (!file) cli_die("perplexity: -f TEXT is required (see tllm perplexity --help)");
     if (stride > n_ctx) cli_die("--stride %d: longer than the window (-c %d)", stride, n_ctx);
+    if (!stride && n_ctx < 3) /* window [0, n) scores tokens n/2 + 1 .. n - 1 */
+        cli_die("-c %d: a window of fewer than 3 tokens scores none (each window scores the tokens after its middle one; "
+                "--stride S scores from the second)", n_ctx);
     size_t len;
     char *text, bad[300];
     if (tllm_read_file(file, (size_t)1 << 30, &text, &len)) cli_die_lib();
@@ -101,6 +104,7 @@ int cmd_perplexity(int argc, char **argv) {
         printf("[%d]%.4f,", w + 1, exp(sum / (double)count));
         fflush(stdout);
     }
+    if (count == 0) cli_die("%s: no token was scored", file); /* unreachable by the checks above: no NaN printed */
     double mean = sum / (double)count, var = sum2 / (double)count - mean * mean;
     double err = count > 1 && var > 0 ? sqrt(var / (double)(count - 1)) : 0, ppl = exp(mean);
     printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, ppl * err);

@@ -213,7 +213,37 @@ case("tokenizer.json without the byte-level alphabet", ["generate", "-m", d, "-p
 case("prompt longer than the context", ["generate", "-m", DEMO, "-c", "16", "-p", "What does grep do? " * 8], 1,
      "tllm: the prompt (41 tokens) does not fit in the context (16 tokens, 16 free)")
 case("-c past the model's positions", ["generate", "-m", DEMO, "-c", "8192", "-p", "x"], 1,
-     "tllm: -c 8192: longer than the model's max_position_embeddings (4096)")
+     "tllm: -c 8192: longer than the model's context (4096)")
+heldout = os.path.join(DEMO, "heldout.txt")
+case("perplexity: a window too short to score a token", ["perplexity", "-m", DEMO, "-f", heldout, "-c", "2"], 1,
+     "tllm: -c 2: a window of fewer than 3 tokens scores none (each window scores the tokens after its middle one; "
+     "--stride S scores from the second)")
+# a sliding window that tllm does not run, as transformers reads it (layers from max_window_layers on,
+# unless layer_types names them): the context is capped at it, so what runs is exact
+def windowed(name, **kw):
+    d = copy_model(name, DEMO)
+    edit_config(d, lambda c: (c.pop("layer_types"), c.update(kw)))
+    return d
+
+
+d = windowed("sliding", use_sliding_window=True, sliding_window=8, max_window_layers=5)
+case("sliding window: -c past it", ["generate", "-m", d, "-c", "16", "-p", "x"], 1,
+     "tllm: -c 16: longer than the model's context (8: config.json's sliding window, which tllm does not run past)")
+case("sliding window: a prompt past it", ["generate", "-m", d, "--chat", "-p", "What does tar do?", "-n", "20"], 1,
+     "tllm: the prompt (38 tokens) does not fit in the context (8 tokens, 8 free)")
+d = windowed("sliding-types", use_sliding_window=True, sliding_window=8,
+             layer_types=["full_attention"] * 5 + ["sliding_attention"])
+case("sliding window named by layer_types", ["generate", "-m", d, "-c", "9", "-p", "x"], 1,
+     "tllm: -c 9: longer than the model's context (8: config.json's sliding window, which tllm does not run past)")
+for name, kw in [("sliding-off", dict(use_sliding_window=False, sliding_window=8, max_window_layers=0)),
+                 ("sliding-no-layer", dict(use_sliding_window=True, sliding_window=8, max_window_layers=6)),
+                 ("sliding-full-types", dict(use_sliding_window=True, sliding_window=8,
+                                             layer_types=["full_attention"] * 6))]:
+    r = run(["info", "-m", windowed(name, **kw)])
+    ok = r.returncode == 0 and b"max positions 4096," in r.stdout
+    print(("ok   " if ok else "FAIL ") + "no window in use (%s): full context" % name)
+    if not ok:
+        failures.append(name)
 long = put(os.path.join(T, "long.txt"), "What does tar do?\n" + "x" * (17 << 20) + "\n")
 case("prompt line past the limit", ["generate", "-m", DEMO, "--prompts", long, "-n", "2", "-o", os.path.join(T, "long.out")], 0,
      "tllm: {T}/long.txt:2: the line is longer than 16777216 bytes")

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Batch generation's files as a hostile user finds them: one writer per output file, ids unique
-within a prompt file, -o never the prompt file nor someone else's file (unless --force), pipes and
-devices as inputs and outputs (no hang, no scan of a stream, every write error in the exit status).
+within a prompt file, -o never the prompt file nor someone else's file (unless --force), a resumed run
+loses no line, pipes and devices as inputs and outputs (no hang, no scan of a stream, every write error
+in the exit status).
 
 usage: batch_files.py TLLM_BINARY DEMO_MODEL"""
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 TLLM, DEMO = sys.argv[1], sys.argv[2]
 T = tempfile.mkdtemp(prefix="tllm-batch-")
@@ -98,6 +101,70 @@ r = run(GEN + ["--prompts", prompts, "-o", other, "--force"])
 lines = open(other).read().split("\n")
 check("--force appends after it and keeps every line", r and r.returncode == 0 and lines[:2] == ["my notes", "last line without newline"] and
       sorted(json.loads(l).get("id") for l in lines[2:] if l) == ["a", "b"], f"{lines} {err(r)}")
+
+# a last line without its newline is cut only when it is the start of a record of ours after records of
+# ours: a foreign one (a key written with printf, through a symlink) is refused, and kept with --force
+key = put("api.key", "sk-supersecret")
+link = os.path.join(T, "out.link")
+os.symlink(key, link)
+r = run(GEN + ["--prompts", prompts, "-o", link])
+check("a one-line file without a newline is refused, not emptied", r and r.returncode == 1 and
+      "line 1 is not a tllm record" in err(r) and open(key).read() == "sk-supersecret", f"{open(key).read()!r} {err(r)}")
+r = run(GEN + ["--prompts", prompts, "-o", link, "--force"])
+lines = open(key).read().split("\n")
+check("... with --force it is kept, the records on lines of their own", r and r.returncode == 0 and
+      lines[0] == "sk-supersecret" and sorted(json.loads(l)["id"] for l in lines[1:] if l) == ["a", "b"], f"{lines} {err(r)}")
+ours = '{"id":"a","text":" x","prompt_tokens":1,"completion_tokens":1,"finish_reason":"length"}\n'
+for name, tail, want_rc, kept in [("a foreign last line after records", "not ours", 1, True),
+                                  ("a torn record of ours", '{"id":"b","te', 0, False),
+                                  ("a torn record, cut inside its id", '{ "i', 0, False),
+                                  ("a whole record without its newline", ours.strip().replace('"a"', '"b"'), 0, True)]:
+    out = put("tail.jsonl", ours + tail)
+    r = run(GEN + ["--prompts", prompts, "-o", out])
+    text = open(out).read()
+    ok = r and r.returncode == want_rc
+    if want_rc:  # refused, nothing cut
+        ok = ok and text == ours + tail and "line 2 is not a tllm record" in err(r)
+    else:  # every id once; the tail kept (and done) when it was a whole record, else cut
+        ids = sorted(json.loads(l)["id"] for l in text.splitlines())
+        ok = ok and ids == ["a", "b"] and (tail in text.splitlines()) == kept and ("2 already done" if kept else "1 already done") in err(r)
+    check(name + (": kept" if kept else ": cut"), ok, f"{text!r} {err(r)}")
+
+# a repeated id interrupted before its first line is answered: the resumed run answers that line (the
+# repeat's error record does not count as an answer for the id)
+q4 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "models", "q4-g64")  # no EOS: a long answer
+p = put("dupint.jsonl", '{"id": "dup", "prompt": [1, 2, 3], "max_tokens": 20000}\n{"id": "dup", "prompt": [4]}\n')
+out = os.path.join(T, "dupint.out")
+cmd = [TLLM, "generate", "-m", q4, "--prompts", p, "-o", out, "-np", "1", "--temp", "0", "-t", "2", "-c", "20100"]
+proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+deadline = time.time() + 60
+while time.time() < deadline and not (os.path.exists(out) and "error" in open(out).read()):
+    time.sleep(0.02)
+proc.send_signal(signal.SIGINT)
+_, e = proc.communicate(timeout=60)
+first = records(out)
+check("(the run was interrupted with only the repeat's error written)", proc.returncode == 130 and len(first) == 1 and
+      "error" in first[0], f"{first} {e.decode()[-300:]}")
+open(p, "w").write('{"id": "dup", "prompt": [1, 2, 3], "max_tokens": 8}\n{"id": "dup", "prompt": [4]}\n')
+r = run(cmd[1:])
+recs = records(out)
+check("a resumed run answers the first line of a repeated id, and refuses the repeat once", r and r.returncode == 0 and
+      len(recs) == 2 and sum("error" in x for x in recs) == 1 and sum(len(x.get("ids", [])) == 8 for x in recs) == 1 and
+      "1 answered, 1 already done" in err(r), f"{recs} {err(r)}")
+
+# a UTF-8 byte order mark (Windows editors) before the first line: JSONL stays JSONL, text loses it
+p = put("bom.jsonl", '\ufeff{"id": "a", "prompt": "ls"}\n{"id": "b", "prompt": "tar"}\n')
+plain = put("nobom.jsonl", '{"id": "a", "prompt": "ls"}\n{"id": "b", "prompt": "tar"}\n')
+r, r0 = run(GEN + ["--prompts", p]), run(GEN + ["--prompts", plain])
+got = sorted((x["id"], x.get("prompt_tokens")) for x in map(json.loads, r.stdout.decode().splitlines())) if r else []
+want = sorted((x["id"], x.get("prompt_tokens")) for x in map(json.loads, r0.stdout.decode().splitlines())) if r0 else None
+check("a JSONL prompt file after a byte order mark", r and r.returncode == 0 and got == want and [g[0] for g in got] == ["a", "b"],
+      f"{got} vs {want} {err(r)}")
+p, plain = put("bom.txt", "\ufeffWhat does ls do?\n"), put("nobom.txt", "What does ls do?\n")
+r, r0 = run(GEN + ["--prompts", p]), run(GEN + ["--prompts", plain])
+check("a text prompt file after a byte order mark: the mark is not in the prompt",
+      r and r0 and r.returncode == 0 and json.loads(r.stdout)["prompt_tokens"] == json.loads(r0.stdout)["prompt_tokens"] and
+      json.loads(r.stdout)["text"] == json.loads(r0.stdout)["text"], err(r))
 
 # streams and devices
 if os.path.exists("/dev/full"):

@@ -148,6 +148,32 @@ static int parse_quantization(struct json_object *q, struct tllm_config *c, cons
     return TLLM_OK;
 }
 
+/* Qwen2's sliding window as transformers reads it: layers from max_window_layers on (or those that
+ * layer_types calls "sliding_attention") attend to the sliding_window positions before each query
+ * (key j seen by query i when i - j < window) if use_sliding_window. Within a context of at most the
+ * window that is full attention, so the context is capped there and the model stays exact. */
+static int sliding_window(const struct json_object *root, struct tllm_config *c, const char *path) {
+    int use = 0;
+    int64_t window = 0, from = 0;
+    struct json_object *lt;
+    int rc = tllm_json_bool(root, "use_sliding_window", 1, 0, &use, path);
+    if (!rc) rc = tllm_json_int(root, "sliding_window", 1, INT32_MAX, 1, 0, &window, path);
+    if (!rc) rc = tllm_json_int(root, "max_window_layers", 0, INT32_MAX, 1, 28, &from, path);
+    if (rc || !use || !window) return rc;
+    int windowed = from < c->n_layers;
+    if (json_object_object_get_ex(root, "layer_types", &lt) && json_object_is_type(lt, json_type_array)) {
+        windowed = 0;
+        for (size_t i = 0; i < json_object_array_length(lt); i++) {
+            const char *t = json_object_get_string(json_object_array_get_idx(lt, i));
+            windowed |= t && !strcmp(t, "sliding_attention");
+        }
+    }
+    if (!windowed) return TLLM_OK;
+    c->sliding_window = (int)window;
+    if (c->max_pos > window) c->max_pos = (int)window;
+    return TLLM_OK;
+}
+
 int tllm_config_load(const char *path, struct tllm_config *c) {
     memset(c, 0, sizeof *c);
     struct json_object *root;
@@ -209,6 +235,7 @@ int tllm_config_load(const char *path, struct tllm_config *c) {
     if (!rc && (c->head_dim % 2 != 0 || (!json_object_object_get_ex(root, "head_dim", NULL) &&
                                          c->dim % c->n_heads != 0)))
         rc = tllm_fail(TLLM_ERR_FORMAT, "%s: head_dim must be even and divide hidden_size", path);
+    if (!rc) rc = sliding_window(root, c, path);
     double d = 0;
     if (!rc) rc = tllm_json_num(root, "rms_norm_eps", 0, 1, 1, 1e-6, &d, path);
     c->norm_eps = (float)d;

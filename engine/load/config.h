@@ -34,7 +34,10 @@ struct tllm_config {
     int head_dim;     /* head_dim, or hidden_size / num_attention_heads */
     int ffn_dim;      /* intermediate_size */
     int vocab_size;
-    int max_pos;      /* max_position_embeddings */
+    int max_pos;      /* max_position_embeddings, or the sliding window where smaller (sliding_window) */
+    int sliding_window; /* the attention window of some layers (use_sliding_window, max_window_layers or
+                           layer_types), 0 if none: tllm attends to every position, which equals the
+                           window's attention only within it, so the context is capped at it */
     float norm_eps;   /* rms_norm_eps */
     float rope_theta;
     int tie_embeddings;
