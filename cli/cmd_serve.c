@@ -33,7 +33,15 @@ static const char usage[] =
     "  -b, --batch-size N     tokens per step at most, prompt chunks included (default 512)\n"
     "  --alias NAME           the model's name in answers and /v1/models (default: the directory's name)\n"
     "  --max-body BYTES       a request body's size at most (default 4194304; more get 413)\n"
-    "  --timeout S            close a connection idle for S seconds (default 600)\n"
+    "  --timeout S            close a connection whose answer its client has not read for S seconds\n"
+    "                         (default 600)\n"
+    "  --request-timeout S    a connection has S seconds from its opening (or its previous answer) to send\n"
+    "                         a complete request, head and body, however slowly it sends; then it is\n"
+    "                         closed (default 30). Idle keep-alive connections are closed after S too\n"
+    "  --max-waiting N        connections without a complete request at most (default 1024); at the bound\n"
+    "                         the longest-waiting is closed to make room for a new one, so slow or idle\n"
+    "                         connections never lock others out\n"
+    "  --max-waiting-per-ip N the same bound for one client address (default 128)\n"
     "  --shutdown-timeout S   on SIGINT/SIGTERM: stop accepting, let running requests finish for up to S\n"
     "                         seconds (default 30), then cancel the rest; a second signal cancels at once\n"
     "  --quiet                no line per request on stderr\n"
@@ -84,6 +92,7 @@ int cmd_serve(int argc, char **argv) {
     struct cli_sampling cs = {0};
     const char *host = "127.0.0.1", *api_key = getenv("TLLM_API_KEY"), *key_file = NULL, *alias = NULL;
     int port = 8080, parallel = 8, max_queue = 64, kv_size = 0, n_batch = 0, timeout = 600, shutdown_s = 30, quiet = 0;
+    int request_timeout = 30, max_waiting = 1024, max_waiting_ip = 128;
     long long max_body = 4 << 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -99,6 +108,9 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--alias")) alias = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--max-body")) max_body = cli_int(a, cli_value(argc, argv, &i), 1024, 1LL << 32);
         else if (!strcmp(a, "--timeout")) timeout = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "--request-timeout")) request_timeout = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 24);
+        else if (!strcmp(a, "--max-waiting")) max_waiting = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 16);
+        else if (!strcmp(a, "--max-waiting-per-ip")) max_waiting_ip = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 16);
         else if (!strcmp(a, "--shutdown-timeout")) shutdown_s = (int)cli_int(a, cli_value(argc, argv, &i), 0, 1 << 24);
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -124,7 +136,10 @@ int cmd_serve(int argc, char **argv) {
     struct srv_engine engine;
     if (srv_engine_init(&engine, s.m, s.tok, &sp, parallel + max_queue)) cli_die_lib();
     struct srv_params p = {.host = host, .port = port, .api_key = api_key, .model_name = name, .max_body = (size_t)max_body,
-                           .timeout_s = timeout, .max_connections = 2 * (parallel + max_queue) + 16, .n_ctx = n_ctx,
+                           .timeout_s = timeout, .request_timeout = request_timeout, .max_waiting = max_waiting,
+                           .max_waiting_per_ip = max_waiting_ip < max_waiting ? max_waiting_ip : max_waiting,
+                           /* room beyond the waiting ones for every request being answered, refused ones included */
+                           .max_connections = max_waiting + 2 * (parallel + max_queue) + 64, .n_ctx = n_ctx,
                            .m = s.m, .tok = s.tok, .tpl = s.tpl, .gd = s.gd, .sampling = cli_sampling_resolve(&s, &cs),
                            .stop = cs.stop, .n_stop = cs.n_stop, .quiet = quiet, .engine = &engine};
     if (pipe(sig_pipe)) cli_die("pipe: %s", strerror(errno));
@@ -150,7 +165,7 @@ int cmd_serve(int argc, char **argv) {
     }
     struct srv_engine_stats st;
     srv_engine_stats(&engine, &st);
-    srv_server_quiesce(srv);
+    srv_server_drain(srv); /* new requests get 503 and their connections close: a balancer moves on */
     srv_engine_stop(&engine, 1);
     if (st.live) fprintf(stderr, "tllm serve: stopping: %d requests to finish (a second signal cancels them)\n", st.live);
     for (int waited = 0; st.live && waited < shutdown_s * 10; waited++) {
@@ -160,7 +175,7 @@ int cmd_serve(int argc, char **argv) {
     srv_engine_stats(&engine, &st);
     if (st.live) fprintf(stderr, "tllm serve: cancelling %d requests\n", st.live);
     srv_engine_stop(&engine, 2);
-    srv_server_stop(srv); /* waits for the connections, whose jobs end now */
+    srv_server_stop(srv, 5); /* each request still open gets its answer (503, or a stream's error event and [DONE]) */
     srv_engine_free(&engine);
     cli_session_close(&s);
     free(key_buf);

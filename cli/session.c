@@ -130,8 +130,9 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     if (tllm_engine_load(e, o->dir, &ep)) cli_die_lib();
     if (!e->tok && need_tok) cli_die("%s: no tokenizer.json (use --prompt-ids with checkpoints that have no tokenizer)", o->dir);
     if (o->n_ctx > e->m->cfg.max_pos)
-        cli_die("-c %d: longer than the model's context (%d%s)", o->n_ctx, e->m->cfg.max_pos,
-                e->m->cfg.sliding_window ? ": config.json's sliding window, which tllm does not run past" : "");
+        cli_die("-c %d: longer than the model's %s (%d)", o->n_ctx,
+                e->m->cfg.sliding_window ? "sliding window, which tllm does not run past" : "max_position_embeddings",
+                e->m->cfg.max_pos);
     struct tllm_session_params sp = {.n_ctx = o->n_ctx, .device = "cpu", .kv_type = o->kv_type};
     if (tllm_session_open(e, &sp, &s->ss)) cli_die_lib();
     s->e = e;

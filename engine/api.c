@@ -139,8 +139,9 @@ int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *p
     int max = e->m->cfg.max_pos;
     if (p->n_ctx < 0) return tllm_fail(TLLM_ERR_ARG, "n_ctx %d: negative", p->n_ctx);
     if (p->n_ctx > max)
-        return tllm_fail(TLLM_ERR_ARG, "n_ctx %d: longer than the model's context (%d%s)", p->n_ctx, max,
-                         e->m->cfg.sliding_window ? ": its sliding window, which tllm does not run past" : "");
+        return tllm_fail(TLLM_ERR_ARG, "n_ctx %d: longer than the model's %s (%d)", p->n_ctx,
+                         e->m->cfg.sliding_window ? "sliding window, which tllm does not run past" : "max_position_embeddings",
+                         max);
     struct tllm_session *s = calloc(1, sizeof *s);
     if (!s) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     s->e = e;

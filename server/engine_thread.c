@@ -77,7 +77,7 @@ static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_
         if (r->prompt_secs > 0) j->t_first = j->t_done - r->gen_secs;
         if (r->finish == TLLM_FINISH_INTERRUPTED && !j->cancelled) { /* dropped: the engine failed or stops */
             j->rc = TLLM_ERR_IO;
-            if (e->stopping) snprintf(j->err, sizeof j->err, "the server is stopping");
+            if (e->stopping) j->stopped = 1, snprintf(j->err, sizeof j->err, "the server is stopping");
             else snprintf(j->err, sizeof j->err, "the engine failed: %s", tllm_errmsg()); /* inside a failed step */
             e->st.requests_failed++;
         } else if (r->finish == TLLM_FINISH_INTERRUPTED)

@@ -31,12 +31,13 @@ struct srv_job {
     struct srv_logprob *lps;    /* [n_lps] when rq.on_token asked for them */
     size_t n_lps, cap_lps;
     int done;                   /* ended: rc, err, finish and the counts are final */
-    int rc;                     /* an error: 400 for the request's own fault, else 500 */
+    int rc;                     /* an error: 400 for the request's own fault, 503 when the server stopped, else 500 */
     char err[300];
     enum tllm_finish finish;
     int n_prompt, n_reused, n_generated;
     double t_submit, t_first, t_done;
     int cancelled;              /* the client went away or the server is stopping */
+    int stopped;                /* ended unfinished because the server is stopping */
     /* the engine's */
     struct srv_engine *e;
     int refs;

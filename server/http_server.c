@@ -20,6 +20,7 @@
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
 #include "engine/load/model.h"
+#include "server/conn_guard.h"
 #include "server/oai_request.h"
 #include "server/oai_response.h"
 
@@ -31,8 +32,10 @@
 struct srv_server {
     struct srv_params p;
     struct MHD_Daemon *d;
-    pthread_mutex_t tok_lk;    /* the tokenizer's encoder keeps a cache: one encode at a time */
-    MHD_socket listen_fd;      /* after quiescing: closed once the daemon has stopped */
+    pthread_mutex_t tok_lk;    /* the tokenizer's encoder keeps a cache: one encode at a time (each stops
+                                  past the context's tokens: tllm_tok_encode_max) */
+    struct srv_guard *guard;   /* deadlines and bounds of connections without a complete request */
+    int draining;              /* stopping: every answer closes its connection (atomic) */
     unsigned long long serial; /* answer ids */
     pthread_mutex_t serial_lk;
 };
@@ -47,21 +50,41 @@ struct conn {
 
 /* ---- small helpers ---- */
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type, const char *text, size_t n) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)text, MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+/* Queue r; while the server drains (or where the request's framing cannot be trusted) the connection
+ * closes after it */
+static enum MHD_Result queue(struct MHD_Connection *c, unsigned status, struct MHD_Response *r, int close) {
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result rc = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return rc;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, struct json_object *o) {
+static int draining(struct srv_server *s) { return __atomic_load_n(&s->draining, __ATOMIC_RELAXED); }
+
+static enum MHD_Result send_body(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *type,
+                                 const char *text, size_t n, int close) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    return queue(c, status, r, close || draining(s));
+}
+
+static enum MHD_Result send_text(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *type,
+                                 const char *text, size_t n) {
+    return send_body(s, c, status, type, text, n, 0);
+}
+
+static enum MHD_Result send_json_close(struct srv_server *s, struct MHD_Connection *c, unsigned status,
+                                       struct json_object *o, int close) {
     size_t n;
-    const char *s = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN, &n);
-    enum MHD_Result rc = send_text(c, status, "application/json", s, n);
+    const char *t = json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN, &n);
+    enum MHD_Result rc = send_body(s, c, status, "application/json", t, n, close);
     json_object_put(o);
     return rc;
+}
+
+static enum MHD_Result send_json(struct srv_server *s, struct MHD_Connection *c, unsigned status, struct json_object *o) {
+    return send_json_close(s, c, status, o, 0);
 }
 
 static const char *error_type(unsigned status) {
@@ -74,15 +97,16 @@ static const char *error_type(unsigned status) {
     }
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *param, const char *fmt, ...) {
+static enum MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *param,
+                                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *param,
+                                  const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return send_json(c, status, oai_error(msg, error_type(status), param));
+    return send_json(s, c, status, oai_error(msg, error_type(status), param));
 }
 
 /* The key compared in time that does not depend on where the given one differs */
@@ -144,6 +168,45 @@ static void log_request(const struct srv_server *s, const char *who, const char 
         fprintf(stderr, "tllm serve: %s %s %s %u\n", who, method, url, status);
 }
 
+/* An error answer with its line in the request log; close: the connection ends after it (a request
+ * refused before its body was read, or whose framing cannot be trusted) */
+static enum MHD_Result refuse(struct srv_server *s, struct MHD_Connection *c, const struct conn *k, const char *method,
+                              const char *url, unsigned status, int close, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 9, 10)));
+static enum MHD_Result refuse(struct srv_server *s, struct MHD_Connection *c, const struct conn *k, const char *method,
+                              const char *url, unsigned status, int close, const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    log_request(s, k->who, method, url, status, NULL, k->t0);
+    return send_json_close(s, c, status, oai_error(msg, error_type(status), param), close);
+}
+
+/* Why a request's framing is ambiguous (RFC 9112 6.3: a proxy in front may have read it otherwise, and
+ * what follows the body it saw would be taken for another request here), or NULL */
+struct framing {
+    int n_length, n_encoding;
+};
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind, (void)value;
+    struct framing *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) f->n_length++;
+    else if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) f->n_encoding++;
+    return MHD_YES;
+}
+
+static const char *framing_problem(struct MHD_Connection *c) {
+    struct framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_framing, &f);
+    if (f.n_length > 1) return "the request has more than one Content-Length header";
+    if (f.n_length && f.n_encoding) return "the request has both Content-Length and Transfer-Encoding headers";
+    if (f.n_encoding > 1) return "the request has more than one Transfer-Encoding header";
+    return NULL;
+}
+
 /* ---- GET endpoints ---- */
 
 static enum MHD_Result get_models(struct srv_server *s, struct MHD_Connection *c) {
@@ -159,7 +222,7 @@ static enum MHD_Result get_models(struct srv_server *s, struct MHD_Connection *c
     json_object_array_add(data, m);
     json_object_object_add(o, "object", json_object_new_string("list"));
     json_object_object_add(o, "data", data);
-    return send_json(c, 200, o);
+    return send_json(s, c, 200, o);
 }
 
 static enum MHD_Result get_health(struct srv_server *s, struct MHD_Connection *c) {
@@ -171,7 +234,7 @@ static enum MHD_Result get_health(struct srv_server *s, struct MHD_Connection *c
     json_object_object_add(o, "requests_waiting", json_object_new_int(st.live - st.running));
     json_object_object_add(o, "kv_blocks_free", json_object_new_int(st.kv_free));
     json_object_object_add(o, "kv_blocks_total", json_object_new_int(st.kv_total));
-    return send_json(c, st.failed || st.stopping ? 503 : 200, o);
+    return send_json(s, c, st.failed || st.stopping ? 503 : 200, o);
 }
 
 /* Prometheus' text format, as llama-server's and vLLM's /metrics */
@@ -202,39 +265,44 @@ static enum MHD_Result get_metrics(struct srv_server *s, struct MHD_Connection *
              st.sched.prompt_tokens, st.sched.reused_tokens, st.sched.gen_tokens, st.sched.steps, st.sched.step_secs,
              st.requests_done, st.requests_cancelled, st.requests_failed, st.running, st.live - st.running, st.kv_free,
              st.kv_total);
-    return send_text(c, 200, "text/plain; version=0.0.4", t, strlen(t));
+    return send_text(s, c, 200, "text/plain; version=0.0.4", t, strlen(t));
 }
 
 /* ---- /tokenize, /detokenize (llama-server's shapes) ---- */
 
 /* The JSON object of a /tokenize or /detokenize request, or NULL with the 400 sent (*rc) */
 static struct json_object *tokenizer_body(struct srv_server *s, struct MHD_Connection *c, const struct conn *k,
-                                          enum MHD_Result *rc) {
+                                          enum MHD_Result *rc, unsigned *status) {
     char err[200];
     struct json_object *o = oai_json_body(k->body.data ? k->body.data : "", k->body.len, err, sizeof err);
     if (o && !json_object_is_type(o, json_type_object)) snprintf(err, sizeof err, "the request body must be a JSON object");
     else if (o && !s->p.tok) snprintf(err, sizeof err, "the model has no tokenizer");
     else if (o) return o;
     json_object_put(o);
-    *rc = send_error(c, 400, NULL, "%s", err);
+    *status = 400;
+    *rc = send_error(s, c, 400, NULL, "%s", err);
     return NULL;
 }
 
-static enum MHD_Result post_tokenize(struct srv_server *s, struct MHD_Connection *c, struct conn *k) {
+static enum MHD_Result post_tokenize(struct srv_server *s, struct MHD_Connection *c, struct conn *k, unsigned *status) {
     enum MHD_Result rc;
-    struct json_object *o = tokenizer_body(s, c, k, &rc), *content, *pieces;
+    struct json_object *o = tokenizer_body(s, c, k, &rc, status), *content, *pieces;
     if (!o) return rc;
+    *status = 400;
     if (!json_object_object_get_ex(o, "content", &content) || !json_object_is_type(content, json_type_string))
-        rc = send_error(c, 400, "content", "'content' must be a string");
+        rc = send_error(s, c, 400, "content", "'content' must be a string");
     else {
         const char *t = json_object_get_string(content);
         size_t n = (size_t)json_object_get_string_len(content);
         int with_pieces = json_object_object_get_ex(o, "with_pieces", &pieces) && json_object_get_boolean(pieces);
         struct tllm_ids ids = {0};
         pthread_mutex_lock(&s->tok_lk);
-        int e = tllm_utf8_valid_len((const unsigned char *)t, n) ? tllm_tok_encode(s->p.tok, t, n, 1, &ids) : -1;
+        int over = 0, e = !tllm_utf8_valid_len((const unsigned char *)t, n)
+                              ? -1 : tllm_tok_encode_max(s->p.tok, t, n, 1, (size_t)s->p.n_ctx, &ids, &over);
         pthread_mutex_unlock(&s->tok_lk);
-        if (e) rc = send_error(c, 400, "content", "'content' is not valid UTF-8 text");
+        if (over)
+            rc = send_error(s, c, 400, "content", "'content' is more than %d tokens (the context size, -c)", s->p.n_ctx);
+        else if (e) rc = send_error(s, c, 400, "content", "'content': %s", e < 0 ? "not valid UTF-8 text" : tllm_errmsg());
         else {
             struct json_object *r = json_object_new_object(), *a = json_object_new_array();
             for (size_t i = 0; i < ids.len; i++) {
@@ -251,7 +319,8 @@ static enum MHD_Result post_tokenize(struct srv_server *s, struct MHD_Connection
                 json_object_array_add(a, pc);
             }
             json_object_object_add(r, "tokens", a);
-            rc = send_json(c, 200, r);
+            *status = 200;
+            rc = send_json(s, c, 200, r);
         }
         tllm_ids_free(&ids);
     }
@@ -259,12 +328,13 @@ static enum MHD_Result post_tokenize(struct srv_server *s, struct MHD_Connection
     return rc;
 }
 
-static enum MHD_Result post_detokenize(struct srv_server *s, struct MHD_Connection *c, struct conn *k) {
+static enum MHD_Result post_detokenize(struct srv_server *s, struct MHD_Connection *c, struct conn *k, unsigned *status) {
     enum MHD_Result rc;
-    struct json_object *o = tokenizer_body(s, c, k, &rc), *toks;
+    struct json_object *o = tokenizer_body(s, c, k, &rc, status), *toks;
     if (!o) return rc;
+    *status = 400;
     if (!json_object_object_get_ex(o, "tokens", &toks) || !json_object_is_type(toks, json_type_array))
-        rc = send_error(c, 400, "tokens", "'tokens' must be a list of token ids");
+        rc = send_error(s, c, 400, "tokens", "'tokens' must be a list of token ids");
     else {
         size_t n = json_object_array_length(toks);
         int32_t *ids = malloc(n * sizeof *ids + 1);
@@ -277,11 +347,12 @@ static enum MHD_Result post_detokenize(struct srv_server *s, struct MHD_Connecti
         }
         struct tllm_buf text = {0};
         if (bad || tllm_tok_decode(s->p.tok, ids, n, 0, &text))
-            rc = send_error(c, 400, "tokens", "'tokens' must be a list of token ids below %d", nv);
+            rc = send_error(s, c, 400, "tokens", "'tokens' must be a list of token ids below %d", nv);
         else {
             struct json_object *r = json_object_new_object();
             json_object_object_add(r, "content", json_object_new_string_len(text.data ? text.data : "", (int)text.len));
-            rc = send_json(c, 200, r);
+            *status = 200;
+            rc = send_json(s, c, 200, r);
         }
         tllm_buf_free(&text);
         free(ids);
@@ -305,15 +376,18 @@ static int prompt_ids(struct srv_server *s, const struct oai_request *rq, struct
     }
     if (!s->p.tok) return snprintf(err, cap, "the model has no tokenizer: give the prompt as token ids"), -1;
     struct tllm_buf text = {0};
-    int rc = 0;
+    int rc = 0, over = 0;
     if (rq->kind == OAI_CHAT) rc = tllm_chat_render(s->p.tpl, rq->msgs, rq->n_msgs, 1, &text);
     else rc = tllm_buf_append(&text, rq->prompt, rq->prompt_len);
-    if (!rc) {
+    if (!rc) { /* encoded no further than the context: a longer prompt is refused for what was read of it */
         pthread_mutex_lock(&s->tok_lk);
-        rc = tllm_tok_encode(s->p.tok, text.data ? text.data : "", text.len, 1, ids);
+        rc = tllm_tok_encode_max(s->p.tok, text.data ? text.data : "", text.len, 1, (size_t)s->p.n_ctx, ids, &over);
         pthread_mutex_unlock(&s->tok_lk);
     }
     tllm_buf_free(&text);
+    if (over)
+        return snprintf(err, cap, "the prompt is more than %d tokens, longer than the context (%d tokens)", s->p.n_ctx,
+                        s->p.n_ctx), -1;
     if (rc) return snprintf(err, cap, "%s", tllm_errmsg()), -1;
     return 0;
 }
@@ -375,7 +449,7 @@ static int wait_done(struct srv_server *s, struct srv_job *j, int fd) {
 }
 
 static unsigned job_status(const struct srv_job *j) {
-    return j->rc == TLLM_ERR_ARG || j->rc == TLLM_ERR_LIMIT ? 400 : j->cancelled ? 503 : 500;
+    return j->rc == TLLM_ERR_ARG || j->rc == TLLM_ERR_LIMIT ? 400 : j->cancelled || j->stopped ? 503 : 500;
 }
 
 /* A streamed answer: the job, what was sent of it, and the bytes not yet taken by the connection */
@@ -453,7 +527,7 @@ static void stream_free(void *cls) {
     pthread_mutex_lock(&e->lk);
     while (!st->j->done) srv_engine_wait(e, SRV_POLL_MS); /* for the log line's counts */
     pthread_mutex_unlock(&e->lk);
-    log_request(st->s, st->who, "POST", st->url, 200, st->j, st->t0);
+    log_request(st->s, st->who, "POST", st->url, st->ended ? 200 : 499, st->j, st->t0); /* 499: the client left */
     srv_job_release(e, st->j);
     tllm_buf_free(&st->out);
     free(st);
@@ -466,26 +540,27 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
     const char *param = NULL;
     if (oai_request_parse(&rq, kind, k->body.data ? k->body.data : "", k->body.len, err, sizeof err, &param)) {
         oai_request_free(&rq);
-        return send_error(c, 400, param, "%s", err);
+        return refuse(s, c, k, "POST", url, 400, 0, param, "%s", err);
     }
     struct tllm_ids ids = {0};
     enum MHD_Result rc;
     if (prompt_ids(s, &rq, &ids, err, sizeof err, &param)) {
-        rc = send_error(c, 400, param, "%s", err);
+        rc = refuse(s, c, k, "POST", url, 400, 0, param, "%s", err);
     } else if (ids.len == 0) {
-        rc = send_error(c, 400, param, "the prompt is empty");
+        rc = refuse(s, c, k, "POST", url, 400, 0, param, "the prompt is empty");
     } else if ((long)ids.len > s->p.n_ctx) {
-        rc = send_error(c, 400, param, "the prompt is %zu tokens, longer than the context (%d tokens)", ids.len, s->p.n_ctx);
+        rc = refuse(s, c, k, "POST", url, 400, 0, param, "the prompt is %zu tokens, longer than the context (%d tokens)", ids.len,
+                    s->p.n_ctx);
     } else {
         struct srv_job *j = make_job(s, &rq, &ids);
         const char *why = NULL;
-        if (!j) rc = send_error(c, 500, NULL, "out of memory");
+        if (!j) rc = refuse(s, c, k, "POST", url, 500, 0, NULL, "out of memory");
         else {
             if (srv_engine_submit(s->p.engine, j, &why)) {
                 rc = !strcmp(why, "busy")
-                         ? send_error(c, 503, NULL, "the server is busy: %d requests at once at most; try again later",
-                                      s->p.engine->max_live)
-                         : send_error(c, 503, NULL, "the server is stopping");
+                         ? refuse(s, c, k, "POST", url, 503, 0, NULL,
+                                  "the server is busy: %d requests at once at most; try again later", s->p.engine->max_live)
+                         : refuse(s, c, k, "POST", url, 503, 1, NULL, "the server is stopping");
                 srv_job_release(s->p.engine, j);
             } else if (rq.stream) {
                 struct stream *st = calloc(1, sizeof *st);
@@ -523,7 +598,7 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                 struct json_object *o = j->rc ? oai_error(j->err, error_type(status), NULL)
                                               : oai_completion(&a, j->text.data, j->text.len, j->lps, j->n_lps, j);
                 pthread_mutex_unlock(&e->lk);
-                rc = send_json(c, status, o);
+                rc = send_json(s, c, status, o);
                 log_request(s, k->who, "POST", url, status, j, k->t0);
                 srv_job_release(e, j);
             }
@@ -541,21 +616,20 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     (void)version;
     struct srv_server *s = cls;
     struct conn *k = *con_cls;
-    if (!k) { /* the headers are in: the key and the body's size are checked before the body is read */
+    if (!k) { /* the head is in: its framing, the key and the body's size are checked before the body is read */
         if (!(k = calloc(1, sizeof *k))) return MHD_NO;
         k->t0 = tllm_now();
         client_address(c, k->who, sizeof k->who);
         *con_cls = k;
-        if (strcmp(url, "/health") && !authorized(s, c)) {
-            log_request(s, k->who, method, url, 401, NULL, k->t0);
-            return send_error(c, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
-        }
+        const char *bad = framing_problem(c);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > s->p.max_body) {
-            log_request(s, k->who, method, url, 413, NULL, k->t0);
-            return send_error(c, 413, NULL, "the request body is %s bytes, more than the %zu this server takes", cl, s->p.max_body);
-        }
-        return MHD_YES;
+        int denied = strcmp(url, "/health") && !authorized(s, c), too_large = cl && strtoull(cl, NULL, 10) > s->p.max_body;
+        if (!bad && !denied && !too_large) return MHD_YES; /* the body comes within the request's deadline (conn_guard.h) */
+        srv_guard_working(s->guard, c, 1); /* refused: answered (and closed) at once */
+        if (bad) return refuse(s, c, k, method, url, 400, 1, NULL, "%s", bad);
+        if (denied) return refuse(s, c, k, method, url, 401, 1, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+        return refuse(s, c, k, method, url, 413, 1, NULL, "the request body is %s bytes, more than the %zu this server takes", cl,
+                      s->p.max_body);
     }
     if (*upload_size) {
         if (k->body.len + *upload_size > s->p.max_body) k->too_large = 1;
@@ -563,10 +637,10 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
-    if (k->too_large) {
-        log_request(s, k->who, method, url, 413, NULL, k->t0);
-        return send_error(c, 413, NULL, "the request body is more than the %zu bytes this server takes", s->p.max_body);
-    }
+    srv_guard_working(s->guard, c, 1); /* the request is complete: it is answered with no deadline */
+    if (k->too_large)
+        return refuse(s, c, k, method, url, 413, 1, NULL, "the request body is more than the %zu bytes this server takes",
+                      s->p.max_body);
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     const char *path = !strncmp(url, "/v1/", 4) ? url + 3 : url; /* /v1/models and /models alike */
     enum MHD_Result rc;
@@ -576,21 +650,23 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (!strcmp(path, "/models") && get) rc = get_models(s, c);
     else if (!strcmp(url, "/health") && get) rc = get_health(s, c);
     else if (!strcmp(url, "/metrics") && get) rc = get_metrics(s, c);
-    else if (!strcmp(path, "/tokenize") && post) rc = post_tokenize(s, c, k);
-    else if (!strcmp(path, "/detokenize") && post) rc = post_detokenize(s, c, k);
+    else if (!strcmp(path, "/tokenize") && post) rc = post_tokenize(s, c, k, &status);
+    else if (!strcmp(path, "/detokenize") && post) rc = post_detokenize(s, c, k, &status);
     else if (!strcmp(path, "/chat/completions") || !strcmp(path, "/completions") || !strcmp(path, "/tokenize") ||
              !strcmp(path, "/detokenize"))
-        status = 405, rc = send_error(c, 405, NULL, "%s takes POST", url);
+        status = 405, rc = send_error(s, c, 405, NULL, "%s takes POST", url);
     else if (!strcmp(path, "/models") || !strcmp(url, "/health") || !strcmp(url, "/metrics"))
-        status = 405, rc = send_error(c, 405, NULL, "%s takes GET", url);
+        status = 405, rc = send_error(s, c, 405, NULL, "%s takes GET", url);
     else
-        status = 404, rc = send_error(c, 404, NULL, "no such endpoint: %s %s", method, url);
+        status = 404, rc = send_error(s, c, 404, NULL, "no such endpoint: %s %s", method, url);
     if (strcmp(url, "/health") && strcmp(url, "/metrics")) log_request(s, k->who, method, url, status, NULL, k->t0);
     return rc;
 }
 
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why) {
-    (void)cls, (void)c, (void)why;
+    (void)why;
+    struct srv_server *s = cls;
+    srv_guard_working(s->guard, c, 0); /* waiting for its next request, with a new deadline */
     struct conn *k = *con_cls;
     if (!k) return;
     tllm_buf_free(&k->body);
@@ -602,6 +678,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
+    /* a client that leaves (or is closed by the connection guard, which counts them) before its request
+     * is complete is routine: a line each would let anyone fill the log */
+    if (strstr(msg, "closed when reading request") || strstr(msg, "disconnected when reading request") ||
+        strstr(msg, "closed by remote side with incomplete request"))
+        return;
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n') msg[--n] = 0;
     fprintf(stderr, "tllm serve: http: %s\n", msg);
@@ -620,19 +701,27 @@ int srv_server_start(struct srv_server **out, const struct srv_params *p) {
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     s->p = *p;
-    s->listen_fd = MHD_INVALID_SOCKET;
     pthread_mutex_init(&s->tok_lk, NULL);
     pthread_mutex_init(&s->serial_lk, NULL);
+    struct srv_guard_params gp = {.max_waiting = p->max_waiting, .max_waiting_per_ip = p->max_waiting_per_ip,
+                                  .request_timeout = p->request_timeout, .quiet = p->quiet};
+    int grc = srv_guard_init(&s->guard, &gp);
+    if (grc) {
+        freeaddrinfo(ai);
+        srv_server_stop(s, 0);
+        return grc;
+    }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ERROR_LOG |
                      MHD_USE_ITC | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
     errno = 0;
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, handle, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p->timeout_s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_END);
+    s->d = MHD_start_daemon(flags, 0, srv_guard_accept, s->guard, handle, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, srv_guard_notify, s->guard, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)p->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)p->max_connections, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         int err = errno;
-        srv_server_stop(s);
+        srv_server_stop(s, 0);
         return tllm_fail(TLLM_ERR_IO, "cannot listen on %s:%d%s%s", p->host, p->port, err ? ": " : "", err ? strerror(err) : "");
     }
     *out = s;
@@ -644,14 +733,16 @@ int srv_server_port(const struct srv_server *s) {
     return di ? di->port : s->p.port;
 }
 
-void srv_server_quiesce(struct srv_server *s) {
-    if (s->listen_fd == MHD_INVALID_SOCKET) s->listen_fd = MHD_quiesce_daemon(s->d);
-}
+void srv_server_drain(struct srv_server *s) { __atomic_store_n(&s->draining, 1, __ATOMIC_RELAXED); }
 
-void srv_server_stop(struct srv_server *s) {
+void srv_server_stop(struct srv_server *s, double wait_s) {
     if (!s) return;
+    /* the daemon's stop closes every socket at once: answers still being written would be cut off, and
+     * a request still waiting for its job would take that for its client leaving */
+    for (double end = tllm_now() + wait_s; s->guard && srv_guard_n_working(s->guard) > 0 && tllm_now() < end;)
+        usleep(10000);
     if (s->d) MHD_stop_daemon(s->d);
-    if (s->listen_fd != MHD_INVALID_SOCKET) close(s->listen_fd);
+    srv_guard_free(s->guard);
     pthread_mutex_destroy(&s->tok_lk);
     pthread_mutex_destroy(&s->serial_lk);
     free(s);

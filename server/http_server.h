@@ -16,8 +16,12 @@ struct srv_params {
     const char *api_key;       /* NULL: no key asked */
     const char *model_name;    /* what /v1/models lists and answers name */
     size_t max_body;           /* bytes of a request body at most */
-    int timeout_s;             /* an idle connection is closed after this */
-    int max_connections;
+    int timeout_s;             /* a connection being answered whose client reads nothing is closed after this */
+    double request_timeout;    /* seconds a connection has for a complete request (head and body), from its
+                                  accept or its previous answer (conn_guard.h) */
+    int max_waiting;           /* connections without a complete request at most, in all and per address */
+    int max_waiting_per_ip;
+    int max_connections;       /* connections at most (the daemon's threads): max_waiting plus room for answers */
     int n_ctx;                 /* positions one sequence may reach (prompt + answer) */
     const struct tllm_model *m;
     struct tllm_tok *tok;      /* NULL: no tokenizer (token-id prompts only) */
@@ -35,9 +39,12 @@ struct srv_server;
 /* Listen (the port is bound when this returns). */
 int srv_server_start(struct srv_server **out, const struct srv_params *p);
 int srv_server_port(const struct srv_server *s);
-/* Stop accepting connections (those open finish their requests). */
-void srv_server_quiesce(struct srv_server *s);
-/* Close every connection and free (the engine is the caller's). */
-void srv_server_stop(struct srv_server *s);
+/* The server is stopping: connections are still accepted (a load balancer sees /health's 503, not a
+ * hang), and every answer from now on closes its connection. */
+void srv_server_drain(struct srv_server *s);
+/* Wait up to wait_s seconds for the requests being answered to be answered (their jobs have ended or
+ * been cancelled: each gets its answer, an error event and [DONE] for a stream), then close every
+ * connection and free (the engine is the caller's). */
+void srv_server_stop(struct srv_server *s, double wait_s);
 
 #endif

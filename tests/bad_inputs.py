@@ -213,7 +213,7 @@ case("tokenizer.json without the byte-level alphabet", ["generate", "-m", d, "-p
 case("prompt longer than the context", ["generate", "-m", DEMO, "-c", "16", "-p", "What does grep do? " * 8], 1,
      "tllm: the prompt (41 tokens) does not fit in the context (16 tokens, 16 free)")
 case("-c past the model's positions", ["generate", "-m", DEMO, "-c", "8192", "-p", "x"], 1,
-     "tllm: -c 8192: longer than the model's context (4096)")
+     "tllm: -c 8192: longer than the model's max_position_embeddings (4096)")
 heldout = os.path.join(DEMO, "heldout.txt")
 case("perplexity: a window too short to score a token", ["perplexity", "-m", DEMO, "-f", heldout, "-c", "2"], 1,
      "tllm: -c 2: a window of fewer than 3 tokens scores none (each window scores the tokens after its middle one; "
@@ -228,13 +228,13 @@ def windowed(name, **kw):
 
 d = windowed("sliding", use_sliding_window=True, sliding_window=8, max_window_layers=5)
 case("sliding window: -c past it", ["generate", "-m", d, "-c", "16", "-p", "x"], 1,
-     "tllm: -c 16: longer than the model's context (8: config.json's sliding window, which tllm does not run past)")
+     "tllm: -c 16: longer than the model's sliding window, which tllm does not run past (8)")
 case("sliding window: a prompt past it", ["generate", "-m", d, "--chat", "-p", "What does tar do?", "-n", "20"], 1,
      "tllm: the prompt (38 tokens) does not fit in the context (8 tokens, 8 free)")
 d = windowed("sliding-types", use_sliding_window=True, sliding_window=8,
              layer_types=["full_attention"] * 5 + ["sliding_attention"])
 case("sliding window named by layer_types", ["generate", "-m", d, "-c", "9", "-p", "x"], 1,
-     "tllm: -c 9: longer than the model's context (8: config.json's sliding window, which tllm does not run past)")
+     "tllm: -c 9: longer than the model's sliding window, which tllm does not run past (8)")
 for name, kw in [("sliding-off", dict(use_sliding_window=False, sliding_window=8, max_window_layers=0)),
                  ("sliding-no-layer", dict(use_sliding_window=True, sliding_window=8, max_window_layers=6)),
                  ("sliding-full-types", dict(use_sliding_window=True, sliding_window=8,

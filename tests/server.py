@@ -10,86 +10,11 @@ TLLM, DEMO = sys.argv[1], sys.argv[2]
 VENV = sys.argv[3] if len(sys.argv) > 3 else None
 KEY = "sk-test-" + "7" * 24
 from checks import check, finish
+import serve_util
 
 
-class Server:
-    def __init__(self, *args):
-        self.err = tempfile.TemporaryFile()
-        env = dict(os.environ)
-        if "--device" in args:  # PoCL's LLVM under LeakSanitizer: see tests/parallel.py's run()
-            env["ASAN_OPTIONS"] = (env["ASAN_OPTIONS"] + ":" if env.get("ASAN_OPTIONS") else "") + "detect_leaks=0"
-        self.p = subprocess.Popen([TLLM, "serve", "-m", DEMO, "--port", "0", "-t", "2", *args],
-                                  stdout=subprocess.DEVNULL, stderr=self.err, env=env)
-        self.port = None
-        deadline = time.time() + 60
-        while time.time() < deadline and self.p.poll() is None:
-            m = re.search(rb"listening on http://[^ ]*:(\d+)", self.stderr().encode())
-            if m:
-                self.port = int(m.group(1))
-                break
-            time.sleep(0.05)
-        if self.port is None:
-            raise SystemExit("the server did not start: " + self.stderr())
-
-    def stderr(self):
-        self.err.seek(0)
-        return self.err.read().decode(errors="replace")
-
-    def request(self, method, path, body=None, key=KEY, headers=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        h = {"Content-Type": "application/json", **(headers or {})}
-        if key:
-            h["Authorization"] = "Bearer " + key
-        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
-        c.request(method, path, body=data, headers=h)
-        r = c.getresponse()
-        raw = r.read()
-        c.close()
-        try:
-            return r.status, json.loads(raw)
-        except ValueError:
-            return r.status, raw.decode(errors="replace")
-
-    def post(self, path, body, **kw):
-        return self.request("POST", path, body, **kw)
-
-    def stream(self, path, body, key=KEY):
-        """The events of a streamed answer (the JSON objects, then the string "[DONE]")."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        c.request("POST", path, body=json.dumps({**body, "stream": True}),
-                  headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
-        r = c.getresponse()
-        check(r.status == 200 and r.getheader("Content-Type", "").startswith("text/event-stream"),
-              "stream status %d %s" % (r.status, r.getheader("Content-Type")))
-        events = []
-        for block in r.read().decode().split("\n\n"):
-            if block.startswith("data: "):
-                d = block[6:]
-                events.append(d if d == "[DONE]" else json.loads(d))
-        c.close()
-        return events
-
-    def metrics(self):
-        s, text = self.request("GET", "/metrics")
-        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(tllm_\S+) (\S+)$", text, re.M)}
-
-    def idle(self, timeout=10):
-        """/health once nothing runs and every KV block is free (its counts are as of the engine's last
-        step, which ends just after the last answer is sent), or as it is when the time is up."""
-        deadline = time.time() + timeout
-        while True:
-            s, h = self.request("GET", "/health")
-            if (h["requests_processing"] == 0 and h["kv_blocks_free"] == h["kv_blocks_total"]) or time.time() > deadline:
-                return h
-            time.sleep(0.02)
-
-    def stop(self, sig=signal.SIGTERM, timeout=60):
-        self.p.send_signal(sig)
-        try:
-            return self.p.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            return None
+def Server(*args):
+    return serve_util.Server(TLLM, DEMO, *args, key=KEY)
 
 
 def chat(msgs, **kw):

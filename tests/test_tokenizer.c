@@ -281,6 +281,49 @@ static void test_hostile(struct tllm_tok *t) {
     tllm_ids_free(&ids);
 }
 
+/* Encoding with a token budget (a server's prompt against its context): the same ids as without one
+ * while they fit, for every budget around a text's length; past it, the refusal, with the work cut
+ * short: a piece too long for the ids left is refused before it is merged (out holds nothing of it). */
+static void test_budget(struct tllm_tok *t) {
+    const char *texts[] = {"Hello, world! This is <|im_start|>a test\n\n  with   spaces and digits 12345.",
+                           "\xff\xfe invalid bytes \xc3 then text", "<|im_end|><|im_end|>"};
+    for (int k = 0; k < 3; k++) {
+        struct tllm_ids full = {0}, ids = {0};
+        size_t n = strlen(texts[k]);
+        CHECK(tllm_tok_encode(t, texts[k], n, 1, &full) == TLLM_OK, "encode: %s", tllm_errmsg());
+        for (size_t max = 0; max <= full.len + 1; max++) {
+            int over = -1;
+            ids.len = 0;
+            int rc = tllm_tok_encode_max(t, texts[k], n, 1, max, &ids, &over);
+            if (max >= full.len)
+                CHECK(rc == TLLM_OK && !over && ids_equal(&ids, full.data, full.len), "text %d, budget %zu: %s", k, max,
+                      tllm_errmsg());
+            else
+                CHECK(rc == TLLM_ERR_LIMIT && over && ids.len <= max && strstr(tllm_errmsg(), "more than"),
+                      "text %d, budget %zu of %zu: rc %d, %zu ids", k, max, full.len, rc, ids.len);
+        }
+        tllm_ids_free(&full);
+        tllm_ids_free(&ids);
+    }
+    /* a 4 MB word (the longest token is 128 bytes: 32,768 tokens at least) against 4,096: no merge at all */
+    size_t n = 4u << 20;
+    char *word = malloc(n);
+    memset(word, 'a', n);
+    struct tllm_ids ids = {0};
+    int over = 0;
+    CHECK(tllm_tok_encode_max(t, word, n, 1, 4096, &ids, &over) == TLLM_ERR_LIMIT && over && ids.len == 0,
+          "a 4 MB word under a budget of 4096: %zu ids", ids.len);
+    /* after the budget the encoder is unbounded again */
+    ids.len = 0;
+    CHECK(tllm_tok_encode(t, word, 5000, 1, &ids) == TLLM_OK && ids.len > 0, "an encode after a budgeted one");
+    /* a regex or other failure is not a budget refusal */
+    over = 1;
+    ids.len = 0;
+    CHECK(tllm_tok_encode_max(t, "ok", 2, 1, 10, &ids, &over) == TLLM_OK && !over, "a short text with room");
+    tllm_ids_free(&ids);
+    free(word);
+}
+
 /* Write a copy of tokenizer.json with merges in the legacy "a b" form. */
 static int write_legacy(const char *out) {
     char path[1200];
@@ -330,6 +373,7 @@ int main(int argc, char **argv) {
     test_chat(t);
     test_stream(t);
     test_hostile(t);
+    test_budget(t);
     /* special-token parsing off: the text of a special token is encoded as plain text */
     struct tllm_ids ids = {0};
     tllm_tok_encode(t, "<|im_end|>", 10, 0, &ids);

@@ -1,4 +1,5 @@
 /* Encode: added tokens split out -> valid UTF-8 runs -> NFC -> regex split -> byte-level BPE. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
@@ -26,6 +27,20 @@
 #endif
 #define REGEX_CLOCK_EVERY 256 /* matches between looks at the clock */
 
+static int over_budget(struct tllm_tok *t) {
+    t->over_budget = 1;
+    return tllm_fail(TLLM_ERR_LIMIT, "the text is more than %zu tokens", t->max_ids);
+}
+
+/* BPE of one piece, unless the ids left cannot hold it (each token is max_token_len bytes at most) */
+static int piece(struct tllm_tok *t, const unsigned char *s, size_t n, struct tllm_ids *out) {
+    if (t->max_ids != SIZE_MAX && t->max_token_len &&
+        (out->len > t->max_ids || (n + t->max_token_len - 1) / t->max_token_len > t->max_ids - out->len))
+        return over_budget(t);
+    int rc = tllm_bpe_word(t, s, n, out);
+    return !rc && out->len > t->max_ids ? over_budget(t) : rc;
+}
+
 /* One run of valid UTF-8: normalize, split with the pre-tokenizer regex, BPE each piece. */
 static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, struct tllm_ids *out) {
     unsigned char *norm = NULL;
@@ -41,7 +56,7 @@ static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, stru
     }
     int rc = TLLM_OK;
     if (!t->split_re) {
-        rc = tllm_bpe_word(t, s, n, out);
+        rc = piece(t, s, n, out);
     } else {
         size_t prev = 0, off = 0;
         unsigned calls = 0;
@@ -66,8 +81,8 @@ static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, stru
             }
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(t->md);
             size_t ms = ov[0], me = ov[1];
-            if (ms > prev) rc = tllm_bpe_word(t, s + prev, ms - prev, out); /* unmatched gap: its own piece */
-            if (!rc) rc = tllm_bpe_word(t, s + ms, me - ms, out);
+            if (ms > prev) rc = piece(t, s + prev, ms - prev, out); /* unmatched gap: its own piece */
+            if (!rc) rc = piece(t, s + ms, me - ms, out);
             prev = me;
             if (me == ms) { /* an empty match: step over one character */
                 if (me >= n) break;
@@ -75,7 +90,7 @@ static int encode_run(struct tllm_tok *t, const unsigned char *s, size_t n, stru
             }
             off = me;
         }
-        if (!rc && prev < n) rc = tllm_bpe_word(t, s + prev, n - prev, out);
+        if (!rc && prev < n) rc = piece(t, s + prev, n - prev, out);
     }
     free(norm);
     return rc;
@@ -93,6 +108,7 @@ static int encode_plain(struct tllm_tok *t, const unsigned char *s, size_t n, st
             if (rc) return rc;
         }
         if (j < n) {
+            if (out->len >= t->max_ids) return over_budget(t);
             int rc = tllm_ids_push(out, t->byte_id[s[j]]);
             if (rc) return rc;
             j++;
@@ -114,7 +130,7 @@ static const struct tllm_added_token *added_at(const struct tllm_tok *t, const u
     return NULL;
 }
 
-int tllm_tok_encode(struct tllm_tok *t, const char *text, size_t len, int parse_special, struct tllm_ids *out) {
+static int encode(struct tllm_tok *t, const char *text, size_t len, int parse_special, struct tllm_ids *out) {
     const unsigned char *s = (const unsigned char *)text;
     t->deadline = tllm_now() + REGEX_SECS_BASE + REGEX_SECS_PER_MIB * (double)len / (1 << 20);
     size_t start = 0;
@@ -125,10 +141,25 @@ int tllm_tok_encode(struct tllm_tok *t, const char *text, size_t len, int parse_
             continue;
         }
         int rc = encode_plain(t, s + start, i - start, out);
+        if (!rc && out->len >= t->max_ids) rc = over_budget(t);
         if (!rc) rc = tllm_ids_push(out, a->id);
         if (rc) return rc;
         i += a->len;
         start = i;
     }
     return encode_plain(t, s + start, len - start, out);
+}
+
+int tllm_tok_encode(struct tllm_tok *t, const char *text, size_t len, int parse_special, struct tllm_ids *out) {
+    t->max_ids = SIZE_MAX;
+    return encode(t, text, len, parse_special, out);
+}
+
+int tllm_tok_encode_max(struct tllm_tok *t, const char *text, size_t len, int parse_special, size_t max_ids,
+                        struct tllm_ids *out, int *too_long) {
+    t->max_ids = max_ids, t->over_budget = 0;
+    int rc = encode(t, text, len, parse_special, out);
+    *too_long = rc && t->over_budget;
+    t->max_ids = SIZE_MAX;
+    return rc;
 }

@@ -55,6 +55,7 @@ static int set_token(struct tllm_tok *t, int32_t id, const char *bytes, size_t l
     memcpy(t->token_bytes[id], bytes, len);
     t->token_bytes[id][len] = '\0';
     t->token_len[id] = (uint32_t)len;
+    if (len > t->max_token_len) t->max_token_len = (uint32_t)len;
     return TLLM_OK;
 }
 

@@ -52,6 +52,9 @@ struct tllm_tok {
     size_t cache_cap;
     char *path;                 /* tokenizer.json, for messages */
     double deadline;            /* of the encode running: the regex's time budget (encode.c) */
+    size_t max_ids;             /* of the encode running: ids the output may hold at most (SIZE_MAX: any) */
+    int over_budget;            /* the encode running stopped at max_ids */
+    uint32_t max_token_len;     /* the longest token's bytes: a piece of n bytes is n / this tokens at least */
 };
 
 /* Byte-level mapping (GPT-2): byte -> code point, and code point -> byte (-1 if none). */
