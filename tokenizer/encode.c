@@ -38,7 +38,11 @@ static int piece(struct tllm_tok *t, const unsigned char *s, size_t n, struct tl
         (out->len > t->max_ids || (n + t->max_token_len - 1) / t->max_token_len > t->max_ids - out->len))
         return over_budget(t);
     int rc = tllm_bpe_word(t, s, n, out);
-    return !rc && out->len > t->max_ids ? over_budget(t) : rc;
+    if (!rc && out->len > t->max_ids) {
+        out->len = t->max_ids; /* what is past the budget is not kept */
+        return over_budget(t);
+    }
+    return rc;
 }
 
 /* One run of valid UTF-8: normalize, split with the pre-tokenizer regex, BPE each piece. */

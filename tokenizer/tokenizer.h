@@ -22,8 +22,8 @@ void tllm_tok_free(struct tllm_tok *t);
  * token, so decoding gives the original bytes back. */
 int tllm_tok_encode(struct tllm_tok *t, const char *text, size_t len, int parse_special,
                     struct tllm_ids *out);
-/* As tllm_tok_encode, but gives up (TLLM_ERR_LIMIT, "... more than max_ids tokens", *too_long set) as
- * soon as `out` would hold more than max_ids ids, before merging a piece that is longer than the ids left can hold:
+/* As tllm_tok_encode, but gives up (TLLM_ERR_LIMIT, "... more than max_ids tokens", *too_long set; `out`
+ * holds max_ids ids at most) as soon as it would hold more than max_ids ids, before merging a piece that is longer than the ids left can hold:
  * the work done is bounded by max_ids tokens' worth of text, whatever the text's size (a server's
  * prompt is refused for its length without encoding megabytes of it). */
 int tllm_tok_encode_max(struct tllm_tok *t, const char *text, size_t len, int parse_special, size_t max_ids,

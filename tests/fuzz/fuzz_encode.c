@@ -1,6 +1,8 @@
 /* Encoding arbitrary bytes with the real Qwen2.5 tokenizer: never fails, and decoding the ids with
  * special tokens kept must give the input back byte for byte when it is valid UTF-8 and the
- * special-token parsing is on or off (the invariant HF's byte-level BPE has). */
+ * special-token parsing is on or off (the invariant HF's byte-level BPE has). With a token budget
+ * (a server's context) the ids are the same when they fit, and a refusal holding no more than the
+ * budget when they do not. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int ascii = 1;
     for (size_t i = 0; i < size && ascii; i++) ascii = data[i] < 0x80;
     if (ascii && tllm_utf8_valid_prefix(data, size) == size && (out.len != size || memcmp(out.data, data, size) != 0)) abort();
+    size_t max = ids.len ? (size_t)data[0] % (ids.len + 2) : 1; /* below, at and past the length */
+    struct tllm_ids b = {0};
+    int over = 0, rc = tllm_tok_encode_max(tok, (const char *)data, size, special, max, &b, &over);
+    if (max >= ids.len ? rc || over || b.len != ids.len || (b.len && memcmp(b.data, ids.data, b.len * sizeof *b.data))
+                       : !rc || !over || b.len > max)
+        abort();
+    tllm_ids_free(&b);
     tllm_buf_free(&out);
     tllm_ids_free(&ids);
     return 0;
