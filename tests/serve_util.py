@@ -82,6 +82,13 @@ class Server:
                 return h
             time.sleep(0.02)
 
+    def exited(self, timeout=60):
+        """The exit status once the process ends by itself (None: still running after timeout)"""
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def stop(self, sig=signal.SIGTERM, timeout=60):
         self.p.send_signal(sig)
         try:

@@ -368,10 +368,7 @@ try:
     s, r = res.get("r", (0, None))
     check(s == 200 and r["usage"]["completion_tokens"] == 600 and r["choices"][0]["finish_reason"] == "length",
           "the request running at SIGTERM finishes: %s" % (str(r)[:300],))
-    try:
-        rc = srv.p.wait(60)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = srv.exited(60)
     check(rc == 0, "exit after SIGTERM: %s %s" % (rc, srv.stderr()[-300:]))
     try:
         socket.create_connection(("127.0.0.1", srv.port), timeout=2).close()

@@ -236,11 +236,29 @@ try:
     events = res.get("stream", [])
     check(len(events) >= 2 and events[-1] == "[DONE]" and "stopping" in str(events[-2]),
           "a stream running past --shutdown-timeout ends with an error event and [DONE]: %s" % events[-2:])
-    try:
-        rc = srv.p.wait(30)
-    except subprocess.TimeoutExpired:
-        rc = None
+    rc = srv.exited(30)
     check(rc == 0, "exit after the drain: %s %s" % (rc, srv.stderr()[-300:]))
+finally:
+    if srv.p.poll() is None:
+        srv.p.kill()
+
+# ... and a second signal cancels at once, with the same answers
+srv = Server("-np", "1", "--shutdown-timeout", "600", "--quiet", key=None)
+try:
+    res = {}
+    t = threading.Thread(target=lambda: res.update(plain=srv.post("/v1/completions", long_req, timeout=60)))
+    t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and srv.request("GET", "/health")[1]["requests_processing"] < 1:
+        time.sleep(0.02)
+    srv.p.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    srv.p.send_signal(signal.SIGTERM)
+    t.join(60)
+    s, r = res.get("plain", (0, None))
+    check(s == 503 and "stopping" in str(r), "a second signal: the running request is answered 503: %s %s" % (s, str(r)[:200]))
+    rc = srv.exited(30)
+    check(rc == 0, "exit after a second signal: %s %s" % (rc, srv.stderr()[-300:]))
 finally:
     if srv.p.poll() is None:
         srv.p.kill()
