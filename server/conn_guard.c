@@ -227,9 +227,3 @@ int srv_guard_n_working(struct srv_guard *g) {
     pthread_mutex_unlock(&g->lk);
     return n;
 }
-
-void srv_guard_counts(struct srv_guard *g, long long *timed_out, long long *evicted) {
-    pthread_mutex_lock(&g->lk);
-    *timed_out = g->timed_out, *evicted = g->evicted;
-    pthread_mutex_unlock(&g->lk);
-}

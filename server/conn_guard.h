@@ -40,7 +40,4 @@ void srv_guard_working(struct srv_guard *g, struct MHD_Connection *c, int workin
 /* Connections answering a request now */
 int srv_guard_n_working(struct srv_guard *g);
 
-/* Counters since the start: connections closed for their deadline, and closed to make room */
-void srv_guard_counts(struct srv_guard *g, long long *timed_out, long long *evicted);
-
 #endif

@@ -69,11 +69,6 @@ static enum MHD_Result send_body(struct srv_server *s, struct MHD_Connection *c,
     return queue(c, status, r, close || draining(s));
 }
 
-static enum MHD_Result send_text(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *type,
-                                 const char *text, size_t n) {
-    return send_body(s, c, status, type, text, n, 0);
-}
-
 static enum MHD_Result send_json_close(struct srv_server *s, struct MHD_Connection *c, unsigned status,
                                        struct json_object *o, int close) {
     size_t n;
@@ -99,14 +94,20 @@ static const char *error_type(unsigned status) {
 
 static enum MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *param,
                                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum MHD_Result send_error_v(struct srv_server *s, struct MHD_Connection *c, unsigned status, int close,
+                                    const char *param, const char *fmt, va_list ap) {
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    return send_json_close(s, c, status, oai_error(msg, error_type(status), param), close);
+}
+
 static enum MHD_Result send_error(struct srv_server *s, struct MHD_Connection *c, unsigned status, const char *param,
                                   const char *fmt, ...) {
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    enum MHD_Result rc = send_error_v(s, c, status, 0, param, fmt, ap);
     va_end(ap);
-    return send_json(s, c, status, oai_error(msg, error_type(status), param));
+    return rc;
 }
 
 /* The key compared in time that does not depend on where the given one differs */
@@ -175,13 +176,12 @@ static enum MHD_Result refuse(struct srv_server *s, struct MHD_Connection *c, co
     __attribute__((format(printf, 9, 10)));
 static enum MHD_Result refuse(struct srv_server *s, struct MHD_Connection *c, const struct conn *k, const char *method,
                               const char *url, unsigned status, int close, const char *param, const char *fmt, ...) {
-    char msg[512];
+    log_request(s, k->who, method, url, status, NULL, k->t0);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    enum MHD_Result rc = send_error_v(s, c, status, close, param, fmt, ap);
     va_end(ap);
-    log_request(s, k->who, method, url, status, NULL, k->t0);
-    return send_json_close(s, c, status, oai_error(msg, error_type(status), param), close);
+    return rc;
 }
 
 /* Why a request's framing is ambiguous (RFC 9112 6.3: a proxy in front may have read it otherwise, and
@@ -265,7 +265,7 @@ static enum MHD_Result get_metrics(struct srv_server *s, struct MHD_Connection *
              st.sched.prompt_tokens, st.sched.reused_tokens, st.sched.gen_tokens, st.sched.steps, st.sched.step_secs,
              st.requests_done, st.requests_cancelled, st.requests_failed, st.running, st.live - st.running, st.kv_free,
              st.kv_total);
-    return send_text(s, c, 200, "text/plain; version=0.0.4", t, strlen(t));
+    return send_body(s, c, 200, "text/plain; version=0.0.4", t, strlen(t), 0);
 }
 
 /* ---- /tokenize, /detokenize (llama-server's shapes) ---- */
