@@ -180,7 +180,7 @@ int cmd_bench(int argc, char **argv) {
             }
     }
     const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
-    size_t size = s.m->ckpt->total_bytes, bpt = tllm_model_bytes_per_token(s.m), params = tllm_model_n_params(s.m);
+    size_t size = tllm_model_file_bytes(s.m), bpt = tllm_model_bytes_per_token(s.m), params = tllm_model_n_params(s.m);
     char qbuf[64];
     const char *quant = quant_name(s.m, qbuf, sizeof qbuf);
     if (!strcmp(fmt, "json")) {

@@ -4,6 +4,8 @@
 #include "cli/cli.h"
 #include "kernels/cpu/cpu_features.h"
 #include "engine/base/error.h"
+#include "engine/load/ggml_types.h"
+#include "engine/load/gguf.h"
 #include "engine/load/model.h"
 
 static void describe(const struct tllm_qweights *w, char *buf, size_t n) {
@@ -34,6 +36,27 @@ static void list_formats(const struct tllm_model *m) {
     for (int k = 0; k < n; k++) printf("%s%d x %s\n", k ? "                 " : "linears          ", count[k], seen[k]);
 }
 
+/* A GGUF file: its name, and each tensor type with its count and bits per weight as stored */
+static void gguf_summary(const struct tllm_gguf *g, size_t *bytes) {
+    const char *name = NULL;
+    tllm_gguf_get_str(g, "general.name", &name);
+    printf("file             GGUF v%u%s%s%s\n", g->version, name ? " \"" : "", name ? name : "", name ? "\"" : "");
+    int count[64] = {0};
+    double n[64] = {0};
+    *bytes = 0;
+    for (int i = 0; i < g->n_tensors; i++) {
+        const struct tllm_gguf_tensor *t = &g->tensors[i];
+        *bytes += t->nbytes;
+        if (t->type < 64) count[t->type]++, n[t->type] += (double)t->nbytes;
+    }
+    for (uint32_t ty = 0, k = 0; ty < 64; ty++) {
+        const struct tllm_ggml_type *d = tllm_ggml_type(ty);
+        if (!count[ty] || !d) continue;
+        printf("%s%d x %s (%.4g bits per weight)\n", k++ ? "                 " : "tensor types     ", count[ty], d->name,
+               8.0 * d->bytes / d->block);
+    }
+}
+
 int cmd_info(int argc, char **argv) {
     if (tllm_cpu_select()) cli_die_lib(); /* the path it names is said below */
     const char *dir = NULL;
@@ -48,10 +71,13 @@ int cmd_info(int argc, char **argv) {
     struct tllm_model *m;
     if (tllm_model_load(dir, &m)) cli_die_lib();
     const struct tllm_config *c = &m->cfg;
-    int n_tensors = 0;
-    for (int f = 0; f < m->ckpt->n_files; f++) n_tensors += m->ckpt->files[f]->n_tensors;
+    int n_tensors = m->gguf ? m->gguf->n_tensors : 0, n_files = 1;
+    size_t weight_bytes = 0;
+    for (int f = 0; m->ckpt && f < m->ckpt->n_files; f++) n_tensors += m->ckpt->files[f]->n_tensors;
+    if (m->ckpt) n_files = m->ckpt->n_files, weight_bytes = tllm_model_file_bytes(m);
     char buf[96];
-    printf("model            %s\n", dir);
+    printf("model            %s\n", m->dir);
+    if (m->gguf) gguf_summary(m->gguf, &weight_bytes);
     printf("architecture     qwen2: %d layers, hidden %d, heads %d (KV %d, GQA %d:1), head_dim %d, ffn %d, vocab %d\n",
            c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim, c->ffn_dim,
            c->vocab_size);
@@ -59,7 +85,8 @@ int cmd_info(int argc, char **argv) {
            c->norm_eps, c->max_pos, c->sliding_window ? " (the sliding window)" : "",
            c->tie_embeddings ? "tied" : "separate lm_head");
     static const char *const methods[] = {"mlx", "GPTQ", "AWQ"};
-    if (!c->quant.bits) printf("quantization     none (dense)\n");
+    if (m->gguf) printf("quantization     ggml blocks, mapped exactly onto tllm's layouts (below)\n");
+    else if (!c->quant.bits) printf("quantization     none (dense)\n");
     else if (c->qmethod == TLLM_QMETHOD_MLX)
         printf("quantization     mlx %s %d-bit g%d%s\n", tllm_qmode_name(c->quant.mode), c->quant.bits, c->quant.group_size,
                c->n_overrides ? ", per-module overrides below" : "");
@@ -78,9 +105,9 @@ int cmd_info(int argc, char **argv) {
         describe(&m->lm_head, buf, sizeof buf);
         printf("lm_head          %s\n", buf);
     }
-    printf("tensors          %d in %d file%s\n", n_tensors, m->ckpt->n_files, m->ckpt->n_files > 1 ? "s" : "");
+    printf("tensors          %d in %d file%s\n", n_tensors, n_files, n_files > 1 ? "s" : "");
     printf("parameters       %.1f M\n", (double)tllm_model_n_params(m) / 1e6);
-    printf("weight bytes     %zu (%.1f MiB)\n", m->ckpt->total_bytes, (double)m->ckpt->total_bytes / (1 << 20));
+    printf("weight bytes     %zu (%.1f MiB)%s\n", weight_bytes, (double)weight_bytes / (1 << 20), m->gguf ? " in the file" : "");
     size_t bpt = tllm_model_bytes_per_token(m);
     printf("bytes per token  %zu (%.1f MiB read per decoded token; %.2f bits per weight)\n", bpt, (double)bpt / (1 << 20),
            tllm_model_bits_per_weight(m));

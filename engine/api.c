@@ -14,6 +14,7 @@
 #include "engine/base/threadpool.h"
 #include "engine/convert/convert.h"
 #include "engine/load/checkpoint.h"
+#include "engine/load/gguf_vocab.h"
 #include "engine/load/model_path.h"
 
 #define DEFAULT_MAX_TOKENS 256
@@ -40,6 +41,31 @@ int tllm_engine_open(const char *model, const struct tllm_engine_params *params,
     return TLLM_OK;
 }
 
+static void add_eos(struct tllm_gen_defaults *d, int64_t id) {
+    for (int i = 0; i < d->n_eos; i++)
+        if (d->eos[i] == id) return;
+    if (id >= 0 && d->n_eos < TLLM_MAX_EOS) d->eos[d->n_eos++] = (int32_t)id;
+}
+
+/* Where generation stops for a GGUF file (which has no generation_config.json), as llama.cpp decides it:
+ * the eos, eot and eom ids the file names, and the end-of-text and end-of-turn control tokens of the
+ * vocabulary (Qwen's <|endoftext|> and <|im_end|>) */
+static int gguf_stop_ids(struct tllm_engine *e) {
+    static const char *const keys[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (int i = 0; i < 2; i++) {
+        int64_t id;
+        int rc = tllm_gguf_get_int(e->m->gguf, keys[i], 0, e->m->cfg.vocab_size - 1, -1, &id, NULL);
+        if (rc) return rc;
+        add_eos(&e->gd, id);
+    }
+    static const char *const texts[] = {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>"};
+    for (int i = 0; e->tok && i < 4; i++) {
+        int32_t id = tllm_tok_find(e->tok, texts[i]);
+        if (id >= 0 && tllm_tok_is_special(e->tok, id)) add_eos(&e->gd, id);
+    }
+    return TLLM_OK;
+}
+
 int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_engine_params *p) {
     int rc;
     if ((rc = tllm_cpu_select())) return rc; /* TLLM_CPU names a kernel path this CPU runs */
@@ -50,6 +76,19 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     if (!p->exact && (rc = tllm_model_pack(e->m))) return rc;
     e->m->decode_levels = p->fast_decode ? 1 : 2;
     e->m->deterministic = p->deterministic;
+    if (e->m->gguf) { /* a GGUF file carries its tokenizer and chat template */
+        const char *tpl = NULL;
+        rc = tllm_gguf_tokenizer(e->m->gguf, &e->tok);
+        if (!rc && e->tok && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
+            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", e->m->dir,
+                           tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
+        if (!rc) rc = tllm_gguf_get_str(e->m->gguf, "tokenizer.chat_template", &tpl);
+        if (!rc && tpl && e->tok && !p->no_template) rc = tllm_chat_template_parse(tpl, &e->tpl, e->m->dir);
+        if (!rc) rc = tllm_gen_defaults_load(NULL, e->m, &e->gd);
+        if (!rc) rc = gguf_stop_ids(e);
+        if (!rc && e->tok) e->m->n_sample = tllm_tok_n_vocab(e->tok);
+        return rc;
+    }
     char *tj = tllm_path_join(dir, "tokenizer.json"), *tc = tllm_path_join(dir, "tokenizer_config.json");
     if (!tj || !tc) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     else if (tllm_path_present(tj)) {

@@ -320,26 +320,30 @@ static int load_json(struct tllm_tok *t, struct json_object *root, const char *p
     return t->cache ? TLLM_OK : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
 }
 
-int tllm_tok_load(const char *path, struct tllm_tok **out) {
+int tllm_tok_from_json(struct json_object *root, const char *path, struct tllm_tok **out) {
     *out = NULL;
-    struct json_object *root;
-    int rc = tllm_json_load_file(path, TLLM_TOK_MAX_FILE, &root);
-    if (rc) return rc;
     struct tllm_tok *t = calloc(1, sizeof *t);
-    if (!t) {
-        json_object_put(root);
-        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    }
+    if (!t) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    int rc;
     if (!(t->path = strdup(path))) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     else rc = json_object_is_type(root, json_type_object) ? load_json(t, root, path)
                                                       : tllm_fail(TLLM_ERR_FORMAT, "%s: not a JSON object", path);
-    json_object_put(root);
     if (rc) {
         tllm_tok_free(t);
         return rc;
     }
     *out = t;
     return TLLM_OK;
+}
+
+int tllm_tok_load(const char *path, struct tllm_tok **out) {
+    *out = NULL;
+    struct json_object *root;
+    int rc = tllm_json_load_file(path, TLLM_TOK_MAX_FILE, &root);
+    if (rc) return rc;
+    rc = tllm_tok_from_json(root, path, out);
+    json_object_put(root);
+    return rc;
 }
 
 void tllm_tok_free(struct tllm_tok *t) {

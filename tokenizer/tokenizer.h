@@ -11,8 +11,12 @@
 #define TLLM_TOK_MAX_FILE (256u << 20)
 
 struct tllm_tok;
+struct json_object;
 
 int tllm_tok_load(const char *tokenizer_json, struct tllm_tok **out);
+/* The same from a tokenizer.json already parsed (`what` names its source in messages): how a GGUF
+ * file's vocabulary, written out in tokenizer.json's terms, is loaded (engine/load/gguf_vocab.c) */
+int tllm_tok_from_json(struct json_object *root, const char *what, struct tllm_tok **out);
 void tllm_tok_free(struct tllm_tok *t);
 
 /* Encode `len` bytes of text, appending ids to `out`. parse_special: special tokens written in the

@@ -1,13 +1,16 @@
 #include "engine/load/model.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/qpack.h"
 #include "engine/base/error.h"
 #include "engine/base/threadpool.h"
+#include "engine/load/gguf.h"
 
 static void fmt_shape(char *buf, size_t n, const struct tllm_tensor *t) {
     size_t k = (size_t)snprintf(buf, n, "[");
@@ -182,8 +185,52 @@ static int bind_layer(struct tllm_model *m, int l, float **vec) {
     return TLLM_OK;
 }
 
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+int tllm_model_gguf_path(const char *path, char **file) {
+    *file = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0) return TLLM_OK; /* the loader says what is wrong */
+    if (S_ISREG(st.st_mode)) {
+        if (!tllm_gguf_is_gguf(path) && !ends_with(path, ".gguf")) return TLLM_OK;
+        return (*file = strdup(path)) ? TLLM_OK : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    char *cfg = tllm_path_join(path, "config.json");
+    if (!cfg) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    int has_cfg = tllm_path_present(cfg);
+    free(cfg);
+    DIR *d = has_cfg || !S_ISDIR(st.st_mode) ? NULL : opendir(path);
+    if (!d) return TLLM_OK;
+    int rc = TLLM_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) && !rc) {
+        if (e->d_name[0] == '.' || !ends_with(e->d_name, ".gguf")) continue;
+        if (*file) {
+            rc = tllm_fail(TLLM_ERR_ARG, "%s: holds more than one GGUF file (%s, %s): name the one to run", path,
+                           strrchr(*file, '/') + 1, e->d_name);
+            free(*file);
+            *file = NULL;
+        } else if (!(*file = tllm_path_join(path, e->d_name))) {
+            rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
 int tllm_model_load(const char *dir, struct tllm_model **out) {
     *out = NULL;
+    char *gguf;
+    int grc = tllm_model_gguf_path(dir, &gguf);
+    if (grc) return grc;
+    if (gguf) {
+        grc = tllm_model_load_gguf(gguf, out);
+        free(gguf);
+        return grc;
+    }
     struct tllm_model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
         free(m);
@@ -232,6 +279,7 @@ int tllm_model_load(const char *dir, struct tllm_model **out) {
 void tllm_model_free(struct tllm_model *m) {
     if (!m) return;
     tllm_ckpt_close(m->ckpt);
+    tllm_gguf_close(m->gguf);
     tllm_config_free(&m->cfg);
     free(m->layers);
     free(m->vectors);
@@ -284,6 +332,13 @@ int tllm_model_pack(struct tllm_model *m) {
         for (int i = 0; i < n; i++) ws[i]->pack = &packs[i];
     free(ws);
     return rc;
+}
+
+size_t tllm_model_file_bytes(const struct tllm_model *m) {
+    if (m->ckpt) return m->ckpt->total_bytes;
+    size_t b = 0;
+    for (int i = 0; m->gguf && i < m->gguf->n_tensors; i++) b += m->gguf->tensors[i].nbytes;
+    return b;
 }
 
 size_t tllm_model_bytes_per_token(const struct tllm_model *m) {

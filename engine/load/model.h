@@ -21,10 +21,13 @@ struct tllm_layer {
     struct tllm_qweights w_down; /* [dim x ffn_dim] */
 };
 
+struct tllm_gguf;
+
 struct tllm_model {
-    char *dir;
+    char *dir;                    /* the model directory, or the GGUF file */
     struct tllm_config cfg;
-    struct tllm_ckpt *ckpt;
+    struct tllm_ckpt *ckpt;       /* safetensors checkpoints (NULL for a GGUF file) */
+    struct tllm_gguf *gguf;       /* a GGUF file (engine/load/gguf.h), or NULL */
     struct tllm_qweights embed;   /* [vocab x dim] */
     struct tllm_layer *layers;    /* [n_layers] */
     float *final_norm;            /* [dim] */
@@ -42,8 +45,15 @@ struct tllm_model {
     int deterministic;            /* a device's sums in a fixed order (no float atomics): the same bits every run */
 };
 
-/* Load DIR/config.json and DIR's safetensors. Errors name the file and the tensor. */
-int tllm_model_load(const char *dir, struct tllm_model **out);
+/* Load DIR/config.json and DIR's safetensors; or a GGUF file (PATH, or the one .gguf file of a directory
+ * without config.json). Errors name the file and the tensor. */
+int tllm_model_load(const char *path, struct tllm_model **out);
+/* The GGUF file at path (gguf_model.c) */
+int tllm_model_load_gguf(const char *path, struct tllm_model **out);
+/* The GGUF file that path stands for: path itself when it is one, or the one *.gguf file in a directory
+ * that has no config.json (a fresh string in *file); *file = NULL when path is not a GGUF model, and an
+ * error when a directory without config.json holds several. */
+int tllm_model_gguf_path(const char *path, char **file);
 void tllm_model_free(struct tllm_model *m);
 
 /* For the loaders: find `name`, requiring a float dtype (when float_only) and the 1-D or 2-D shape
@@ -74,6 +84,8 @@ int tllm_bind_gptq_awq(struct tllm_model *m, const char *module, struct tllm_qwe
  * faster, within ~1e-2 of the float path. Unpacked weights keep the exact float kernels. */
 int tllm_model_pack(struct tllm_model *m);
 
+/* Bytes of the tensors in the checkpoint's files (as stored, before any conversion) */
+size_t tllm_model_file_bytes(const struct tllm_model *m);
 /* Bytes of weights read to decode one token (every linear once, the lm_head, one embedding row). */
 size_t tllm_model_bytes_per_token(const struct tllm_model *m);
 /* Bits per weight of the matrices a decoded token reads (the linears and the lm_head; scales and

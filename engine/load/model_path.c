@@ -43,8 +43,13 @@ static char *demo_dir(void) {
     return is_dir(TLLM_DEMO_MODEL_DIR) ? strdup(TLLM_DEMO_MODEL_DIR) : NULL;
 }
 
+static int present(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
 static int from_spec(const char *spec, char **dir) {
-    if (is_dir(spec) || !tllm_hf_is_repo_id(spec)) { /* the loader names what is wrong */
+    if (present(spec) || !tllm_hf_is_repo_id(spec)) { /* a directory or a GGUF file; else the loader names what is wrong */
         *dir = strdup(spec);
         return *dir ? TLLM_OK : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }

@@ -22,6 +22,7 @@ int tllm_gen_defaults_load(const char *dir, const struct tllm_model *m, struct t
     memset(d, 0, sizeof *d);
     d->sampler = tllm_sampler_defaults();
     if (m && m->cfg.eos_id >= 0) d->eos[d->n_eos++] = m->cfg.eos_id;
+    if (!dir) return TLLM_OK; /* a GGUF file: no generation_config.json */
     char *path = tllm_path_join(dir, "generation_config.json");
     if (!path) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     struct json_object *g = NULL;
