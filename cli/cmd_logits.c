@@ -9,23 +9,25 @@
 #include "cli/cli.h"
 
 static const char usage[] =
-    "usage: tllm logits -m DIR --ids 1,2,3 -o OUT.f32 [--last] [--quantize BITS [--group-size G]]\n"
+    "usage: tllm logits -m MODEL --ids 1,2,3 -o OUT.f32 [--last] [--quantize BITS [--group-size G]] [--int8]\n"
     "                   [--device cpu|opencl|opencl:N] [--prefill device|cpu]\n"
     "  Writes float32 little-endian logits, n_ids x vocab (row p = after ids[0..p]),\n"
-    "  or only the last row with --last. Activations are float32 (the reference path).\n"
+    "  or only the last row with --last. Activations are float32 (the reference path, as --exact runs),\n"
+    "  or with --int8 int8 as the CPU's default path runs them (prompt tokens' single level).\n"
     "  --device opencl: the ids run through the device's prompt kernels (--prefill cpu: the CPU's,\n"
     "  with --last the last id then as a device decode step).\n";
 
 int cmd_logits(int argc, char **argv) {
     const char *dir = NULL, *ids_s = NULL, *out = NULL, *device = "cpu";
     enum tllm_prefill prefill = TLLM_PREFILL_DEVICE;
-    int last = 0, qbits = 0, qgroup = 64;
+    int last = 0, qbits = 0, qgroup = 64, int8 = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--ids")) ids_s = cli_value(argc, argv, &i);
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--last")) last = 1;
+        else if (!strcmp(a, "--int8")) int8 = 1;
         else if (!strcmp(a, "--device")) device = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--prefill")) {
             if (tllm_prefill_parse(cli_value(argc, argv, &i), &prefill)) cli_die("--prefill: %s", tllm_errmsg());
@@ -46,6 +48,7 @@ int cmd_logits(int argc, char **argv) {
     struct tllm_model *m;
     if (tllm_model_load(dir, &m)) cli_die_lib();
     if (qbits && tllm_model_quantize(m, qbits, qgroup)) cli_die_lib();
+    if (int8 && tllm_model_pack(m)) cli_die_lib();
     struct tllm_ctx ctx;
     if (n > m->cfg.max_pos)
         cli_die("logits: %d ids exceed the model's context of %d", n, m->cfg.max_pos);

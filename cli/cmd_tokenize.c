@@ -8,6 +8,8 @@
 
 #include "cli/cli.h"
 #include "engine/load/checkpoint.h"
+#include "engine/load/gguf_vocab.h"
+#include "engine/load/model.h"
 #include "engine/base/error.h"
 #include "engine/base/json_util.h"
 #include "tokenizer/chat.h"
@@ -42,8 +44,15 @@ static void print_text_and_ids(const char *text, size_t len, const struct tllm_i
 }
 
 struct tllm_tok *cli_load_tokenizer(const char *dir) {
-    char *path = tllm_path_join(dir, "tokenizer.json");
+    char *gguf;
     struct tllm_tok *t;
+    if (tllm_model_gguf_path(dir, &gguf)) cli_die_lib();
+    if (gguf) {
+        if (tllm_gguf_file_tokenizer(gguf, &t, NULL)) cli_die_lib();
+        free(gguf);
+        return t;
+    }
+    char *path = tllm_path_join(dir, "tokenizer.json");
     if (!path) cli_die("out of memory");
     if (tllm_model_dir_check(dir) || tllm_tok_load(path, &t)) cli_die_lib();
     free(path);
@@ -107,7 +116,13 @@ static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int j
         m[i] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
     }
     struct tllm_chat_template tpl = {0};
-    if (!no_template) {
+    char *gguf;
+    if (tllm_model_gguf_path(dir, &gguf)) cli_die_lib();
+    if (gguf && !no_template) {
+        struct tllm_tok *t2;
+        if (tllm_gguf_file_tokenizer(gguf, &t2, &tpl)) cli_die_lib();
+        tllm_tok_free(t2);
+    } else if (!no_template) {
         char *cfg = tllm_path_join(dir, "tokenizer_config.json");
         if (access(cfg, R_OK) == 0 && tllm_chat_template_load(cfg, &tpl)) cli_die_lib();
         free(cfg);
@@ -124,6 +139,7 @@ static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int j
     tllm_buf_free(&text);
     tllm_ids_free(&ids);
     tllm_chat_template_free(&tpl);
+    free(gguf);
     free(m);
     json_object_put(msgs);
     return 0;

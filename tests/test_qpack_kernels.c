@@ -143,6 +143,8 @@ int main(int argc, char **argv) {
     for (int b = 0; b < 3; b++)
         for (int g = 0; g < 3; g++)
             for (int d = 0; d < 3; d++) one(bits[b], gss[g], dts[d], 16 * (1 + (b + g) % 3) + (d ? 5 : 0), gss[g] * (1 + d));
+    for (int b = 0; b < 3; b++) /* groups of 16 (GGUF's Q2_K, Q3_K, Q6_K): half an activation block each */
+        for (int d = 0; d < 3; d++) one(bits[b], 16, dts[d], 16 * (1 + (b + d) % 3) + 7, 32 * (1 + d));
     one(4, 64, TLLM_DT_BF16, 3, 64);  /* a single partial row block, one group */
     one(8, 32, TLLM_DT_F16, 40, 896); /* the decode shapes' group count */
     one_fmt(TLLM_WF_MXFP4, 4, 32, TLLM_DT_U8, 21, 96); /* E2M1 codes in the 8-bit pack */

@@ -186,8 +186,15 @@ static inline void put_code(uint32_t *row, size_t j, int bits, uint32_t c) {
 
 static int f16_exact(float v) { return tllm_f16_to_f32(tllm_f32_to_f16(v)) == v; }
 
-static int bind_affine(const struct tllm_gguf_tensor *t, const char *file, const struct affine_type *a,
-                       struct tllm_qweights *w, void *owned[2]) {
+/* the matrix being bound */
+struct mat {
+    const char *name;
+    uint32_t type;
+    const void *data;
+};
+
+static int bind_affine(const struct mat *t, const char *file, const struct affine_type *a, struct tllm_qweights *w,
+                       void *owned[2]) {
     const struct tllm_ggml_type *ty = tllm_ggml_type(t->type);
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols, bpr = cols / (size_t)ty->block;
     const size_t gpb = (size_t)(ty->block / a->group), ng = cols / (size_t)a->group, words = cols * (size_t)a->bits / 32;
@@ -233,7 +240,7 @@ static int bind_affine(const struct tllm_gguf_tensor *t, const char *file, const
 /* MXFP4 (e, qs[16]: element j low nibble of qs[j], j + 16 high) and NVFP4 (d[4] UE4M3, qs[32]: sub-block i's
  * element j low nibble of qs[8i + j], j + 8 high): ggml's kvalues index is the E2M1 code itself, and its
  * halved scale times doubled values is the format's scale times the E2M1 value */
-static int bind_fp4(const struct tllm_gguf_tensor *t, const char *file, struct tllm_qweights *w, void *owned[2]) {
+static int bind_fp4(const struct mat *t, const char *file, struct tllm_qweights *w, void *owned[2]) {
     const int nv = t->type == TLLM_GGML_NVFP4, gs = nv ? 16 : 32;
     const struct tllm_ggml_type *ty = tllm_ggml_type(t->type);
     const size_t rows = (size_t)w->rows, cols = (size_t)w->cols, bpr = cols / (size_t)ty->block, ng = cols / (size_t)gs;
@@ -259,7 +266,7 @@ static int bind_fp4(const struct tllm_gguf_tensor *t, const char *file, struct t
                     return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: tensor '%s' (MXFP4) has the scale byte 255 (2^128) in row %zu, "
                                      "which E8M0 reads as NaN", file, t->name, r);
                 }
-                if (nv) e = (e & 0x7f) == 0x7f ? 0 : (e & 0x7f); /* ggml reads UE4M3 unsigned, 0x7f as 0 */
+                if (nv) e = e == 0x7f ? 0 : (e & 0x7f); /* ggml reads UE4M3 unsigned (bit 7 ignored), 0x7f as 0 */
                 sc[g] = e;
                 for (int j = 0; j < gs / 2; j++) {
                     put_code(row, j0 + (size_t)j, 4, qs[j] & 15);
@@ -279,26 +286,28 @@ static int bind_fp4(const struct tllm_gguf_tensor *t, const char *file, struct t
     return TLLM_OK;
 }
 
-int tllm_ggml_bind(const struct tllm_gguf_tensor *t, const char *file, struct tllm_qweights *w, void *owned[2]) {
-    const struct tllm_ggml_type *ty = tllm_ggml_type(t->type);
+int tllm_ggml_bind(const char *name, uint32_t type, int64_t rows, int64_t cols, const void *data, const char *file,
+                   struct tllm_qweights *w, void *owned[2]) {
+    const struct tllm_ggml_type *ty = tllm_ggml_type(type);
+    const struct mat t = {name, type, data};
     owned[0] = owned[1] = NULL;
     memset(w, 0, sizeof *w);
-    w->name = t->name;
-    if (t->n_dims != 2 || t->ne[0] > INT32_MAX || t->ne[1] > INT32_MAX)
-        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' is not a matrix", file, t->name);
-    w->rows = (int)t->ne[1], w->cols = (int)t->ne[0];
+    w->name = name;
+    if (rows < 1 || cols < 1 || rows > INT32_MAX || cols > INT32_MAX || (ty && cols % ty->block))
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' is not a matrix tllm can hold", file, name);
+    w->rows = (int)rows, w->cols = (int)cols;
     if (!ty || !ty->runs)
         return tllm_fail(TLLM_ERR_UNSUPPORTED,
                          "%s: tensor '%s' has type %s, which tllm does not run (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-                         "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4 are)", file, t->name, ty ? ty->name : "?");
-    if (t->type == TLLM_GGML_F32 || t->type == TLLM_GGML_F16 || t->type == TLLM_GGML_BF16) {
+                         "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4 are)", file, name, ty ? ty->name : "?");
+    if (type == TLLM_GGML_F32 || type == TLLM_GGML_F16 || type == TLLM_GGML_BF16) {
         w->format = TLLM_WF_DENSE;
-        w->dtype = t->type == TLLM_GGML_F32 ? TLLM_DT_F32 : t->type == TLLM_GGML_F16 ? TLLM_DT_F16 : TLLM_DT_BF16;
-        w->w = t->data;
+        w->dtype = type == TLLM_GGML_F32 ? TLLM_DT_F32 : type == TLLM_GGML_F16 ? TLLM_DT_F16 : TLLM_DT_BF16;
+        w->w = data;
         return TLLM_OK;
     }
-    if (t->type == TLLM_GGML_MXFP4 || t->type == TLLM_GGML_NVFP4) return bind_fp4(t, file, w, owned);
+    if (type == TLLM_GGML_MXFP4 || type == TLLM_GGML_NVFP4) return bind_fp4(&t, file, w, owned);
     for (size_t i = 0; i < sizeof affine_types / sizeof *affine_types; i++)
-        if (affine_types[i].type == t->type) return bind_affine(t, file, &affine_types[i], w, owned);
-    return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: tensor '%s': type %s has no mapping", file, t->name, ty->name);
+        if (affine_types[i].type == type) return bind_affine(&t, file, &affine_types[i], w, owned);
+    return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: tensor '%s': type %s has no mapping", file, name, ty->name);
 }

@@ -17,7 +17,6 @@
 #include <stdint.h>
 
 #include "kernels/cpu/qweights.h"
-#include "engine/load/gguf.h"
 
 enum tllm_ggml_type_id {
     TLLM_GGML_F32 = 0, TLLM_GGML_F16 = 1, TLLM_GGML_Q4_0 = 2, TLLM_GGML_Q4_1 = 3, TLLM_GGML_Q5_0 = 6,
@@ -36,10 +35,11 @@ struct tllm_ggml_type {
 /* The type's description; NULL for a number ggml does not define */
 const struct tllm_ggml_type *tllm_ggml_type(uint32_t type);
 
-/* Bind the 2-D tensor t ([ne[1] rows x ne[0] cols]) as w (rows and cols taken from t; w->name = t->name):
- * dense types in place, quantized ones converted into up to two new buffers that the caller frees
+/* Bind a [rows x cols] matrix of ggml type `type` at data (a GGUF tensor's ne[1] x ne[0]) as w (w->name =
+ * name): dense types in place, quantized ones converted into up to two new buffers that the caller frees
  * (owned[0], owned[1]; NULL when unused). Types tllm does not run (IQ*, TQ*, Q8_1, Q8_K, integers, F64)
  * are refused naming the tensor and its type. `file` names the file in messages. */
-int tllm_ggml_bind(const struct tllm_gguf_tensor *t, const char *file, struct tllm_qweights *w, void *owned[2]);
+int tllm_ggml_bind(const char *name, uint32_t type, int64_t rows, int64_t cols, const void *data, const char *file,
+                   struct tllm_qweights *w, void *owned[2]);
 
 #endif

@@ -27,7 +27,7 @@ static int bind_matrix(struct tllm_model *m, const char *name, int rows, int col
                          "(%d inputs, %d outputs)", m->gguf->path, name, (long long)t->ne[0], (long long)t->ne[1],
                          t->n_dims, cols, rows, cols, rows);
     void *owned[2];
-    if ((rc = tllm_ggml_bind(t, m->gguf->path, w, owned))) return rc;
+    if ((rc = tllm_ggml_bind(t->name, t->type, t->ne[1], t->ne[0], t->data, m->gguf->path, w, owned))) return rc;
     if (owned[0] && (rc = tllm_model_own(m, owned[0]))) {
         free(owned[1]);
         return rc;

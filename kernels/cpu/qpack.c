@@ -12,6 +12,7 @@
 int tllm_qpack_supported(const struct tllm_qweights *w) {
     if (w->cols % TLLM_XQ_BLOCK) return 0;
     if (w->format == TLLM_WF_NVFP4) return w->group_size == 16;
+    if (w->format == TLLM_WF_AFFINE && w->group_size == 16) return 1; /* GGUF's Q2_K, Q3_K, Q6_K */
     return (w->format == TLLM_WF_AFFINE || w->format == TLLM_WF_MXFP4) && w->group_size % TLLM_XQ_BLOCK == 0;
 }
 

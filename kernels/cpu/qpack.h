@@ -84,7 +84,8 @@ static inline float tllm_xq_group_sum(const struct tllm_xq *x, const float *xs, 
 
 /* 1 if w can be packed: affine (any bits: 1 and 3 take 2 and 4 bits in the pack, 5 and 6 take 8) or
  * mxfp4 / nvfp4 (4-bit E2M1 codes read through tllm_e2m1_u8, the E8M0 / E4M3 scale halved as a bf16
- * scale, no biases), groups of whole activation blocks or (nvfp4) halves of them. The pack keeps w's
+ * scale, no biases), groups of whole activation blocks or (nvfp4, and affine groups of 16 from GGUF's
+ * Q2_K / Q3_K / Q6_K) halves of them. The pack keeps w's
  * stored column order: where w->perm is set, the caller quantizes the activations in that order.
  * mxfp8's E4M3 codes do not fit the integer form: it takes the float kernels. */
 int tllm_qpack_supported(const struct tllm_qweights *w);

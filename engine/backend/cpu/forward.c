@@ -627,13 +627,13 @@ int tllm_backend_cpu_init(struct tllm_backend **out, const struct tllm_model *m,
     cpu->xq_d = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
     cpu->xq_sum = malloc(nb * (max_cols / TLLM_XQ_BLOCK + 1) * sizeof(float));
     /* (by format, not by pack: the model may be packed after this is made) */
-    int permuted = 0, halves = m->lm_head.format == TLLM_WF_NVFP4;
+    int permuted = 0, halves = m->lm_head.format == TLLM_WF_NVFP4 || m->lm_head.group_size == 16;
     for (int l = 0; l < c->n_layers; l++) {
         const struct tllm_layer *L = &m->layers[l];
         const struct tllm_qweights *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) {
             permuted |= ws[i]->perm != NULL;
-            halves |= ws[i]->format == TLLM_WF_NVFP4;
+            halves |= ws[i]->format == TLLM_WF_NVFP4 || ws[i]->group_size == 16;
         }
     }
     if ((permuted && !(cpu->xperm = malloc(nb * max_cols * sizeof(float)))) ||
