@@ -10,8 +10,9 @@
 
 const char cli_model_opts_help[] =
     "model options:\n"
-    "  -m, --model MODEL      a model directory (config.json + safetensors [+ tokenizer.json]) or a Hugging\n"
-    "                         Face repo id (owner/name[@rev]) in the local cache ($HF_HOME, ~/.cache/huggingface);\n"
+    "  -m, --model MODEL      a model directory (config.json + safetensors [+ tokenizer.json]), a GGUF file\n"
+    "                         (llama.cpp's), or a Hugging Face repo id (owner/name[@rev]) in the local cache\n"
+    "                         ($HF_HOME, ~/.cache/huggingface);\n"
     "                         default: $TLLM_MODEL, else the bundled demo model (models/tllm-man-demo)\n"
     "  -t, --threads N        CPU threads (default: physical cores)\n"
     "  -c, --ctx-size N       context length in tokens (default: min(model maximum, 4096)); with\n"
