@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/base/error.h"
+#include "engine/base/threadpool.h"
 #include "engine/load/ggml_types.h"
 #include "engine/load/gguf.h"
 #include "engine/load/model.h"
@@ -17,7 +18,23 @@ static const struct tllm_gguf_tensor *find(const struct tllm_model *m, const cha
     return t;
 }
 
-static int bind_matrix(struct tllm_model *m, const char *name, int rows, int cols, struct tllm_qweights *w) {
+/* One matrix to map: found and shape-checked first (in order, so the first bad tensor is the one named),
+ * then converted on the thread pool (the conversion is most of a GGUF's load time) */
+struct job {
+    const struct tllm_gguf_tensor *t;
+    struct tllm_qweights *w;
+    void *owned[2];
+    int rc;
+    char err[512];
+};
+
+struct jobs {
+    struct job *j;
+    int n, cap;
+    const char *path;
+};
+
+static int add_matrix(struct tllm_model *m, struct jobs *js, const char *name, int rows, int cols, struct tllm_qweights *w) {
     int rc = TLLM_OK;
     const struct tllm_gguf_tensor *t = find(m, name, &rc);
     if (rc) return rc;
@@ -26,13 +43,39 @@ static int bind_matrix(struct tllm_model *m, const char *name, int rows, int col
                          "%s: tensor '%s' has ne [%lld, %lld] (%d dimensions) but the model's keys imply [%d, %d] "
                          "(%d inputs, %d outputs)", m->gguf->path, name, (long long)t->ne[0], (long long)t->ne[1],
                          t->n_dims, cols, rows, cols, rows);
-    void *owned[2];
-    if ((rc = tllm_ggml_bind(t->name, t->type, t->ne[1], t->ne[0], t->data, m->gguf->path, w, owned))) return rc;
-    if (owned[0] && (rc = tllm_model_own(m, owned[0]))) {
-        free(owned[1]);
-        return rc;
+    if (js->n == js->cap) {
+        int cap = js->cap ? 2 * js->cap : 64;
+        struct job *nj = realloc(js->j, (size_t)cap * sizeof *nj);
+        if (!nj) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        js->j = nj, js->cap = cap;
     }
-    return owned[1] ? tllm_model_own(m, owned[1]) : TLLM_OK;
+    js->j[js->n++] = (struct job){t, w, {NULL, NULL}, TLLM_OK, ""};
+    return TLLM_OK;
+}
+
+static void convert_task(void *arg, int ith, int nth) {
+    struct jobs *js = arg;
+    for (int i = ith; i < js->n; i += nth) {
+        struct job *j = &js->j[i];
+        j->rc = tllm_ggml_bind(j->t->name, j->t->type, j->t->ne[1], j->t->ne[0], j->t->data, js->path, j->w, j->owned);
+        if (j->rc) snprintf(j->err, sizeof j->err, "%s", tllm_errmsg()); /* this thread's message */
+    }
+}
+
+/* Convert every job; the model owns what they made, whatever happened; the first failure is reported */
+static int run_jobs(struct tllm_model *m, struct jobs *js) {
+    js->path = m->gguf->path;
+    tllm_parallel(convert_task, js);
+    int rc = TLLM_OK;
+    for (int i = 0; i < js->n; i++) {
+        struct job *j = &js->j[i];
+        for (int k = 0; k < 2; k++) {
+            int r = j->owned[k] ? tllm_model_own(m, j->owned[k]) : TLLM_OK;
+            if (r && !rc) rc = r;
+        }
+        if (j->rc && !rc) rc = tllm_fail(j->rc, "%s", j->err);
+    }
+    return rc;
 }
 
 static int bind_vector(struct tllm_model *m, const char *name, int len, float *dst) {
@@ -120,7 +163,7 @@ static int read_config(struct tllm_gguf *g, struct tllm_config *c) {
     return TLLM_OK;
 }
 
-static int bind_layer(struct tllm_model *m, int l, float **vec) {
+static int bind_layer(struct tllm_model *m, struct jobs *js, int l, float **vec) {
     const struct tllm_config *c = &m->cfg;
     struct tllm_layer *L = &m->layers[l];
     const int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
@@ -146,7 +189,7 @@ static int bind_layer(struct tllm_model *m, int l, float **vec) {
     const int cols[] = {c->dim, c->dim, c->dim, q_dim, c->dim, c->dim, c->ffn_dim};
     for (int i = 0; i < 7; i++) {
         snprintf(n, sizeof n, "blk.%d.%s.weight", l, lnames[i]);
-        if ((rc = bind_matrix(m, n, rows[i], cols[i], ldst[i]))) return rc;
+        if ((rc = add_matrix(m, js, n, rows[i], cols[i], ldst[i]))) return rc;
     }
     return TLLM_OK;
 }
@@ -168,19 +211,18 @@ int tllm_model_load_gguf(const char *path, struct tllm_model **out) {
         m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
         if (!m->vectors || !m->layers) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
-    if (!rc) rc = bind_matrix(m, "token_embd.weight", c->vocab_size, c->dim, &m->embed);
+    struct jobs js = {0};
+    if (!rc) rc = add_matrix(m, &js, "token_embd.weight", c->vocab_size, c->dim, &m->embed);
     float *vec = m->vectors;
-    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, l, &vec);
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, &js, l, &vec);
     if (!rc) {
         m->final_norm = vec;
         rc = bind_vector(m, "output_norm.weight", c->dim, m->final_norm);
     }
-    if (!rc) {
-        if (c->tie_embeddings)
-            m->lm_head = m->embed;
-        else
-            rc = bind_matrix(m, "output.weight", c->vocab_size, c->dim, &m->lm_head);
-    }
+    if (!rc && !c->tie_embeddings) rc = add_matrix(m, &js, "output.weight", c->vocab_size, c->dim, &m->lm_head);
+    if (!rc) rc = run_jobs(m, &js);
+    free(js.j);
+    if (!rc && c->tie_embeddings) m->lm_head = m->embed;
     if (!rc) {
         char extra[96];
         snprintf(extra, sizeof extra, "blk.%d.attn_norm.weight", c->n_layers);
