@@ -327,6 +327,55 @@ d = st_raw("st-nul", '{"a\\u0000b": {' + F32 + '[0, 8]}}', bytes(8))
 case("safetensors: a NUL in a key", ["generate", "-m", d] + IDS, 1,
      'tllm: {T}/st-nul/model.safetensors: the key "a\\u0000b" has a NUL byte')
 
+# ---- GGUF files: the header's counts, keys and offsets checked against the file ----
+def gstr(x):
+    b = x.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_raw(name, kvs, tensors=(), data=b"", version=3, magic=b"GGUF"):
+    """kvs: (key, type, packed value bytes); tensors: (name, dims, ggml type, offset)"""
+    body = magic + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    body += b"".join(gstr(k) + struct.pack("<I", t) + v for k, t, v in kvs)
+    body += b"".join(gstr(n) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", x) for x in dims) +
+                     struct.pack("<IQ", ty, off) for n, dims, ty, off in tensors)
+    body += b"\0" * (-len(body) % 32)
+    return put(os.path.join(T, name), body + data, "wb")
+
+
+ARCH = ("general.architecture", 8, gstr("qwen2"))
+g = gguf_raw("g-magic.gguf", [ARCH], magic=b"GGML")
+case("gguf: no magic", ["generate", "-m", g] + IDS, 1, 'tllm: {T}/g-magic.gguf: not a GGUF file (no "GGUF" magic)')
+g = gguf_raw("g-v1.gguf", [ARCH], version=1)
+case("gguf: version 1", ["generate", "-m", g] + IDS, 1,
+     "tllm: {T}/g-v1.gguf: GGUF version 1 is not supported (2 and 3 are; llama.cpp's gguf-py can rewrite it)")
+g = gguf_raw("g-dup.gguf", [ARCH, ARCH])
+case("gguf: a key twice", ["generate", "-m", g] + IDS, 1, "tllm: {T}/g-dup.gguf: key 'general.architecture' appears twice")
+g = gguf_raw("g-arch.gguf", [("general.architecture", 8, gstr("llama"))])
+case("gguf: another architecture", ["generate", "-m", g] + IDS, 1,
+     "tllm: {T}/g-arch.gguf: general.architecture 'llama' is not supported (tllm runs qwen2 models)")
+g = gguf_raw("g-align.gguf", [ARCH], [("a", [8], 0, 4)], bytes(64))
+case("gguf: a misaligned tensor", ["generate", "-m", g] + IDS, 1,
+     "tllm: {T}/g-align.gguf: tensor 'a': offset 4 is not a multiple of the alignment 32")
+g = gguf_raw("g-past.gguf", [ARCH], [("a", [1024], 0, 0)], bytes(64))
+case("gguf: a tensor past the end", ["generate", "-m", g] + IDS, 1,
+     "tllm: {T}/g-past.gguf: tensor 'a': bytes 0 to 4096 of the data, which has 64 (truncated file?)")
+g = gguf_raw("g-type.gguf", [ARCH], [("a", [32], 77, 0)], bytes(64))
+case("gguf: an unknown tensor type", ["generate", "-m", g] + IDS, 1,
+     "tllm: {T}/g-type.gguf: tensor 'a' has ggml type 77, which tllm does not know")
+g = gguf_raw("g-cut.gguf", [ARCH, ("qwen2.block_count", 4, struct.pack("<I", 2))])
+put(g, open(g, "rb").read()[:100], "wb")  # in qwen2.block_count's value (bytes 98 to 102)
+case("gguf: a truncated header", ["generate", "-m", g] + IDS, 1,
+     "tllm: {T}/g-cut.gguf: truncated or corrupt header: qwen2.block_count runs past the end of the file (byte 98 of 100)")
+g = gguf_raw("g-keys.gguf", [ARCH])
+case("gguf: a missing key", ["generate", "-m", g] + IDS, 1, "tllm: {T}/g-keys.gguf: missing key 'qwen2.embedding_length'")
+two = os.path.join(T, "two-gguf")
+os.makedirs(two)
+for n in ("a.gguf", "b.gguf"):
+    shutil.copy(g, os.path.join(two, n))
+case("gguf: a directory of two", ["generate", "-m", two] + IDS, 1,
+     "tllm: {T}/two-gguf: holds more than one GGUF file and no config.json: name the file to run")
+
 # ---- special files where the model's files should be: never a hang, a message naming the file ----
 for name in ["config.json", "model.safetensors", "generation_config.json"]:
     d = copy_model("fifo-" + name.split(".")[0])

@@ -209,8 +209,7 @@ int tllm_model_gguf_path(const char *path, char **file) {
     while ((e = readdir(d)) && !rc) {
         if (e->d_name[0] == '.' || !ends_with(e->d_name, ".gguf")) continue;
         if (*file) {
-            rc = tllm_fail(TLLM_ERR_ARG, "%s: holds more than one GGUF file (%s, %s): name the one to run", path,
-                           strrchr(*file, '/') + 1, e->d_name);
+            rc = tllm_fail(TLLM_ERR_ARG, "%s: holds more than one GGUF file and no config.json: name the file to run", path);
             free(*file);
             *file = NULL;
         } else if (!(*file = tllm_path_join(path, e->d_name))) {
