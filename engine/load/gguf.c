@@ -240,6 +240,11 @@ static int parse(struct tllm_gguf *g) {
     if (n_tensors > MAX_COUNT || n_kvs > MAX_COUNT)
         return tllm_fail(TLLM_ERR_FORMAT, "%s: %llu tensors and %llu keys: more than tllm reads (%u)", g->path,
                          (unsigned long long)n_tensors, (unsigned long long)n_kvs, MAX_COUNT);
+    /* a key takes 14 bytes at least, a tensor's info 33: counts the file cannot hold are refused before
+     * anything is allocated for them */
+    if (n_kvs > g->map_size / 14 || n_tensors > g->map_size / 33)
+        return tllm_fail(TLLM_ERR_FORMAT, "%s: truncated or corrupt header: %llu keys and %llu tensors cannot fit in %zu bytes",
+                         g->path, (unsigned long long)n_kvs, (unsigned long long)n_tensors, g->map_size);
     g->kvs = calloc((size_t)n_kvs + 1, sizeof *g->kvs);
     g->tensors = calloc((size_t)n_tensors + 1, sizeof *g->tensors);
     uint64_t *offsets = calloc((size_t)n_tensors + 1, sizeof *offsets);
