@@ -369,6 +369,9 @@ case("gguf: a truncated header", ["generate", "-m", g] + IDS, 1,
      "tllm: {T}/g-cut.gguf: truncated or corrupt header: qwen2.block_count runs past the end of the file (byte 98 of 100)")
 g = gguf_raw("g-keys.gguf", [ARCH])
 case("gguf: a missing key", ["generate", "-m", g] + IDS, 1, "tllm: {T}/g-keys.gguf: missing key 'qwen2.embedding_length'")
+case("gguf: tllm quantize points to the float32 route", ["quantize", g, os.path.join(T, "gq-out")], 1,
+     "tllm: {T}/g-keys.gguf: a GGUF file runs as it is (-m FILE.gguf); to requantize it, write it out as a float32 "
+     "checkpoint first (scripts/gguf_to_hf.py)", no_file="{T}/gq-out/model.safetensors")
 two = os.path.join(T, "two-gguf")
 os.makedirs(two)
 for n in ("a.gguf", "b.gguf"):

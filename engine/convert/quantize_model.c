@@ -8,6 +8,7 @@
 #include "engine/convert/convert.h"
 #include "engine/convert/convert_util.h"
 #include "engine/base/error.h"
+#include "engine/load/gguf.h"
 #include "engine/base/json_util.h"
 #include "engine/convert/st_writer.h"
 
@@ -136,7 +137,10 @@ int tllm_quantize_checkpoint(const char *in_dir, const char *out_dir, const stru
                          tllm_qmode_name(o->mode));
     struct tllm_config cfg;
     char *cfg_path = tllm_path_join(in_dir, "config.json");
-    int rc = tllm_model_dir_check(in_dir);
+    int rc = tllm_gguf_is_gguf(in_dir)
+                 ? tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: a GGUF file runs as it is (-m FILE.gguf); to requantize it, write it "
+                                                   "out as a float32 checkpoint first (scripts/gguf_to_hf.py)", in_dir)
+                 : tllm_model_dir_check(in_dir);
     if (!rc) rc = tllm_config_load(cfg_path, &cfg);
     if (rc) {
         free(cfg_path);
