@@ -166,14 +166,14 @@ if not SANITIZED:
           f"(b) greedy text differs: {g1.stdout!r} vs {g2.stdout!r}")
 
 # (d) perplexity of a real text: int8 within 1% of --exact
-text = os.path.join(data, "text", "code.c")
+text = os.path.join(data, "text", "code.txt")
 ppl = {}
 for mode in () if SANITIZED else ("int8", "exact"):
     r = run("perplexity", "-m", model, "-f", text, "-c", "256", "--chunks", "3", *(["--exact"] if mode == "exact" else []))
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
     ppl[mode] = float(m.group(1)) if m else None
 if not SANITIZED:
-    print(f"  (d) perplexity of code.c (3 x 256): int8 {ppl['int8']}, --exact {ppl['exact']}")
+    print(f"  (d) perplexity of code.txt (3 x 256): int8 {ppl['int8']}, --exact {ppl['exact']}")
     check(ppl["int8"] and ppl["exact"] and abs(ppl["int8"] / ppl["exact"] - 1) <= 0.01 and ppl["exact"] < 20,
           f"(d) perplexity int8 {ppl['int8']} vs --exact {ppl['exact']}")
 

@@ -163,19 +163,12 @@ static int read_config(struct tllm_gguf *g, struct tllm_config *c) {
     return TLLM_OK;
 }
 
-static int bind_layer(struct tllm_model *m, struct jobs *js, int l, float **vec) {
+static int bind_layer(struct tllm_model *m, struct jobs *js, int l) {
     const struct tllm_config *c = &m->cfg;
     struct tllm_layer *L = &m->layers[l];
     const int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
     char n[96];
     int rc;
-#define TAKE(dst, len) (dst = *vec, *vec += (len))
-    TAKE(L->attn_norm, c->dim);
-    TAKE(L->ffn_norm, c->dim);
-    TAKE(L->bq, q_dim);
-    TAKE(L->bk, kv_dim);
-    TAKE(L->bv, kv_dim);
-#undef TAKE
     static const char *const vnames[] = {"attn_norm.weight", "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
     float *vdst[] = {L->attn_norm, L->ffn_norm, L->bq, L->bk, L->bv};
     const int vlen[] = {c->dim, c->dim, q_dim, kv_dim, kv_dim};
@@ -204,21 +197,11 @@ int tllm_model_load_gguf(const char *path, struct tllm_model **out) {
     int rc = tllm_gguf_open(path, &m->gguf);
     if (!rc) rc = read_config(m->gguf, &m->cfg);
     const struct tllm_config *c = &m->cfg;
-    if (!rc) {
-        size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-        size_t per_layer = 2 * (size_t)c->dim + q_dim + 2 * kv_dim;
-        m->vectors = malloc(((size_t)c->n_layers * per_layer + (size_t)c->dim) * sizeof(float));
-        m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-        if (!m->vectors || !m->layers) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    }
+    if (!rc) rc = tllm_model_alloc(m);
     struct jobs js = {0};
     if (!rc) rc = add_matrix(m, &js, "token_embd.weight", c->vocab_size, c->dim, &m->embed);
-    float *vec = m->vectors;
-    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, &js, l, &vec);
-    if (!rc) {
-        m->final_norm = vec;
-        rc = bind_vector(m, "output_norm.weight", c->dim, m->final_norm);
-    }
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, &js, l);
+    if (!rc) rc = bind_vector(m, "output_norm.weight", c->dim, m->final_norm);
     if (!rc && !c->tie_embeddings) rc = add_matrix(m, &js, "output.weight", c->vocab_size, c->dim, &m->lm_head);
     if (!rc) rc = run_jobs(m, &js);
     free(js.j);

@@ -30,6 +30,26 @@ int tllm_model_own(struct tllm_model *m, void *p) {
     return TLLM_OK;
 }
 
+int tllm_model_alloc(struct tllm_model *m) {
+    const struct tllm_config *c = &m->cfg;
+    size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t per_layer = 2 * (size_t)c->dim + q_dim + 2 * kv_dim;
+    m->vectors = malloc(((size_t)c->n_layers * per_layer + (size_t)c->dim) * sizeof(float));
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->vectors || !m->layers) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    float *v = m->vectors;
+    for (int l = 0; l < c->n_layers; l++) {
+        struct tllm_layer *L = &m->layers[l];
+        L->attn_norm = v, v += c->dim;
+        L->ffn_norm = v, v += c->dim;
+        L->bq = v, v += q_dim;
+        L->bk = v, v += kv_dim;
+        L->bv = v, v += kv_dim;
+    }
+    m->final_norm = v;
+    return TLLM_OK;
+}
+
 int tllm_model_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim,
                        int64_t d0, int64_t d1, const struct tllm_tensor **out) {
     const struct tllm_tensor *t = tllm_ckpt_find(m->ckpt, name);
@@ -149,19 +169,12 @@ static int bind_linear(struct tllm_model *m, const char *module, int rows, int c
     return TLLM_OK;
 }
 
-static int bind_layer(struct tllm_model *m, int l, float **vec) {
+static int bind_layer(struct tllm_model *m, int l) {
     const struct tllm_config *c = &m->cfg;
     struct tllm_layer *L = &m->layers[l];
     int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
     char p[128], n[192];
     int rc;
-#define TAKE(dst, len) (dst = *vec, *vec += (len))
-    TAKE(L->attn_norm, c->dim);
-    TAKE(L->ffn_norm, c->dim);
-    TAKE(L->bq, q_dim);
-    TAKE(L->bk, kv_dim);
-    TAKE(L->bv, kv_dim);
-#undef TAKE
     snprintf(p, sizeof p, "model.layers.%d.", l);
     static const char *const vnames[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
                                          "self_attn.q_proj.bias", "self_attn.k_proj.bias",
@@ -246,20 +259,10 @@ int tllm_model_load(const char *dir, struct tllm_model **out) {
     free(cfg_path);
     if (!rc) rc = tllm_ckpt_open(dir, &m->ckpt);
     const struct tllm_config *c = &m->cfg;
-    if (!rc) {
-        size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-        size_t per_layer = 2 * (size_t)c->dim + q_dim + 2 * kv_dim;
-        m->vectors = malloc(((size_t)c->n_layers * per_layer + (size_t)c->dim) * sizeof(float));
-        m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-        if (!m->vectors || !m->layers) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    }
+    if (!rc) rc = tllm_model_alloc(m);
     if (!rc) rc = bind_linear(m, "model.embed_tokens", c->vocab_size, c->dim, &m->embed);
-    float *vec = m->vectors;
-    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, l, &vec);
-    if (!rc) {
-        m->final_norm = vec;
-        rc = bind_vector(m, "model.norm.weight", c->dim, m->final_norm);
-    }
+    for (int l = 0; !rc && l < c->n_layers; l++) rc = bind_layer(m, l);
+    if (!rc) rc = bind_vector(m, "model.norm.weight", c->dim, m->final_norm);
     if (!rc) {
         if (c->tie_embeddings)
             m->lm_head = m->embed;

@@ -56,6 +56,9 @@ int tllm_model_load_gguf(const char *path, struct tllm_model **out);
 int tllm_model_gguf_path(const char *path, char **file);
 void tllm_model_free(struct tllm_model *m);
 
+/* For the loaders: m->layers and the one allocation behind every norm and bias (m->vectors), each
+ * layer's vector fields and final_norm pointing into it, sized by m->cfg. */
+int tllm_model_alloc(struct tllm_model *m);
 /* For the loaders: find `name`, requiring a float dtype (when float_only) and the 1-D or 2-D shape
  * [d0(, d1)]; errors name the file, the tensor and both shapes. */
 int tllm_model_tensor(const struct tllm_model *m, const char *name, int float_only, int ndim, int64_t d0, int64_t d1,
