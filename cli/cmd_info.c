@@ -37,18 +37,13 @@ static void list_formats(const struct tllm_model *m) {
 }
 
 /* A GGUF file: its name, and each tensor type with its count and bits per weight as stored */
-static void gguf_summary(const struct tllm_gguf *g, size_t *bytes) {
+static void gguf_summary(const struct tllm_gguf *g) {
     const char *name = NULL;
     tllm_gguf_get_str(g, "general.name", &name);
     printf("file             GGUF v%u%s%s%s\n", g->version, name ? " \"" : "", name ? name : "", name ? "\"" : "");
     int count[64] = {0};
-    double n[64] = {0};
-    *bytes = 0;
-    for (int i = 0; i < g->n_tensors; i++) {
-        const struct tllm_gguf_tensor *t = &g->tensors[i];
-        *bytes += t->nbytes;
-        if (t->type < 64) count[t->type]++, n[t->type] += (double)t->nbytes;
-    }
+    for (int i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].type < 64) count[g->tensors[i].type]++;
     for (uint32_t ty = 0, k = 0; ty < 64; ty++) {
         const struct tllm_ggml_type *d = tllm_ggml_type(ty);
         if (!count[ty] || !d) continue;
@@ -71,13 +66,12 @@ int cmd_info(int argc, char **argv) {
     struct tllm_model *m;
     if (tllm_model_load(dir, &m)) cli_die_lib();
     const struct tllm_config *c = &m->cfg;
-    int n_tensors = m->gguf ? m->gguf->n_tensors : 0, n_files = 1;
-    size_t weight_bytes = 0;
+    int n_tensors = m->gguf ? m->gguf->n_tensors : 0, n_files = m->ckpt ? m->ckpt->n_files : 1;
     for (int f = 0; m->ckpt && f < m->ckpt->n_files; f++) n_tensors += m->ckpt->files[f]->n_tensors;
-    if (m->ckpt) n_files = m->ckpt->n_files, weight_bytes = tllm_model_file_bytes(m);
+    size_t weight_bytes = tllm_model_file_bytes(m);
     char buf[96];
     printf("model            %s\n", m->dir);
-    if (m->gguf) gguf_summary(m->gguf, &weight_bytes);
+    if (m->gguf) gguf_summary(m->gguf);
     printf("architecture     qwen2: %d layers, hidden %d, heads %d (KV %d, GQA %d:1), head_dim %d, ffn %d, vocab %d\n",
            c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->n_heads / c->n_kv_heads, c->head_dim, c->ffn_dim,
            c->vocab_size);

@@ -119,9 +119,7 @@ static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int j
     char *gguf;
     if (tllm_model_gguf_path(dir, &gguf)) cli_die_lib();
     if (gguf && !no_template) {
-        struct tllm_tok *t2;
-        if (tllm_gguf_file_tokenizer(gguf, &t2, &tpl)) cli_die_lib();
-        tllm_tok_free(t2);
+        if (tllm_gguf_file_tokenizer(gguf, NULL, &tpl)) cli_die_lib(); /* the template only: t is its tokenizer */
     } else if (!no_template) {
         char *cfg = tllm_path_join(dir, "tokenizer_config.json");
         if (access(cfg, R_OK) == 0 && tllm_chat_template_load(cfg, &tpl)) cli_die_lib();

@@ -76,30 +76,29 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     if (!p->exact && (rc = tllm_model_pack(e->m))) return rc;
     e->m->decode_levels = p->fast_decode ? 1 : 2;
     e->m->deterministic = p->deterministic;
-    if (e->m->gguf) { /* a GGUF file carries its tokenizer and chat template */
-        const char *tpl = NULL;
+    /* the tokenizer and chat template: a GGUF file's own, else tokenizer.json and tokenizer_config.json */
+    const char *tok_src = e->m->dir, *tpl = NULL;
+    char *tj = NULL, *tc = NULL;
+    if (e->m->gguf) {
         rc = tllm_gguf_tokenizer(e->m->gguf, &e->tok);
-        if (!rc && e->tok && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
-            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", e->m->dir,
-                           tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
-        if (!rc) rc = tllm_gguf_get_str(e->m->gguf, "tokenizer.chat_template", &tpl);
-        if (!rc && tpl && e->tok && !p->no_template) rc = tllm_chat_template_parse(tpl, &e->tpl, e->m->dir);
-        if (!rc) rc = tllm_gen_defaults_load(NULL, e->m, &e->gd);
-        if (!rc) rc = gguf_stop_ids(e);
-        if (!rc && e->tok) e->m->n_sample = tllm_tok_n_vocab(e->tok);
-        return rc;
+    } else if (!(tj = tllm_path_join(dir, "tokenizer.json")) || !(tc = tllm_path_join(dir, "tokenizer_config.json"))) {
+        rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    } else if (tllm_path_present(tj)) {
+        tok_src = tj;
+        rc = tllm_tok_load(tj, &e->tok);
     }
-    char *tj = tllm_path_join(dir, "tokenizer.json"), *tc = tllm_path_join(dir, "tokenizer_config.json");
-    if (!tj || !tc) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    else if (tllm_path_present(tj)) {
-        if (!(rc = tllm_tok_load(tj, &e->tok)) && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
-            rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", tj,
-                           tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
-        if (!rc && !p->no_template && tllm_path_present(tc)) rc = tllm_chat_template_load(tc, &e->tpl);
+    if (!rc && e->tok && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
+        rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", tok_src,
+                       tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
+    if (!rc && e->m->gguf) rc = tllm_gguf_get_str(e->m->gguf, "tokenizer.chat_template", &tpl);
+    if (!rc && e->tok && !p->no_template) {
+        if (tpl) rc = tllm_chat_template_parse(tpl, &e->tpl, e->m->dir);
+        else if (tc && tllm_path_present(tc)) rc = tllm_chat_template_load(tc, &e->tpl);
     }
+    if (!rc) rc = tllm_gen_defaults_load(e->m->gguf ? NULL : dir, e->m, &e->gd);
+    if (!rc && e->m->gguf) rc = gguf_stop_ids(e);
     free(tj);
     free(tc);
-    if (!rc) rc = tllm_gen_defaults_load(dir, e->m, &e->gd);
     if (!rc && e->tok) e->m->n_sample = tllm_tok_n_vocab(e->tok); /* before any backend is made */
     return rc;
 }

@@ -30,6 +30,10 @@ const struct tllm_ggml_type *tllm_ggml_type(uint32_t type) {
     return &types[type];
 }
 
+enum tllm_dtype tllm_ggml_dense_dtype(uint32_t type) {
+    return type == TLLM_GGML_F32 ? TLLM_DT_F32 : type == TLLM_GGML_F16 ? TLLM_DT_F16 : type == TLLM_GGML_BF16 ? TLLM_DT_BF16 : TLLM_DT_INVALID;
+}
+
 static float f16_at(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
@@ -300,9 +304,9 @@ int tllm_ggml_bind(const char *name, uint32_t type, int64_t rows, int64_t cols, 
         return tllm_fail(TLLM_ERR_UNSUPPORTED,
                          "%s: tensor '%s' has type %s, which tllm does not run (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
                          "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4, NVFP4 are)", file, name, ty ? ty->name : "?");
-    if (type == TLLM_GGML_F32 || type == TLLM_GGML_F16 || type == TLLM_GGML_BF16) {
+    if (tllm_ggml_dense_dtype(type) != TLLM_DT_INVALID) {
         w->format = TLLM_WF_DENSE;
-        w->dtype = type == TLLM_GGML_F32 ? TLLM_DT_F32 : type == TLLM_GGML_F16 ? TLLM_DT_F16 : TLLM_DT_BF16;
+        w->dtype = tllm_ggml_dense_dtype(type);
         w->w = data;
         return TLLM_OK;
     }

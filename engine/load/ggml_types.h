@@ -34,6 +34,8 @@ struct tllm_ggml_type {
 
 /* The type's description; NULL for a number ggml does not define */
 const struct tllm_ggml_type *tllm_ggml_type(uint32_t type);
+/* F32, F16, BF16 as tllm's dtype; TLLM_DT_INVALID for every other type */
+enum tllm_dtype tllm_ggml_dense_dtype(uint32_t type);
 
 /* Bind a [rows x cols] matrix of ggml type `type` at data (a GGUF tensor's ne[1] x ne[0]) as w (w->name =
  * name): dense types in place, quantized ones converted into up to two new buffers that the caller frees

@@ -261,7 +261,6 @@ static int parse(struct tllm_gguf *g) {
         kv->type = (enum tllm_gguf_vtype)rd_u32(&r, kv->key);
         if (!r.rc) read_value(&r, g, kv);
     }
-    g->alignment = 32;
     int64_t al = 32;
     if (!r.rc) r.rc = check_unique(g); /* the keys (no tensors yet) */
     if (!r.rc && (r.rc = tllm_gguf_get_int(g, "general.alignment", 1, 1 << 30, 32, &al, NULL)) == TLLM_OK &&

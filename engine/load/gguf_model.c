@@ -85,7 +85,7 @@ static int bind_vector(struct tllm_model *m, const char *name, int len, float *d
     if (t->n_dims != 1 || t->ne[0] != len)
         return tllm_fail(TLLM_ERR_FORMAT, "%s: tensor '%s' has %d dimensions, ne0 %lld, but the model's keys imply [%d]",
                          m->gguf->path, name, t->n_dims, (long long)t->ne[0], len);
-    enum tllm_dtype dt = t->type == 0 ? TLLM_DT_F32 : t->type == 1 ? TLLM_DT_F16 : t->type == 30 ? TLLM_DT_BF16 : TLLM_DT_INVALID;
+    enum tllm_dtype dt = tllm_ggml_dense_dtype(t->type);
     if (dt == TLLM_DT_INVALID) {
         const struct tllm_ggml_type *ty = tllm_ggml_type(t->type);
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: tensor '%s' has type %s, expected F32, F16 or BF16", m->gguf->path, name,

@@ -136,15 +136,15 @@ int tllm_gguf_tokenizer(const struct tllm_gguf *g, struct tllm_tok **out) {
 int tllm_gguf_file_tokenizer(const char *path, struct tllm_tok **tok, struct tllm_chat_template *tpl) {
     struct tllm_gguf *g;
     const char *text = NULL;
-    *tok = NULL;
+    if (tok) *tok = NULL;
     if (tpl) memset(tpl, 0, sizeof *tpl);
     int rc = tllm_gguf_open(path, &g);
     if (rc) return rc;
-    rc = tllm_gguf_tokenizer(g, tok);
-    if (!rc && !*tok) rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: the file has no tokenizer (tokenizer.ggml.tokens)", path);
+    if (tok) rc = tllm_gguf_tokenizer(g, tok);
+    if (!rc && tok && !*tok) rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: the file has no tokenizer (tokenizer.ggml.tokens)", path);
     if (!rc && tpl) rc = tllm_gguf_get_str(g, "tokenizer.chat_template", &text);
     if (!rc && text) rc = tllm_chat_template_parse(text, tpl, path);
     tllm_gguf_close(g);
-    if (rc) tllm_tok_free(*tok), *tok = NULL;
+    if (rc && tok) tllm_tok_free(*tok), *tok = NULL;
     return rc;
 }

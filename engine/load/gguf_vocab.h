@@ -10,8 +10,9 @@
  * tokenizer tllm cannot reproduce exactly (not byte-level BPE, or another pre-tokenizer than qwen2's). */
 int tllm_gguf_tokenizer(const struct tllm_gguf *g, struct tllm_tok **out);
 
-/* The tokenizer (an error when it has none) and, when tpl is not NULL, the chat template (plain when it has
- * none) of the GGUF file at path, without loading its weights: for the tokenize command */
+/* The tokenizer (when tok is not NULL; an error when it has none) and the chat template (when tpl is not
+ * NULL; plain when it has none) of the GGUF file at path, without loading its weights: for the tokenize
+ * command */
 int tllm_gguf_file_tokenizer(const char *path, struct tllm_tok **tok, struct tllm_chat_template *tpl);
 
 #endif
