@@ -44,9 +44,19 @@ ssize_t cli_getline(char **buf, size_t *cap, FILE *fp, size_t max, int stop_long
 
 /* The model directory's tokenizer.json, or die. */
 struct tllm_tok *cli_load_tokenizer(const char *dir);
+/* The chat template of the model at dir (without its weights; none when dir is NULL or no_template), or
+ * the template file `file` (when not NULL) with the model's special tokens. Dies on error. */
+struct tllm_chat_template;
+void cli_load_template(const char *dir, const char *file, int no_template, struct tllm_chat_template *tpl);
+/* A conversation file: an array of messages, or an object with "messages", "tools" (*tools, or NULL) and
+ * other variables (*extra, a new object, or NULL). *root holds them all. Dies on error. */
+struct json_object;
+void cli_read_conversation(const char *path, struct json_object **root, struct json_object **messages,
+                           struct json_object **tools, struct json_object **extra);
 
 int cmd_logits(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_generate(int argc, char **argv);

@@ -19,9 +19,9 @@ static const char usage[] =
     "usage: tllm tokenize -m DIR [--no-special] [--json] TEXT\n"
     "       tllm tokenize -m DIR --file F          encode a file's bytes verbatim\n"
     "       tllm tokenize -m DIR --jsonl F         each line {\"text\": ...} -> one line {\"ids\": [...]}\n"
-    "       tllm tokenize -m DIR --chat F [--json] [--no-template]\n"
-    "                                              F: a JSON array of {role, content}; renders the chat\n"
-    "                                              template with the generation prompt, then encodes\n"
+    "       tllm tokenize -m DIR --chat F [--json] [--no-template | --chat-template T]\n"
+    "                                              F: a conversation as tllm template reads it; renders\n"
+    "                                              the chat template with the generation prompt, then encodes\n"
     "       tllm tokenize -m DIR --decode 1,2,3 [--skip-special]\n"
     "       tllm tokenize -m DIR --bench F...      encoding speed (MB/s, one thread) per file\n"
     "Ids are printed as a JSON array; --json prints {\"text\": ..., \"ids\": [...]}.\n"
@@ -102,32 +102,18 @@ static int run_jsonl(struct tllm_tok *t, const char *path, int special) {
     return errors ? 1 : 0;
 }
 
-static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int json, int no_template) {
-    struct json_object *msgs;
-    if (tllm_json_load_file(path, 64u << 20, &msgs)) cli_die_lib();
-    if (!json_object_is_type(msgs, json_type_array)) cli_die("%s: expected a JSON array of messages", path);
-    int n = (int)json_object_array_length(msgs);
-    struct tllm_chat_msg *m = calloc((size_t)n + 1, sizeof *m);
-    for (int i = 0; i < n; i++) {
-        struct json_object *e = json_object_array_get_idx(msgs, (size_t)i), *r, *c;
-        if (!json_object_object_get_ex(e, "role", &r) || !json_object_object_get_ex(e, "content", &c) ||
-            !json_object_is_type(r, json_type_string) || !json_object_is_type(c, json_type_string))
-            cli_die("%s: message %d needs string \"role\" and \"content\"", path, i);
-        m[i] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
-    }
-    struct tllm_chat_template tpl = {0};
-    char *gguf;
-    if (tllm_model_gguf_path(dir, &gguf)) cli_die_lib();
-    if (gguf && !no_template) {
-        if (tllm_gguf_file_tokenizer(gguf, NULL, &tpl)) cli_die_lib(); /* the template only: t is its tokenizer */
-    } else if (!no_template) {
-        char *cfg = tllm_path_join(dir, "tokenizer_config.json");
-        if (access(cfg, R_OK) == 0 && tllm_chat_template_load(cfg, &tpl)) cli_die_lib();
-        free(cfg);
-    }
+static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int json, int no_template,
+                    const char *tpl_file) {
+    struct tllm_chat_template tpl;
+    struct json_object *root, *messages, *tools, *extra;
+    cli_load_template(dir, tpl_file, no_template, &tpl);
+    cli_read_conversation(path, &root, &messages, &tools, &extra);
+    int gen_prompt = 1;
+    struct json_object *g;
+    if (extra && json_object_object_get_ex(extra, "add_generation_prompt", &g)) gen_prompt = json_object_get_boolean(g);
     struct tllm_buf text = {0};
     struct tllm_ids ids = {0};
-    if (tllm_chat_render(&tpl, m, n, 1, &text)) cli_die("%s: %s", path, tllm_errmsg());
+    if (tllm_chat_render_json(&tpl, messages, tools, extra, gen_prompt, &text)) cli_die("%s: %s", path, tllm_errmsg());
     encode_or_die(t, text.data, text.len, 1, &ids);
     if (json) print_text_and_ids(text.data, text.len, &ids);
     else {
@@ -137,9 +123,8 @@ static int run_chat(struct tllm_tok *t, const char *dir, const char *path, int j
     tllm_buf_free(&text);
     tllm_ids_free(&ids);
     tllm_chat_template_free(&tpl);
-    free(gguf);
-    free(m);
-    json_object_put(msgs);
+    json_object_put(extra);
+    json_object_put(root);
     return 0;
 }
 
@@ -171,7 +156,7 @@ static int run_bench(struct tllm_tok *t, char **files, int n) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *dir = NULL, *file = NULL, *jsonl = NULL, *chat = NULL, *decode = NULL, *text = NULL;
+    const char *dir = NULL, *file = NULL, *jsonl = NULL, *chat = NULL, *decode = NULL, *text = NULL, *tpl_file = NULL;
     int special = 1, json = 0, skip_special = 0, no_template = 0, bench = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -183,6 +168,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--no-special")) special = 0;
         else if (!strcmp(a, "--skip-special")) skip_special = 1;
         else if (!strcmp(a, "--no-template")) no_template = 1;
+        else if (!strcmp(a, "--chat-template")) tpl_file = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--bench")) bench = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -204,7 +190,7 @@ int cmd_tokenize(int argc, char **argv) {
     } else if (jsonl) {
         rc = run_jsonl(t, jsonl, special);
     } else if (chat) {
-        rc = run_chat(t, dir, chat, json, no_template);
+        rc = run_chat(t, dir, chat, json, no_template, tpl_file);
     } else if (decode) {
         int n;
         int32_t *ids = cli_parse_ids("--decode", decode, &n);

@@ -21,6 +21,7 @@ static const struct {
     {"bench-gemm", cmd_bench_gemm, "prefill's GEMM alone on an OpenCL device, in TFLOPS"},
     {"devices", cmd_devices, "list OpenCL devices for --device opencl:N"},
     {"info", cmd_info, "describe a checkpoint: shapes, quantization, bytes per token"},
+    {"template", cmd_template, "show a conversation rendered by the model's chat template"},
     {"tokenize", cmd_tokenize, "encode text (or a chat) to token ids, or decode ids to text"},
     {"logits", cmd_logits, "write the float32 logits of a list of token ids"},
     {"quantize", cmd_quantize, "quantize a Hugging Face checkpoint to MLX's 2/4/8-bit layout"},

@@ -20,6 +20,7 @@ const char cli_model_opts_help[] =
     "  --kv-type T            the KV cache's elements: f16 (default; half the memory) or f32 (exact)\n"
     "  --quantize BITS        quantize a bf16/f16 checkpoint on load (2, 4, 8) [--group-size 64]\n"
     "  --no-template          plain prompts even where the checkpoint has a chat template\n"
+    "  --chat-template FILE   a Jinja chat template to use instead of the checkpoint's\n"
     "  --exact                float32 activations in every matmul (default: int8 activations against packed\n"
     "                         quantized weights, as llama.cpp does; see README: Performance)\n"
     "  --precise-decode, --fast-decode   generated tokens' int8 activations (on an OpenCL device every\n"
@@ -55,6 +56,7 @@ int cli_model_opt(int argc, char **argv, int *i, struct cli_model_opts *o) {
     else if (!strcmp(a, "--quantize")) o->quantize_bits = (int)cli_int(a, cli_value(argc, argv, i), 2, 8);
     else if (!strcmp(a, "--group-size")) o->quantize_group = (int)cli_int(a, cli_value(argc, argv, i), 32, 128);
     else if (!strcmp(a, "--no-template")) o->no_template = 1;
+    else if (!strcmp(a, "--chat-template")) o->chat_template = cli_value(argc, argv, i);
     else if (!strcmp(a, "--exact")) o->exact = 1;
     else if (!strcmp(a, "--precise-decode")) o->decode_levels = 2;
     else if (!strcmp(a, "--fast-decode")) o->decode_levels = 1;
@@ -125,7 +127,7 @@ void cli_session_open(struct cli_session *s, struct cli_model_opts *o, int need_
     double t0 = tllm_now();
     struct tllm_engine_params ep = {.threads = o->threads ? cli_threads(o->threads) : 0, .quantize_bits = o->quantize_bits,
                                     .group_size = o->quantize_group, .exact = o->exact, .fast_decode = o->decode_levels == 1, .no_template = o->no_template,
-                                    .deterministic = o->deterministic};
+                                    .deterministic = o->deterministic, .chat_template = o->chat_template};
     struct tllm_engine *e = calloc(1, sizeof *e);
     if (!e || !(e->dir = strdup(o->dir))) cli_die("out of memory");
     if (tllm_engine_load(e, o->dir, &ep)) cli_die_lib();

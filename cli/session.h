@@ -15,6 +15,7 @@ struct cli_model_opts {
     int quantize_bits;  /* --quantize */
     int quantize_group; /* --group-size */
     int no_template;    /* --no-template */
+    const char *chat_template; /* --chat-template FILE */
     int exact;          /* --exact: float32 activations everywhere (no packed int8 kernels) */
     int decode_levels;  /* --precise-decode 2, --fast-decode 1, 0: the command's default */
     const char *device; /* --device cpu|opencl|opencl:N|auto (NULL = auto) */

@@ -77,7 +77,7 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     e->m->decode_levels = p->fast_decode ? 1 : 2;
     e->m->deterministic = p->deterministic;
     /* the tokenizer and chat template: a GGUF file's own, else tokenizer.json and tokenizer_config.json */
-    const char *tok_src = e->m->dir, *tpl = NULL;
+    const char *tok_src = e->m->dir;
     char *tj = NULL, *tc = NULL;
     if (e->m->gguf) {
         rc = tllm_gguf_tokenizer(e->m->gguf, &e->tok);
@@ -90,11 +90,11 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
     if (!rc && e->tok && tllm_tok_n_vocab(e->tok) > e->m->cfg.vocab_size)
         rc = tllm_fail(TLLM_ERR_FORMAT, "%s: the tokenizer has %d ids but the model's vocabulary is %d", tok_src,
                        tllm_tok_n_vocab(e->tok), e->m->cfg.vocab_size);
-    if (!rc && e->m->gguf) rc = tllm_gguf_get_str(e->m->gguf, "tokenizer.chat_template", &tpl);
     if (!rc && e->tok && !p->no_template) {
-        if (tpl) rc = tllm_chat_template_parse(tpl, &e->tpl, e->m->dir);
+        if (e->m->gguf) rc = tllm_gguf_chat_template(e->m->gguf, &e->tpl);
         else if (tc && tllm_path_present(tc)) rc = tllm_chat_template_load(tc, &e->tpl);
     }
+    if (!rc && e->tok && !p->no_template && p->chat_template) rc = tllm_chat_template_file(p->chat_template, &e->tpl);
     if (!rc) rc = tllm_gen_defaults_load(e->m->gguf ? NULL : dir, e->m, &e->gd);
     if (!rc && e->m->gguf) rc = gguf_stop_ids(e);
     free(tj);

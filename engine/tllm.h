@@ -78,6 +78,7 @@ struct tllm_engine_params {
     int deterministic;  /* a GPU's decode sums in a fixed order: the same logits, bit for bit, every run
                          * (default: o_proj and down_proj folded into the phases before them with float
                          * atomic adds, whose order varies in the last bits; an H100 decodes 17% slower without) */
+    const char *chat_template; /* a Jinja chat template file to use instead of the checkpoint's (NULL: none) */
 };
 
 /* model: a checkpoint directory (config.json + safetensors [+ tokenizer.json]), a Hugging Face repo id

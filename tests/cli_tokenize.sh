@@ -25,7 +25,9 @@ eq "$(err tokenize -m "$MODELS/q4-g64" hi)" "tllm: $MODELS/q4-g64/tokenizer.json
 eq "$(err tokenize -m "$TOK" --bogus)" "tllm: tokenize: unknown option '--bogus' (see tllm tokenize --help) rc=1" "unknown option"
 eq "$(err tokenize -m "$TOK" --decode 1,99999999)" "tllm: token id 99999999 is not in the tokenizer's vocabulary (151665 ids) rc=1" "bad id"
 eq "$(err tokenize -m "$TOK")" "tllm: tokenize: give exactly one of TEXT, --file, --jsonl, --chat, --decode, --bench rc=1" "no input"
-echo '[{"role": "tool", "content": "x"}]' > "$tmp/bad.json"
-eq "$(err tokenize -m "$TOK" --chat "$tmp/bad.json")" "tllm: $tmp/bad.json: message 0: role 'tool' is not system, user or assistant rc=1" "bad role"
+echo '[{"role": "user"}]' > "$tmp/bad.json"
+eq "$(err tokenize -m "$TOK" --chat "$tmp/bad.json")" "tllm: $tmp/bad.json: $TOK/tokenizer_config.json:23:50: 'dict object' has no attribute 'content' rc=1" "a message without content"
+printf '{%% if %%}' > "$tmp/bad.jinja"
+eq "$(err tokenize -m "$TOK" --chat "$tmp/bad.json" --chat-template "$tmp/bad.jinja")" "tllm: $tmp/bad.jinja: the chat template cannot be run: $tmp/bad.jinja:1:7: expected an expression; use --no-template or --chat-template FILE rc=1" "a broken template"
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

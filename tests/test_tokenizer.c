@@ -129,10 +129,7 @@ static void test_chat(struct tllm_tok *t) {
     struct tllm_chat_template tpl;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     CHECK(tllm_chat_template_load(path, &tpl) == TLLM_OK, "template: %s", tllm_errmsg());
-    CHECK(tpl.kind == TLLM_CHAT_CHATML, "not recognized as ChatML");
-    CHECK(tpl.default_system && !strcmp(tpl.default_system,
-                                        "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
-          "default system prompt '%s'", tpl.default_system ? tpl.default_system : "(none)");
+    CHECK(tpl.kind == TLLM_CHAT_JINJA, "the template is not run as Jinja");
     snprintf(path, sizeof path, "%s/chat-template-cases.json", dir);
     struct json_object *root = json_object_from_file(path), *cases;
     json_object_object_get_ex(root, "cases", &cases);
@@ -181,15 +178,34 @@ static void test_chat(struct tllm_tok *t) {
                         "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
                         "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
                         "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-    CHECK(tllm_chat_template_parse(qwen2, &tpl, "qwen2") == TLLM_OK && tpl.default_system &&
-              !strcmp(tpl.default_system, "You are a helpful assistant."),
-          "Qwen2 default system prompt: %s", tpl.default_system ? tpl.default_system : "(none)");
+    struct tllm_chat_msg one[] = {{"user", "Hi"}};
+    CHECK(tllm_chat_template_parse(qwen2, &tpl, "qwen2") == TLLM_OK && tpl.kind == TLLM_CHAT_JINJA, "Qwen2: %s",
+          tllm_errmsg());
+    tllm_chat_render(&tpl, one, 1, 1, &b);
+    CHECK(b.data && !strcmp(b.data, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+                                    "Hi<|im_end|>\n<|im_start|>assistant\n"),
+          "Qwen2 render: %s", b.data);
+    tllm_buf_free(&b);
     tllm_chat_template_free(&tpl);
-    /* not ChatML: a clear error */
+    /* not ChatML: run all the same */
     const char *llama = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}";
-    CHECK(tllm_chat_template_parse(llama, &tpl, "llama") == TLLM_ERR_UNSUPPORTED &&
-              strstr(tllm_errmsg(), "not ChatML"),
-          "non-ChatML template: %s", tllm_errmsg());
+    CHECK(tllm_chat_template_parse(llama, &tpl, "llama") == TLLM_OK && tllm_chat_render(&tpl, one, 1, 1, &b) == TLLM_OK &&
+              !strcmp(b.data, "[INST] Hi [/INST]"),
+          "a non-ChatML template: %s", b.data ? b.data : tllm_errmsg());
+    tllm_buf_free(&b);
+    tllm_chat_template_free(&tpl);
+    /* ChatML the interpreter refuses (an include): rendered as ChatML, the reason kept */
+    const char *refused = "{% include 'x' %}{{ '<|im_start|>system\\nDefault prompt.<|im_end|>\\n' }}"
+                          "{{ '<|im_start|>' + m + '<|im_end|>' }}";
+    CHECK(tllm_chat_template_parse(refused, &tpl, "refused") == TLLM_OK && tpl.kind == TLLM_CHAT_CHATML &&
+              tpl.default_system && !strcmp(tpl.default_system, "Default prompt.") && tpl.parse_error &&
+              strstr(tpl.parse_error, "refused:1:4: unknown or unsupported tag 'include'"),
+          "ChatML fallback: %s", tpl.parse_error ? tpl.parse_error : tllm_errmsg());
+    tllm_chat_template_free(&tpl);
+    /* neither: an error naming the place */
+    CHECK(tllm_chat_template_parse("{% if x %}[INST]", &tpl, "bad") == TLLM_ERR_UNSUPPORTED &&
+              strstr(tllm_errmsg(), "bad:1:17: missing '{% endif %}'"),
+          "an unparsable template: %s", tllm_errmsg());
     tllm_chat_template_free(&tpl);
 }
 

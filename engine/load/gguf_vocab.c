@@ -133,17 +133,47 @@ int tllm_gguf_tokenizer(const struct tllm_gguf *g, struct tllm_tok **out) {
     return rc;
 }
 
+int tllm_gguf_chat_template(const struct tllm_gguf *g, struct tllm_chat_template *tpl) {
+    const char *text = NULL;
+    memset(tpl, 0, sizeof *tpl);
+    int rc = tllm_gguf_get_str(g, "tokenizer.chat_template", &text);
+    if (rc || !text) return rc;
+    /* the special tokens a template may use, as tokenizer_config.json names them */
+    static const struct { const char *key, *name; } ids[] = {
+        {"tokenizer.ggml.bos_token_id", "bos_token"}, {"tokenizer.ggml.eos_token_id", "eos_token"},
+        {"tokenizer.ggml.unknown_token_id", "unk_token"}, {"tokenizer.ggml.padding_token_id", "pad_token"}};
+    const struct tllm_gguf_kv *tokens = NULL;
+    rc = tllm_gguf_get_arr(g, "tokenizer.ggml.tokens", TLLM_GV_STRING, &tokens);
+    for (size_t i = 0; !rc && tokens && i < sizeof ids / sizeof ids[0]; i++) {
+        int64_t id;
+        int found = 0;
+        rc = tllm_gguf_get_int(g, ids[i].key, 0, (int64_t)tokens->n - 1, -1, &id, &found);
+        if (rc || !found) continue;
+        size_t len;
+        const char *s = tllm_gguf_arr_str(tokens, (uint64_t)id, &len);
+        char *z = strndup(s, len);
+        rc = z ? tllm_chat_template_set_token(tpl, ids[i].name, z) : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        free(z);
+    }
+    if (!rc) {
+        struct tllm_chat_template t = *tpl;
+        memset(tpl, 0, sizeof *tpl);
+        tpl->specials = t.specials;
+        rc = tllm_chat_template_parse_keep(text, tpl, g->path);
+    }
+    if (rc) tllm_chat_template_free(tpl);
+    return rc;
+}
+
 int tllm_gguf_file_tokenizer(const char *path, struct tllm_tok **tok, struct tllm_chat_template *tpl) {
     struct tllm_gguf *g;
-    const char *text = NULL;
     if (tok) *tok = NULL;
     if (tpl) memset(tpl, 0, sizeof *tpl);
     int rc = tllm_gguf_open(path, &g);
     if (rc) return rc;
     if (tok) rc = tllm_gguf_tokenizer(g, tok);
     if (!rc && tok && !*tok) rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "%s: the file has no tokenizer (tokenizer.ggml.tokens)", path);
-    if (!rc && tpl) rc = tllm_gguf_get_str(g, "tokenizer.chat_template", &text);
-    if (!rc && text) rc = tllm_chat_template_parse(text, tpl, path);
+    if (!rc && tpl) rc = tllm_gguf_chat_template(g, tpl);
     tllm_gguf_close(g);
     if (rc && tok) tllm_tok_free(*tok), *tok = NULL;
     return rc;

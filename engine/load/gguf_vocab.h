@@ -10,6 +10,9 @@
  * tokenizer tllm cannot reproduce exactly (not byte-level BPE, or another pre-tokenizer than qwen2's). */
 int tllm_gguf_tokenizer(const struct tllm_gguf *g, struct tllm_tok **out);
 
+/* tokenizer.chat_template (plain when absent), with the file's bos/eos/unk/pad tokens as its variables */
+int tllm_gguf_chat_template(const struct tllm_gguf *g, struct tllm_chat_template *tpl);
+
 /* The tokenizer (when tok is not NULL; an error when it has none) and the chat template (when tpl is not
  * NULL; plain when it has none) of the GGUF file at path, without loading its weights: for the tokenize
  * command */

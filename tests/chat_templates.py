@@ -1,0 +1,144 @@
+"""Chat templates run by tllm's Jinja interpreter against transformers' apply_chat_template (jinja2):
+every template of tests/data/chat/templates over every conversation of conversations.json, byte for byte,
+and the same conversations failing in both (a template's raise, an undefined value, str + None).
+The expected renderings (expected.json) were made by transformers; with transformers installed (the
+test venv) each is also rendered again and compared, so the file cannot drift. Then: error messages
+with the template's name, line and column; the limits that stop a hostile template; the model's own
+template through -m (a GGUF's, a checkpoint's tokenizer_config.json).
+usage: chat_templates.py TLLM REPO [SHARED_FIXTURES] [--regen]"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
+
+args = [a for a in sys.argv[1:] if a != "--regen"]
+regen = "--regen" in sys.argv
+tllm, repo = args[0], args[1]
+shared = args[2] if len(args) > 2 else None
+data = os.path.join(repo, "tests", "data", "chat")
+tdir = os.path.join(data, "templates")
+templates = sorted(f for f in os.listdir(tdir) if f.endswith(".jinja"))
+convs = json.load(open(os.path.join(data, "conversations.json")))
+expected_path = os.path.join(data, "expected.json")
+expected = {} if regen else json.load(open(expected_path))
+
+try:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers.utils.chat_template_utils import render_jinja_template
+except ImportError as e:
+    render_jinja_template = None
+    print(f"note: transformers is not installed ({e}): comparing with the stored renderings only")
+if regen and not render_jinja_template:
+    sys.exit("--regen needs transformers")
+
+tmp = tempfile.mkdtemp(prefix="tllm-chat-")
+
+
+def conv_file(c):
+    body = {k: v for k, v in c.items() if k != "name"}
+    path = os.path.join(tmp, c["name"] + ".json")
+    with open(path, "w") as f:
+        json.dump(body, f)
+    return path
+
+
+def run_tllm(*a):
+    p = subprocess.run([tllm, "template", *a], capture_output=True, timeout=120)
+    return p.returncode, p.stdout.decode("utf-8", "surrogateescape"), p.stderr.decode("utf-8", "replace")
+
+
+def reference(template_text, c):
+    """transformers' rendering, or None when it raises"""
+    try:
+        out = render_jinja_template([c["messages"]], tools=c.get("tools"), chat_template=template_text,
+                                    add_generation_prompt=c.get("add_generation_prompt", True))
+        return out[0][0]
+    except Exception:
+        return None
+
+
+n_rendered = n_errors = 0
+for t in templates:
+    text = open(os.path.join(tdir, t)).read()
+    for c in convs:
+        key = f"{t}|{c['name']}"
+        rc, out, err = run_tllm("--chat-template", os.path.join(tdir, t), conv_file(c))
+        got = out if rc == 0 else None
+        if render_jinja_template:
+            ref = reference(text, c)
+            if regen:
+                expected[key] = ref
+            check(got == ref, f"{key}: tllm {'failed: ' + err.strip() if got is None else 'rendered'} where "
+                              f"transformers {'failed' if ref is None else 'rendered'}"
+                              + (f"\n--- tllm\n{got!r}\n--- transformers\n{ref!r}" if got is not None and ref is not None else ""))
+        check(key in expected and got == expected[key], f"{key}: differs from expected.json")
+        if got is None:
+            n_errors += 1
+            check(err.startswith("tllm: ") and f"{t}:" in err, f"{key}: the error names the template: {err.strip()}")
+        else:
+            n_rendered += 1
+if regen:
+    with open(expected_path, "w") as f:
+        json.dump(expected, f, indent=1, ensure_ascii=False, sort_keys=True)
+        f.write("\n")
+print(f"{len(templates)} templates x {len(convs)} conversations: {n_rendered} rendered, {n_errors} failing as in jinja2")
+
+# errors: the template's name, line and column, one line
+conv = conv_file(convs[0])
+bad = {
+    "{% if x %}never closed": "1:23: missing '{% endif %}'",
+    "line one\n{{ 'unterminated }}": "2:4: unterminated string",
+    "{% for %}{% endfor %}": "1:8: expected a variable name",
+    "{% include 'other.jinja' %}": "1:4: unknown or unsupported tag 'include'",
+    "{{ messages | no_such_filter }}": "1:13: no filter named 'no_such_filter'",
+    "\n\n  {{ raise_exception('Only user and assistant roles are supported!') }}":
+        "3:6: the template raised an error: Only user and assistant roles are supported!",
+    "{{ messages[0].content.nope.deeper }}": "1:28: 'str' has no attribute 'nope'",
+    "{% endif %}": "1:4: unexpected 'endif'",
+    "{{ 1 +  }}": "1:9: expected an expression",
+    "{{ (((( }}": "1:11: unclosed bracket",
+    "{% set x = 1 / 0 %}": "1:14: division by zero",
+}
+for i, (src, msg) in enumerate(bad.items()):
+    path = os.path.join(tmp, f"bad{i}.jinja")
+    with open(path, "w") as f:
+        f.write(src)
+    rc, out, err = run_tllm("--chat-template", path, conv)
+    check(rc != 0 and f"bad{i}.jinja:{msg}" in err and err.count("\n") == 1, f"{src!r}: wanted '{msg}', got {err!r}")
+
+# limits: each hostile template fails quickly with a message, never hangs or exhausts memory
+hostile = {
+    "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}": "ran longer than",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ j }}{% endfor %}{% endfor %}": "limit",
+    "{{ 'x' * 1000000000 }}": "too long",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}": "nested deeper",
+    "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}": "nested too deeply",
+    "{{ range(1000000000) | list }}": "range() of more than",
+    "{% set ns = namespace(s='abcdefgh') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": "longer than",
+    "{% set ns = namespace(s='abcdefgh') %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}{% endfor %}": "longer than",
+}
+for i, (src, msg) in enumerate(hostile.items()):
+    path = os.path.join(tmp, f"hostile{i}.jinja")
+    with open(path, "w") as f:
+        f.write(src)
+    rc, out, err = run_tllm("--chat-template", path, conv)
+    check(rc != 0 and msg in err and err.count("\n") == 1, f"hostile template {i}: wanted '{msg}', got rc {rc} {err[:200]!r}")
+
+# the model's own template: a GGUF's tokenizer.chat_template, a checkpoint's tokenizer_config.json
+qwen25 = "qwen2.5.jinja"
+models = [os.path.join(repo, "models", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")]
+if shared:
+    models.append(os.path.join(shared, "qwen2.5-0.5b-instruct"))
+for m in models:
+    if not os.path.exists(m):
+        print(f"note: {m} is absent: its template is not checked")
+        continue
+    for c in convs:
+        rc, out, err = run_tllm("-m", m, conv_file(c))
+        check((out if rc == 0 else None) == expected[f"{qwen25}|{c['name']}"],
+              f"{os.path.basename(m)}|{c['name']}: differs from Qwen2.5's template")
+finish("chat_templates")
