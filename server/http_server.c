@@ -23,6 +23,7 @@
 #include "server/conn_guard.h"
 #include "server/oai_request.h"
 #include "server/oai_response.h"
+#include "server/tool_calls.h"
 
 /* How often a waiting connection looks whether its client is still there */
 #ifndef SRV_POLL_MS
@@ -377,7 +378,8 @@ static int prompt_ids(struct srv_server *s, const struct oai_request *rq, struct
     if (!s->p.tok) return snprintf(err, cap, "the model has no tokenizer: give the prompt as token ids"), -1;
     struct tllm_buf text = {0};
     int rc = 0, over = 0;
-    if (rq->kind == OAI_CHAT) rc = tllm_chat_render(s->p.tpl, rq->msgs, rq->n_msgs, 1, &text);
+    if (rq->kind == OAI_CHAT)
+        rc = tllm_chat_render_json(s->p.tpl, rq->chat, rq->tool_choice == OAI_TOOLS_NONE ? NULL : rq->tools, NULL, 1, &text);
     else rc = tllm_buf_append(&text, rq->prompt, rq->prompt_len);
     if (!rc) { /* encoded no further than the context: a longer prompt is refused for what was read of it */
         pthread_mutex_lock(&s->tok_lk);
@@ -459,7 +461,10 @@ struct stream {
     struct oai_answer a;
     char id[48];
     int fd, include_usage, role_sent, ended;
+    int tools, max_calls; /* tools were offered: tool calls are held back, parsed and sent as such */
+    struct json_object *tools_json;
     size_t text_sent, lps_sent;
+    size_t text_seen;     /* of the job's text, what stream_events has looked at (text_sent or more) */
     struct tllm_buf out;
     size_t out_at;
     char url[64];
@@ -478,15 +483,45 @@ static void stream_events(struct stream *st) {
     if (j->done && j->rc) {
         oai_sse(&st->out, oai_error(j->err, error_type(job_status(j)), NULL));
     } else {
+        const char *finish = oai_finish(j->finish);
+        if (st->tools) { /* text that may be a tool call waits for the answer's end */
+            size_t safe = oai_tool_calls_safe(j->text.data ? j->text.data : "", j->text.len);
+            nt = safe > st->text_sent ? safe - st->text_sent : 0;
+            if (j->done) {
+                struct json_object *calls;
+                char *content;
+                const char *rest = j->text.data ? j->text.data + st->text_sent + nt : "";
+                size_t nrest = j->text.len - st->text_sent - nt;
+                if (oai_tool_calls_parse(rest, nrest, st->tools_json, st->max_calls, &calls, &content)) {
+                    if (nt || nl || content) {
+                        oai_sse(&st->out, oai_chunk(&st->a, 0, j->text.data + st->text_sent, nt, j->lps + st->lps_sent, nl,
+                                                    NULL, st->include_usage));
+                        nt = nl = 0;
+                        if (content) oai_sse(&st->out, oai_chunk(&st->a, 0, content, strlen(content), NULL, 0, NULL, st->include_usage));
+                    }
+                    for (size_t i = 0; i < json_object_array_length(calls); i++)
+                        for (int h = 1; h >= 0; h--)
+                            oai_sse(&st->out, oai_tool_chunk(&st->a, (int)i, json_object_array_get_idx(calls, i), h,
+                                                             st->include_usage));
+                    json_object_put(calls);
+                    free(content);
+                    finish = "tool_calls";
+                } else {
+                    nt += nrest; /* not a call: the rest is text */
+                }
+            }
+        }
         if (nt || nl)
             oai_sse(&st->out, oai_chunk(&st->a, 0, j->text.data + st->text_sent, nt, j->lps + st->lps_sent, nl, NULL,
                                         st->include_usage));
+        st->text_sent += nt;
         if (j->done) {
-            oai_sse(&st->out, oai_chunk(&st->a, 0, "", 0, NULL, 0, oai_finish(j->finish), st->include_usage));
+            oai_sse(&st->out, oai_chunk(&st->a, 0, "", 0, NULL, 0, finish, st->include_usage));
             if (st->include_usage) oai_sse(&st->out, oai_usage_chunk(&st->a, j));
         }
     }
-    st->text_sent = j->text.len, st->lps_sent = j->n_lps;
+    if (!st->tools) st->text_sent = j->text.len;
+    st->lps_sent = j->n_lps;
     if (j->done) {
         tllm_buf_append(&st->out, "data: [DONE]\n\n", 14);
         st->ended = 1;
@@ -508,10 +543,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
         pthread_mutex_lock(&e->lk);
         struct srv_job *j = st->j;
-        if (!j->done && j->text.len == st->text_sent && j->n_lps == st->lps_sent && (st->role_sent || st->a.kind != OAI_CHAT))
+        if (!j->done && j->text.len == st->text_seen && j->n_lps == st->lps_sent && (st->role_sent || st->a.kind != OAI_CHAT))
             srv_engine_wait(e, SRV_POLL_MS);
-        int news = j->done || j->text.len > st->text_sent || j->n_lps > st->lps_sent || (!st->role_sent && st->a.kind == OAI_CHAT);
-        if (news) stream_events(st);
+        int news = j->done || j->text.len > st->text_seen || j->n_lps > st->lps_sent || (!st->role_sent && st->a.kind == OAI_CHAT);
+        if (news) stream_events(st), st->text_seen = j->text.len;
         pthread_mutex_unlock(&e->lk);
         if (!news && client_gone(st->fd)) {
             srv_engine_cancel(e, j);
@@ -530,6 +565,7 @@ static void stream_free(void *cls) {
     log_request(st->s, st->who, "POST", st->url, st->ended ? 200 : 499, st->j, st->t0); /* 499: the client left */
     srv_job_release(e, st->j);
     tllm_buf_free(&st->out);
+    json_object_put(st->tools_json);
     free(st);
 }
 
@@ -572,6 +608,9 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                     rc = MHD_NO;
                 } else {
                     st->s = s, st->j = j, st->fd = conn_fd(c), st->include_usage = rq.include_usage, st->t0 = k->t0;
+                    st->tools = kind == OAI_CHAT && rq.tools && rq.tool_choice != OAI_TOOLS_NONE;
+                    st->max_calls = rq.parallel_tool_calls ? 0 : 1;
+                    st->tools_json = st->tools ? json_object_get(rq.tools) : NULL;
                     snprintf(st->who, sizeof st->who, "%s", k->who);
                     snprintf(st->url, sizeof st->url, "%s", url);
                     answer_id(s, kind == OAI_CHAT ? "chatcmpl" : "cmpl", st->id, sizeof st->id);
@@ -597,6 +636,15 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                 unsigned status = j->rc ? job_status(j) : 200;
                 struct json_object *o = j->rc ? oai_error(j->err, error_type(status), NULL)
                                               : oai_completion(&a, j->text.data, j->text.len, j->lps, j->n_lps, j);
+                struct json_object *calls;
+                char *content;
+                if (!j->rc && kind == OAI_CHAT && rq.tools && rq.tool_choice != OAI_TOOLS_NONE &&
+                    oai_tool_calls_parse(j->text.data ? j->text.data : "", j->text.len, rq.tools, rq.parallel_tool_calls ? 0 : 1,
+                                         &calls, &content)) {
+                    oai_completion_tool_calls(o, content, calls);
+                    json_object_put(calls);
+                    free(content);
+                }
                 pthread_mutex_unlock(&e->lk);
                 rc = send_json(s, c, status, o);
                 log_request(s, k->who, "POST", url, status, j, k->t0);

@@ -114,6 +114,8 @@ static int content_text(struct parse *p, struct json_object *v, char **out) {
     return rc;
 }
 
+static int chat_message(struct parse *p, struct oai_request *r, struct json_object *m, size_t i);
+
 static int parse_messages(struct parse *p, struct oai_request *r, struct json_object *root) {
     struct json_object *v = field(root, "messages");
     if (!v) return fail(p, "messages", "'messages' is required");
@@ -137,6 +139,100 @@ static int parse_messages(struct parse *p, struct oai_request *r, struct json_ob
         r->msgs[i].content = content;
         r->n_msgs = (int)i + 1;
         if (!(r->msgs[i].role = strdup(known))) return fail(p, NULL, "out of memory");
+        if (chat_message(p, r, m, i)) return -1;
+    }
+    return 0;
+}
+
+/* OpenAI sends a tool call's arguments as a JSON text; chat templates write them with tojson, so they
+ * get the object (as transformers' and llama.cpp's servers pass them) */
+static int tool_call(struct parse *p, struct json_object *c, size_t i, size_t k, struct json_object *out) {
+    struct json_object *fn = json_object_is_type(c, json_type_object) ? field(c, "function") : NULL, *name, *args, *id;
+    if (!fn || !json_object_is_type(fn, json_type_object) || !(name = field(fn, "name")) ||
+        !json_object_is_type(name, json_type_string))
+        return fail(p, "messages", "message %zu: tool call %zu needs a 'function' with a string 'name'", i, k);
+    struct json_object *f = json_object_new_object(), *a = NULL;
+    json_object_object_add(out, "id", (id = field(c, "id")) && json_object_is_type(id, json_type_string)
+                                          ? json_object_get(id) : json_object_new_string(""));
+    json_object_object_add(out, "type", json_object_new_string("function"));
+    json_object_object_add(out, "function", f);
+    json_object_object_add(f, "name", json_object_get(name));
+    args = field(fn, "arguments");
+    if (!args) a = json_object_new_object();
+    else if (json_object_is_type(args, json_type_object)) a = json_object_get(args);
+    else if (json_object_is_type(args, json_type_string)) {
+        char err[8];
+        a = oai_json_body(json_object_get_string(args), (size_t)json_object_get_string_len(args), err, sizeof err);
+        if (!a) return fail(p, "messages", "message %zu: tool call %zu's arguments are not JSON", i, k);
+    } else {
+        return fail(p, "messages", "message %zu: tool call %zu's arguments must be a JSON string", i, k);
+    }
+    json_object_object_add(f, "arguments", a);
+    return 0;
+}
+
+static int chat_message(struct parse *p, struct oai_request *r, struct json_object *m, size_t i) {
+    struct json_object *o = json_object_new_object(), *v;
+    if (!o || (!r->chat && !(r->chat = json_object_new_array()))) {
+        json_object_put(o);
+        return fail(p, NULL, "out of memory");
+    }
+    json_object_array_add(r->chat, o);
+    json_object_object_add(o, "role", json_object_new_string(r->msgs[i].role));
+    json_object_object_add(o, "content", json_object_new_string(r->msgs[i].content));
+    if ((v = field(m, "tool_calls"))) {
+        if (!json_object_is_type(v, json_type_array)) return fail(p, "messages", "message %zu: 'tool_calls' must be a list", i);
+        if (strcmp(r->msgs[i].role, "assistant")) return fail(p, "messages", "message %zu: only the assistant makes tool calls", i);
+        struct json_object *calls = json_object_new_array();
+        json_object_object_add(o, "tool_calls", calls);
+        for (size_t k = 0; k < json_object_array_length(v); k++) {
+            struct json_object *c = json_object_new_object();
+            json_object_array_add(calls, c);
+            if (tool_call(p, json_object_array_get_idx(v, k), i, k, c)) return -1;
+        }
+    }
+    static const char *const strs[] = {"tool_call_id", "name"};
+    for (size_t k = 0; k < 2; k++)
+        if ((v = field(m, strs[k]))) {
+            if (!json_object_is_type(v, json_type_string)) return fail(p, "messages", "message %zu: '%s' must be a string", i, strs[k]);
+            json_object_object_add(o, strs[k], json_object_get(v));
+        }
+    return 0;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description", "parameters"}}], tool_choice,
+ * parallel_tool_calls */
+static int parse_tools(struct parse *p, struct oai_request *r, struct json_object *root) {
+    struct json_object *v = field(root, "tools"), *tc = field(root, "tool_choice");
+    r->parallel_tool_calls = 1;
+    if (get_bool(p, root, "parallel_tool_calls", &r->parallel_tool_calls) < 0) return -1;
+    if (v) {
+        if (!json_object_is_type(v, json_type_array)) return fail(p, "tools", "'tools' must be a list");
+        size_t n = json_object_array_length(v);
+        if (n > OAI_MAX_TOOLS) return fail(p, "tools", "more than %d tools", OAI_MAX_TOOLS);
+        for (size_t i = 0; i < n; i++) {
+            struct json_object *t = json_object_array_get_idx(v, i), *type, *fn, *name, *x;
+            if (!json_object_is_type(t, json_type_object) || !(type = field(t, "type")) ||
+                !json_object_is_type(type, json_type_string) || strcmp(json_object_get_string(type), "function"))
+                return fail(p, "tools", "tool %zu: 'type' must be \"function\"", i);
+            if (!(fn = field(t, "function")) || !json_object_is_type(fn, json_type_object) || !(name = field(fn, "name")) ||
+                !json_object_is_type(name, json_type_string) || !json_object_get_string_len(name))
+                return fail(p, "tools", "tool %zu: 'function' needs a non-empty string 'name'", i);
+            if ((x = field(fn, "parameters")) && !json_object_is_type(x, json_type_object))
+                return fail(p, "tools", "tool %zu: 'parameters' must be a JSON schema object", i);
+            if ((x = field(fn, "description")) && !json_object_is_type(x, json_type_string))
+                return fail(p, "tools", "tool %zu: 'description' must be a string", i);
+        }
+        if (n) r->tools = json_object_get(v);
+    }
+    if (tc) {
+        const char *c = json_object_is_type(tc, json_type_string) ? json_object_get_string(tc) : NULL;
+        if (c && !strcmp(c, "none")) r->tool_choice = OAI_TOOLS_NONE;
+        else if (c && !strcmp(c, "auto")) r->tool_choice = OAI_TOOLS_AUTO;
+        else if ((c && !strcmp(c, "required")) || json_object_is_type(tc, json_type_object))
+            return fail(p, "tool_choice", "tool_choice '%s' is not supported yet (it needs decoding constrained to the "
+                        "function's schema): use \"auto\"", c ? c : "{function}");
+        else return fail(p, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
     }
     return 0;
 }
@@ -217,7 +313,14 @@ static int parse_body(struct parse *p, struct oai_request *r, struct json_object
     struct json_object *model = field(root, "model");
     if (model && !json_object_is_type(model, json_type_string)) return fail(p, "model", "'model' must be a string");
     if (model && !(r->model = strdup(json_object_get_string(model)))) return fail(p, NULL, "out of memory");
-    if (r->kind == OAI_CHAT ? parse_messages(p, r, root) : parse_prompt(p, r, root)) return -1;
+    if (r->kind == OAI_CHAT ? parse_messages(p, r, root) || parse_tools(p, r, root) : parse_prompt(p, r, root)) return -1;
+    struct json_object *rf = field(root, "response_format"), *rft;
+    if (rf && (!json_object_is_type(rf, json_type_object) || !(rft = field(rf, "type")) ||
+               !json_object_is_type(rft, json_type_string)))
+        return fail(p, "response_format", "'response_format' must be an object with a string 'type'");
+    if (rf && strcmp(json_object_get_string(rft), "text"))
+        return fail(p, "response_format", "response_format '%.40s' is not supported yet (it needs constrained decoding)",
+                    json_object_get_string(rft));
     r->max_tokens = -1;
     const char *mt = r->kind == OAI_CHAT && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if ((rc = get_int(p, root, mt, 1, 1 << 24, &i)) < 0) return -1;
@@ -293,5 +396,7 @@ void oai_request_free(struct oai_request *r) {
     free(r->prompt_ids);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
+    json_object_put(r->chat);
+    json_object_put(r->tools);
     memset(r, 0, sizeof *r);
 }

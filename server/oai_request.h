@@ -14,6 +14,7 @@
 
 #define OAI_MAX_STOP 16
 #define OAI_MAX_MESSAGES 4096
+#define OAI_MAX_TOOLS 256
 
 enum oai_kind { OAI_CHAT, OAI_COMPLETION };
 
@@ -41,6 +42,11 @@ struct oai_request {
     int logprobs;               /* token log probabilities asked for */
     int top_logprobs;           /* alternatives per token (chat's top_logprobs, completion's logprobs N) */
     char *model;                /* NULL: not given */
+    /* chat: the messages as the template reads them (role, content as one text, tool_calls with their
+     * arguments as JSON objects, tool_call_id, name) and the tools offered (NULL: none) */
+    struct json_object *chat, *tools;
+    enum oai_tool_choice { OAI_TOOLS_AUTO, OAI_TOOLS_NONE } tool_choice;
+    int parallel_tool_calls;    /* 0: at most one call an answer */
 };
 
 /* A request body as one strict JSON value (serde_json's rules: no single quotes, bare keys, trailing

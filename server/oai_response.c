@@ -153,6 +153,44 @@ struct json_object *oai_chunk(struct oai_answer *a, int role, const char *text, 
     return o;
 }
 
+struct json_object *oai_tool_chunk(struct oai_answer *a, int index, struct json_object *call, int header, int with_usage) {
+    struct json_object *o = answer(a, "chat.completion.chunk");
+    struct json_object *choice = json_object_new_object(), *choices = json_object_new_array();
+    struct json_object *d = json_object_new_object(), *calls = json_object_new_array(), *c = json_object_new_object();
+    struct json_object *f = json_object_new_object(), *fn, *v;
+    json_object_object_get_ex(call, "function", &fn);
+    json_object_object_add(c, "index", json_object_new_int(index));
+    if (header) {
+        if (json_object_object_get_ex(call, "id", &v)) json_object_object_add(c, "id", json_object_get(v));
+        json_object_object_add(c, "type", json_object_new_string("function"));
+        if (json_object_object_get_ex(fn, "name", &v)) json_object_object_add(f, "name", json_object_get(v));
+        json_object_object_add(f, "arguments", json_object_new_string(""));
+    } else if (json_object_object_get_ex(fn, "arguments", &v)) {
+        json_object_object_add(f, "arguments", json_object_get(v));
+    }
+    json_object_object_add(c, "function", f);
+    json_object_array_add(calls, c);
+    json_object_object_add(d, "tool_calls", calls);
+    json_object_object_add(choice, "index", json_object_new_int(0));
+    json_object_object_add(choice, "delta", d);
+    json_object_object_add(choice, "logprobs", NULL);
+    json_object_object_add(choice, "finish_reason", NULL);
+    json_object_array_add(choices, choice);
+    json_object_object_add(o, "choices", choices);
+    if (with_usage) json_object_object_add(o, "usage", NULL);
+    return o;
+}
+
+void oai_completion_tool_calls(struct json_object *answer, const char *content, struct json_object *calls) {
+    struct json_object *choices, *choice, *m;
+    if (!json_object_object_get_ex(answer, "choices", &choices) || !(choice = json_object_array_get_idx(choices, 0)) ||
+        !json_object_object_get_ex(choice, "message", &m))
+        return;
+    json_object_object_add(m, "content", content ? json_object_new_string(content) : NULL);
+    json_object_object_add(m, "tool_calls", json_object_get(calls));
+    json_object_object_add(choice, "finish_reason", json_object_new_string("tool_calls"));
+}
+
 struct json_object *oai_usage_chunk(struct oai_answer *a, const struct srv_job *j) {
     struct json_object *o = answer(a, a->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
     json_object_object_add(o, "choices", json_object_new_array());

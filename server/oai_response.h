@@ -32,6 +32,12 @@ struct json_object *oai_completion(struct oai_answer *a, const char *text, size_
  * OpenAI's chunks carry when the client asked for usage */
 struct json_object *oai_chunk(struct oai_answer *a, int role, const char *text, size_t len, const struct srv_logprob *lps,
                               size_t n_lps, const char *finish, int usage);
+/* A streamed tool call, as OpenAI streams one: first its id, type and name with empty arguments
+ * (header 1), then its arguments (header 0); index: the call's place in the answer */
+struct json_object *oai_tool_chunk(struct oai_answer *a, int index, struct json_object *call, int header, int with_usage);
+/* A finished chat answer's message made a tool-calling one: content (NULL: null), the calls, finish
+ * "tool_calls" */
+void oai_completion_tool_calls(struct json_object *answer, const char *content, struct json_object *calls);
 /* The last chunk when the client asked for usage: no choices, the usage */
 struct json_object *oai_usage_chunk(struct oai_answer *a, const struct srv_job *j);
 
