@@ -1,7 +1,12 @@
 /* tllm info: what a checkpoint is and what it costs to run. */
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "engine/load/checkpoint.h"
+#include "engine/load/gguf_vocab.h"
+#include "tokenizer/chat.h"
 #include "kernels/cpu/cpu_features.h"
 #include "engine/base/error.h"
 #include "engine/load/ggml_types.h"
@@ -108,6 +113,17 @@ int cmd_info(int argc, char **argv) {
     size_t kv = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     printf("KV cache         %zu bytes per token (float32; %.1f MiB for 4096 tokens)\n", kv, (double)kv * 4096 / (1 << 20));
     printf("CPU kernels      %s (TLLM_CPU=ref|avx2|avxvnni|avx512|amx picks another this CPU runs)\n", tllm_cpu_path());
+    /* the chat template, as chat and serve will run it (a broken one is reported, not fatal here) */
+    struct tllm_chat_template tpl;
+    char *cfg = m->gguf ? NULL : tllm_path_join(m->dir, "tokenizer_config.json");
+    int trc = m->gguf ? tllm_gguf_chat_template(m->gguf, &tpl)
+                      : cfg && access(cfg, R_OK) == 0 ? tllm_chat_template_load(cfg, &tpl) : (memset(&tpl, 0, sizeof tpl), 0);
+    free(cfg);
+    if (trc) printf("chat template    cannot be run: %s\n", tllm_errmsg());
+    else if (tpl.kind == TLLM_CHAT_JINJA) printf("chat template    Jinja, run as written (tllm template shows a rendering)\n");
+    else if (tpl.kind == TLLM_CHAT_CHATML) printf("chat template    rendered as ChatML: the interpreter refused it: %s\n", tpl.parse_error);
+    else printf("chat template    none (prompts are plain text)\n");
+    tllm_chat_template_free(&tpl);
     tllm_model_free(m);
     return 0;
 }

@@ -87,6 +87,69 @@ if regen:
         f.write("\n")
 print(f"{len(templates)} templates x {len(convs)} conversations: {n_rendered} rendered, {n_errors} failing as in jinja2")
 
+# random expressions against jinja2 (transformers' environment): operators, filters, tests, methods,
+# slicing, undefined values, over values of every type; where jinja2 returns a lazy generator (select,
+# map, unique, reverse, items...) the expression takes | list, as templates do
+if render_jinja_template:
+    import random
+    rng = random.Random(20261127)
+    V = {"s": "Hello, World! h\u00e9llo", "e": "", "n": 7, "m": -3, "f": 2.5, "z": 0, "t": True, "no": None,
+         "l": [3, 1, "a", None, 2.0], "nums": [5, 2, 9, 2], "strs": ["b", "a", "C"],
+         "d": {"k": "v", "x": 1, "nested": {"y": [1, 2]}}, "objs": [{"name": "a", "v": 1}, {"name": "b"}, {"name": "c", "v": None}]}
+    ATOMS = ["s", "e", "n", "m", "f", "z", "t", "no", "l", "nums", "strs", "d", "objs", "undefined_x", "'lit'", "\"q'\"", "3",
+             "-1", "0.5", "1e3", "true", "none", "[1, 'x']", "{'a': 1, 'b': [2]}", "(1, 2)", "''", "d.k", "d['x']", "d.nested.y",
+             "objs[0].name", "l[1:3]", "s[::-1]", "s[-5:]", "l[-1]", "nums[10]"]
+    BIN = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">=", "in", "not in", "and", "or"]
+    FILTERS = ["length", "first", "last", "upper", "lower", "trim", "tojson", "string", "list", "reverse | list",
+               "unique | list", "sort", "sort(reverse=true)", "join", "join(', ')", "default('D')", "default('D', true)",
+               "int", "float", "abs", "capitalize", "title", "items | list", "tojson(indent=2)", "tojson(sort_keys=true)",
+               "select('odd') | list", "reject('none') | list", "map('upper') | list", "selectattr('v') | list",
+               "map(attribute='name') | list", "rejectattr('v', 'none') | list", "e", "replace('l', 'L')", "count"]
+    TESTS = ["defined", "undefined", "none", "string", "number", "integer", "float", "mapping", "iterable", "odd", "even",
+             "divisibleby 3", "eq 7", "in [7, 'a']", "boolean", "true", "lower", "upper"]
+    METHODS = ["s.split(', ')", "s.split()", "s.startswith('He')", "s.endswith(('!', 'o'))", "s.strip('Heo')", "s.lower()",
+               "s.upper()", "s.replace('o', '0', 1)", "s.find('World')", "s.count('l')", "s.title()", "d.items() | list",
+               "d.keys() | list", "d.get('k')", "d.get('zz', 3)", "'-'.join(strs)", "s.rsplit(' ', 1)", "e.strip()",
+               "'  x '.lstrip()", "'a,b,,c'.split(',')", "s.isdigit()", "'12'.isdigit()"]
+
+    def expr(depth=0):
+        r = rng.random()
+        if depth > 3 or r < 0.3:
+            return rng.choice(ATOMS)
+        if r < 0.45:
+            return rng.choice(METHODS)
+        if r < 0.65:
+            return f"({expr(depth + 1)} {rng.choice(BIN)} {expr(depth + 1)})"
+        if r < 0.8:
+            return f"({expr(depth + 1)} | {rng.choice(FILTERS)})"
+        if r < 0.9:
+            return f"({expr(depth + 1)} is {rng.choice(['', 'not '])}{rng.choice(TESTS)})"
+        if r < 0.95:
+            return f"(not {expr(depth + 1)})"
+        return f"({expr(depth + 1)} if {expr(depth + 1)} else {expr(depth + 1)})"
+
+    vars_path = os.path.join(tmp, "vars.json")
+    with open(vars_path, "w") as f:
+        json.dump({"messages": [], **V}, f)
+    same = errors = 0
+    N = 400
+    for i in range(N):
+        src = "{{ " + expr() + " }}"
+        try:
+            ref = render_jinja_template([[]], chat_template=src, add_generation_prompt=False, **V)[0][0]
+        except Exception:
+            ref = None
+        if ref is not None and " object at 0x" in ref:
+            continue  # a lazy object's repr (e.g. a filter's generator compared or tested, not listed)
+        path = os.path.join(tmp, "expr.jinja")
+        with open(path, "w") as f:
+            f.write(src)
+        rc, out, err = run_tllm("--chat-template", path, "--no-generation-prompt", vars_path)
+        got = out if rc == 0 else None
+        same += check(got == ref, f"{src}: tllm {got!r} {err.strip()}, jinja2 {ref!r}")
+        errors += ref is None
+    print(f"random expressions: {same} equal to jinja2 ({errors} failing in both)")
+
 # errors: the template's name, line and column, one line
 conv = conv_file(convs[0])
 bad = {

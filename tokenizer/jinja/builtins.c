@@ -150,7 +150,8 @@ static struct jj_val strip(struct jj_val s, int which, const struct jj_val *char
     return jj_str(p + b, e - b);
 }
 
-/* case mapping: 1 lower, 2 upper, 3 capitalize, 4 title */
+/* case mapping: 1 lower, 2 upper, 3 capitalize, 4 str.title(), 5 the title filter (words begin after
+ * whitespace and - ( { [ <, as jinja2 splits them) */
 static int recase(struct jj_render *R, const struct jj_node *at, struct jj_val s, int how, struct jj_val *out) {
     char *o = jj_alloc(&R->a, s.u.s.n * 2 + 8);
     if (!o) return jj_nomem(R, at);
@@ -161,8 +162,9 @@ static int recase(struct jj_render *R, const struct jj_node *at, struct jj_val s
         if (how == 1) d = utf8proc_tolower(c);
         else if (how == 2) d = utf8proc_toupper(c);
         else if (how == 3) d = first ? utf8proc_toupper(c) : utf8proc_tolower(c);
-        else d = prev_cased ? utf8proc_tolower(c) : utf8proc_toupper(c);
-        first = 0;
+        else if (how == 4) d = prev_cased ? utf8proc_tolower(c) : utf8proc_toupper(c);
+        else d = first ? utf8proc_toupper(c) : utf8proc_tolower(c); /* 5: the title filter */
+        first = how == 5 && (c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_space(c));
         prev_cased = utf8proc_tolower(c) != c || utf8proc_toupper(c) != c || utf8proc_category(c) == UTF8PROC_CATEGORY_LL ||
                      utf8proc_category(c) == UTF8PROC_CATEGORY_LU;
         if (len == 1 && c >= 0x80) d = c; /* a stray byte stays itself */
@@ -458,7 +460,6 @@ int jj_test(struct jj_render *R, const struct jj_node *at, struct jj_val v, cons
     const char *t = at->name;
     size_t n = at->name_len;
     struct jj_val x = arg(a, 0, NULL, UNDEF);
-    long long k;
     if (eq(t, n, "defined")) *res = v.kind != JV_UNDEF;
     else if (eq(t, n, "undefined")) *res = v.kind == JV_UNDEF;
     else if (eq(t, n, "none")) *res = v.kind == JV_NONE;
@@ -470,17 +471,26 @@ int jj_test(struct jj_render *R, const struct jj_node *at, struct jj_val v, cons
     else if (eq(t, n, "number")) *res = v.kind == JV_INT || v.kind == JV_FLOAT || v.kind == JV_BOOL;
     else if (eq(t, n, "string")) *res = v.kind == JV_STR;
     else if (eq(t, n, "mapping")) *res = v.kind == JV_DICT && !v.sub;
-    else if (eq(t, n, "sequence")) *res = v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.sub);
+    else if (eq(t, n, "sequence")) *res = v.kind == JV_STR || v.kind == JV_LIST || (v.kind == JV_DICT && !v.sub) || v.kind == JV_UNDEF;
     else if (eq(t, n, "iterable")) *res = v.kind == JV_STR || v.kind == JV_LIST || v.kind == JV_DICT || v.kind == JV_UNDEF;
     else if (eq(t, n, "callable")) *res = v.kind == JV_MACRO || v.kind == JV_FUNC;
-    else if (eq(t, n, "odd") || eq(t, n, "even")) {
-        if (int_arg(R, at, v, "the odd/even test", &k)) return -1;
-        *res = (k % 2 != 0) == (t[0] == 'o');
-    } else if (eq(t, n, "divisibleby")) {
-        long long d;
-        if (int_arg(R, at, v, "divisibleby", &k) || int_arg(R, at, x, "divisibleby", &d)) return -1;
-        if (!d) return jj_fail(R, at, "divisibleby 0");
-        *res = k % d == 0;
+    else if (eq(t, n, "odd") || eq(t, n, "even") || eq(t, n, "divisibleby")) { /* value % d, numbers of any kind */
+        struct jj_val d = t[0] == 'd' ? x : jj_int(2);
+        int vi = v.kind == JV_INT || v.kind == JV_BOOL, di = d.kind == JV_INT || d.kind == JV_BOOL;
+        if (!(vi || v.kind == JV_FLOAT) || !(di || d.kind == JV_FLOAT))
+            return jj_fail(R, at, "the %.*s test needs numbers, not %s", (int)n, t, jj_kind_name(vi || v.kind == JV_FLOAT ? d : v));
+        double dv = d.kind == JV_FLOAT ? d.u.f : (double)(d.kind == JV_INT ? d.u.i : d.u.b);
+        if (dv == 0) return jj_fail(R, at, "modulo by zero");
+        double r;
+        if (vi && di) {
+            long long p = v.kind == JV_INT ? v.u.i : v.u.b, q = d.kind == JV_INT ? d.u.i : d.u.b;
+            r = (q == -1) ? 0 : (double)(((p % q) + q) % q);
+        } else {
+            double p = v.kind == JV_FLOAT ? v.u.f : (double)(v.kind == JV_INT ? v.u.i : v.u.b);
+            r = fmod(p, dv);
+            if (r != 0 && ((r < 0) != (dv < 0))) r += dv;
+        }
+        *res = t[0] == 'o' ? r == 1 : r == 0;
     } else if (eq(t, n, "eq") || eq(t, n, "equalto") || eq(t, n, "==") || eq(t, n, "sameas")) *res = jj_equal(v, x);
     else if (eq(t, n, "ne") || eq(t, n, "!=")) *res = !jj_equal(v, x);
     else if (eq(t, n, "lt") || eq(t, n, "le") || eq(t, n, "gt") || eq(t, n, "ge") || eq(t, n, "lessthan") ||
@@ -490,10 +500,21 @@ int jj_test(struct jj_render *R, const struct jj_node *at, struct jj_val v, cons
         *res = t[0] == 'l' ? (t[1] == 'e' && n == 2 ? c <= 0 : c < 0) : (t[1] == 'e' && n == 2 ? c >= 0 : c > 0);
     } else if (eq(t, n, "in")) {
         return jj_contains(R, at, x, v, res);
-    } else if (eq(t, n, "lower") || eq(t, n, "upper")) {
-        struct jj_val c;
-        if (want_str(R, at, v, "the lower/upper test") || recase(R, at, v, t[0] == 'l' ? 1 : 2, &c)) return -1;
-        *res = jj_equal(c, v);
+    } else if (eq(t, n, "lower") || eq(t, n, "upper")) { /* str(v).islower(): some cased letter, none of the other case */
+        struct jj_val sv;
+        if (stringify(R, at, v, &sv)) return -1;
+        int cased = 0, other = 0;
+        size_t len;
+        for (size_t i = 0; i < sv.u.s.n; i += len) {
+            utf8proc_int32_t c = cp_at(sv.u.s.p, sv.u.s.n, i, &len);
+            utf8proc_category_t cat = utf8proc_category(c);
+            int up = cat == UTF8PROC_CATEGORY_LU || cat == UTF8PROC_CATEGORY_LT, low = cat == UTF8PROC_CATEGORY_LL;
+            if (up || low) {
+                if ((t[0] == 'u') == up) cased = 1;
+                else other = 1;
+            }
+        }
+        *res = cased && !other;
     } else {
         return jj_fail(R, at, "no test named '%.*s'", (int)(n > 40 ? 40 : n), t);
     }
@@ -585,9 +606,9 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
         if (indent > 64) return jj_fail(R, at, "tojson: indent %lld is too large", indent);
         return json_of(R, at, v, (int)indent, jj_truthy(sk), out);
     }
-    if (v.kind == JV_UNDEF && !eq(f, n, "length") && !eq(f, n, "count") && !eq(f, n, "items") && !eq(f, n, "list") &&
-        !eq(f, n, "string") && !eq(f, n, "join") && !eq(f, n, "trim") && !eq(f, n, "lower") && !eq(f, n, "upper"))
-        return jj_undefined_error(R, at, v);
+    /* an undefined value reads as an empty string or an empty sequence, as jinja2's Undefined does, except where
+     * a number is needed */
+    if (v.kind == JV_UNDEF && (eq(f, n, "abs") || eq(f, n, "int") || eq(f, n, "float"))) return jj_undefined_error(R, at, v);
     if (eq(f, n, "length") || eq(f, n, "count")) {
         if (v.kind == JV_STR) *out = jj_int((long long)jj_utf8_len(v.u.s.p, v.u.s.n));
         else if (v.kind == JV_LIST) *out = jj_int((long long)v.u.l->n);
@@ -606,7 +627,7 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
             *out = strip(s, 3, c.kind == JV_STR ? &c : NULL);
             return 0;
         }
-        return recase(R, at, s, f[0] == 'l' ? 1 : f[0] == 'u' ? 2 : f[0] == 'c' ? 3 : 4, out);
+        return recase(R, at, s, f[0] == 'l' ? 1 : f[0] == 'u' ? 2 : f[0] == 'c' ? 3 : 5, out);
     }
     if (eq(f, n, "items")) return items_of(R, at, v, out);
     if (eq(f, n, "first") || eq(f, n, "last")) {
@@ -646,6 +667,7 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
     if (eq(f, n, "select") || eq(f, n, "reject") || eq(f, n, "selectattr") || eq(f, n, "rejectattr")) {
         int attr = f[n - 4] == 'a', keep = f[0] == 's';
         if (attr && a->n < 1) return jj_fail(R, at, "%.*s needs an attribute name", (int)n, f);
+        if (!jj_truthy(v)) return new_list(R, at, &l, out, 0); /* jinja2: "if value:" before iterating */
         if (jj_iterate(R, at, v, &items) || new_list(R, at, &l, out, 0)) return -1;
         for (size_t i = 0; i < items->n; i++) {
             struct jj_val x = items->v[i];
@@ -657,6 +679,7 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
         return 0;
     }
     if (eq(f, n, "map")) {
+        if (!jj_truthy(v)) return new_list(R, at, &l, out, 0);
         if (jj_iterate(R, at, v, &items) || new_list(R, at, &l, out, 0)) return -1;
         struct jj_val attr = arg(a, -1, "attribute", UNDEF), dflt = arg(a, -1, "default", UNDEF);
         if (attr.kind == JV_UNDEF && (a->n < 1 || a->v[0].kind != JV_STR))
@@ -687,12 +710,14 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
     }
     if (eq(f, n, "sort")) {
         struct jj_val rev = arg(a, 0, "reverse", jj_bool(0)), attr = arg(a, 2, "attribute", NONE);
+        int fold = !jj_truthy(arg(a, 1, "case_sensitive", jj_bool(0)));
         if (jj_iterate(R, at, v, &items) || new_list(R, at, &l, out, 0)) return -1;
         struct jj_val *pairs = jj_alloc(&R->a, (items->n + 1) * 2 * sizeof *pairs);
         if (!pairs) return jj_nomem(R, at);
         for (size_t i = 0; i < items->n; i++) {
             pairs[2 * i] = items->v[i];
             if (attr.kind != JV_NONE && attr_path(R, at, items->v[i], attr, &pairs[2 * i])) return -1;
+            if (fold && pairs[2 * i].kind == JV_STR && recase(R, at, pairs[2 * i], 1, &pairs[2 * i])) return -1;
             pairs[2 * i + 1] = items->v[i];
         }
         struct jj_val *tmp = jj_alloc(&R->a, (items->n + 1) * 2 * sizeof *tmp);
@@ -733,11 +758,12 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
     if (eq(f, n, "abs")) {
         if (v.kind == JV_INT) return v.u.i == INT64_MIN ? jj_fail(R, at, "integer overflow") : (*out = jj_int(v.u.i < 0 ? -v.u.i : v.u.i), 0);
         if (v.kind == JV_FLOAT) return *out = (struct jj_val){.kind = JV_FLOAT, .u.f = fabs(v.u.f)}, 0;
+        if (v.kind == JV_BOOL) return *out = jj_int(v.u.b), 0;
         return jj_fail(R, at, "abs of a %s", jj_kind_name(v));
     }
     if (eq(f, n, "replace")) {
         struct jj_val s;
-        long long count;
+        long long count = -1;
         if (stringify(R, at, v, &s) || int_arg(R, at, arg(a, 2, "count", jj_int(-1)), "replace's count", &count)) return -1;
         return replace(R, at, s, arg(a, 0, "old", UNDEF), arg(a, 1, "new", UNDEF), count, out);
     }

@@ -261,6 +261,19 @@ static int binop(struct jj_render *R, const struct jj_node *e, struct jj_val a, 
         *out = jj_str(p, s.u.s.n * (size_t)k);
         return 0;
     }
+    if (op == OP_MUL && ((a.kind == JV_LIST && is_intlike(b)) || (b.kind == JV_LIST && is_intlike(a)))) {
+        struct jj_val l = a.kind == JV_LIST ? a : b;
+        long long k = a.kind == JV_LIST ? ival(b) : ival(a);
+        struct jj_list *r = jj_alloc(&R->a, sizeof *r);
+        if (!r) return jj_nomem(R, e);
+        if (k > 0 && l.u.l->n && (unsigned long long)k > (TLLM_JINJA_MAX_OUTPUT / 8) / l.u.l->n)
+            return jj_fail(R, e, "the repeated list is too long");
+        for (long long i = 0; i < k; i++)
+            for (size_t j = 0; j < l.u.l->n; j++)
+                if (jj_list_push(&R->a, r, l.u.l->v[j])) return jj_nomem(R, e);
+        *out = (struct jj_val){.kind = JV_LIST, .sub = l.sub, .u.l = r};
+        return 0;
+    }
     if (op == OP_MOD && a.kind == JV_STR) return jj_fail(R, e, "'%%' string formatting is not supported");
     return jj_fail(R, e, "unsupported operand types for %s: '%s' and '%s'", names[op], jj_kind_name(a), jj_kind_name(b));
 }
