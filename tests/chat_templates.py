@@ -166,12 +166,20 @@ bad = {
     "{{ (((( }}": "1:11: unclosed bracket",
     "{% set x = 1 / 0 %}": "1:14: division by zero",
 }
-for i, (src, msg) in enumerate(bad.items()):
-    path = os.path.join(tmp, f"bad{i}.jinja")
-    with open(path, "w") as f:
-        f.write(src)
-    rc, out, err = run_tllm("--chat-template", path, conv)
-    check(rc != 0 and f"bad{i}.jinja:{msg}" in err and err.count("\n") == 1, f"{src!r}: wanted '{msg}', got {err!r}")
+
+
+def expect_failures(cases, stem, placed):
+    """each template fails, its one-line message holding msg (after FILE: when placed)"""
+    for i, (src, msg) in enumerate(cases.items()):
+        path = os.path.join(tmp, f"{stem}{i}.jinja")
+        with open(path, "w") as f:
+            f.write(src)
+        rc, out, err = run_tllm("--chat-template", path, conv)
+        want = f"{stem}{i}.jinja:{msg}" if placed else msg
+        check(rc != 0 and want in err and err.count("\n") == 1, f"{src[:80]!r}: wanted '{want}', got rc {rc} {err[:300]!r}")
+
+
+expect_failures(bad, "bad", True)
 
 # limits: each hostile template fails quickly with a message, never hangs or exhausts memory
 hostile = {
@@ -184,12 +192,7 @@ hostile = {
     "{% set ns = namespace(s='abcdefgh') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": "longer than",
     "{% set ns = namespace(s='abcdefgh') %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}{% endfor %}": "longer than",
 }
-for i, (src, msg) in enumerate(hostile.items()):
-    path = os.path.join(tmp, f"hostile{i}.jinja")
-    with open(path, "w") as f:
-        f.write(src)
-    rc, out, err = run_tllm("--chat-template", path, conv)
-    check(rc != 0 and msg in err and err.count("\n") == 1, f"hostile template {i}: wanted '{msg}', got rc {rc} {err[:200]!r}")
+expect_failures(hostile, "hostile", False)
 
 # the model's own template: a GGUF's tokenizer.chat_template, a checkpoint's tokenizer_config.json
 qwen25 = "qwen2.5.jinja"

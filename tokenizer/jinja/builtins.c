@@ -114,39 +114,26 @@ static utf8proc_int32_t cp_at(const char *p, size_t n, size_t i, size_t *len) {
     return c;
 }
 
+/* is c one of chars' code points (whitespace when chars is NULL)? */
+static int in_set(const struct jj_val *chars, utf8proc_int32_t c) {
+    if (!chars) return py_space(c);
+    size_t len;
+    for (size_t k = 0; k < chars->u.s.n; k += len)
+        if (cp_at(chars->u.s.p, chars->u.s.n, k, &len) == c) return 1;
+    return 0;
+}
+
 /* strip: which 1 left, 2 right, 3 both; chars NULL for whitespace */
 static struct jj_val strip(struct jj_val s, int which, const struct jj_val *chars) {
     const char *p = s.u.s.p;
     size_t b = 0, e = s.u.s.n, len;
-    #define IN_SET(c) (chars ? cp_in(chars, c) : py_space(c))
-    for (;;) {
-        if (!(which & 1) || b >= e) break;
-        utf8proc_int32_t c = cp_at(p, e, b, &len);
-        int in = 0;
-        if (chars) {
-            size_t l2;
-            for (size_t k = 0; k < chars->u.s.n && !in; k += l2) in = cp_at(chars->u.s.p, chars->u.s.n, k, &l2) == c;
-        } else {
-            in = py_space(c);
-        }
-        if (!in) break;
-        b += len;
-    }
+    while ((which & 1) && b < e && in_set(chars, cp_at(p, e, b, &len))) b += len;
     while ((which & 2) && e > b) {
         size_t k = e - 1;
         while (k > b && ((unsigned char)p[k] & 0xC0) == 0x80) k--;
-        utf8proc_int32_t c = cp_at(p, e, k, &len);
-        int in = 0;
-        if (chars) {
-            size_t l2;
-            for (size_t q = 0; q < chars->u.s.n && !in; q += l2) in = cp_at(chars->u.s.p, chars->u.s.n, q, &l2) == c;
-        } else {
-            in = py_space(c);
-        }
-        if (!in) break;
+        if (!in_set(chars, cp_at(p, e, k, &len))) break;
         e = k;
     }
-    #undef IN_SET
     return jj_str(p + b, e - b);
 }
 

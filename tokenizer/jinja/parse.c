@@ -486,6 +486,18 @@ static int close_tag(struct parser *P, const char *name) {
     return expect_end(P);
 }
 
+/* {% else %} BODY (optional) into n's else body, then {% END %} */
+static int else_and_end(struct parser *P, struct jj_node *n, const char *end) {
+    if (is_name(P, "else")) {
+        const char *until[] = {end, NULL};
+        struct nlist alt = {0};
+        next(P);
+        if (expect_end(P) || parse_body(P, until, &alt)) return -1;
+        n->alt = alt.v, n->n_alt = alt.n;
+    }
+    return close_tag(P, end);
+}
+
 static int parse_targets(struct parser *P, struct jj_node *n) {
     int cap = 0;
     do {
@@ -525,13 +537,7 @@ static struct jj_node *parse_stmt(struct parser *P) {
             n->alt = alt.v, n->n_alt = alt.n;
             return n;
         }
-        if (is_name(P, "else")) {
-            static const char *const until2[] = {"endif", NULL};
-            next(P);
-            if (expect_end(P) || parse_body(P, until2, &alt)) return NULL;
-            n->alt = alt.v, n->n_alt = alt.n;
-        }
-        return close_tag(P, "endif") ? NULL : n;
+        return else_and_end(P, n, "endif") ? NULL : n;
     }
     if (!strcmp(tag, "for")) {
         static const char *const until[] = {"else", "endfor", NULL};
@@ -547,16 +553,10 @@ static struct jj_node *parse_stmt(struct parser *P) {
             if (!(n->b = parse_expr(P, 0))) return NULL;
         }
         if (is_name(P, "recursive")) return FAIL(P, "recursive loops are not supported%s", NULL);
-        struct nlist body = {0}, alt = {0};
+        struct nlist body = {0};
         if (expect_end(P) || parse_body(P, until, &body)) return NULL;
         n->kids = body.v, n->n_kids = body.n;
-        if (is_name(P, "else")) {
-            static const char *const until2[] = {"endfor", NULL};
-            next(P);
-            if (expect_end(P) || parse_body(P, until2, &alt)) return NULL;
-            n->alt = alt.v, n->n_alt = alt.n;
-        }
-        return close_tag(P, "endfor") ? NULL : n;
+        return else_and_end(P, n, "endfor") ? NULL : n;
     }
     if (!strcmp(tag, "set")) {
         if (!(n = node(P, N_SET, at))) return NULL;
