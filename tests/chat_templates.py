@@ -189,6 +189,8 @@ hostile = {
     "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}": "nested deeper",
     "{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}": "nested too deeply",
     "{{ range(1000000000) | list }}": "range() of more than",
+    "{{ 1 ** 1000000000000000000 }}{{ 3 ** 1000000000000000000 }}": "integer overflow",
+    "{% set s = 'x' * 30000000 %}{% for i in range(100000) %}{{ s[5] }}{{ s.find('y') }}{% endfor %}": "ran longer than",
     "{% set ns = namespace(s='abcdefgh') %}{% for i in range(30) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}": "longer than",
     "{% set ns = namespace(s='abcdefgh') %}{% for i in range(30) %}{% set ns.s = ns.s + ns.s %}{% endfor %}": "longer than",
 }

@@ -329,6 +329,7 @@ static int int_arg(struct jj_render *R, const struct jj_node *at, struct jj_val 
 int jj_call_builtin(struct jj_render *R, const struct jj_node *at, struct jj_val fn, const struct jj_args *a,
                     struct jj_val *out) {
     struct jj_val self = fn.u.self ? *fn.u.self : NONE;
+    if (self.kind == JV_STR && jj_charge(R, at, self.u.s.n)) return -1;
     long long n1 = 0, n2 = 0, n3 = 0;
     int r;
     switch (fn.sub) {
@@ -579,6 +580,7 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
     const char *f = at->name;
     size_t n = at->name_len;
     struct jj_list *items, *l;
+    if (v.kind == JV_STR && jj_charge(R, at, v.u.s.n)) return -1;
     if (eq(f, n, "default") || eq(f, n, "d")) {
         int boolean = jj_truthy(arg(a, 1, "boolean", jj_bool(0)));
         *out = v.kind == JV_UNDEF || (boolean && !jj_truthy(v)) ? arg(a, 0, "default_value", jj_str("", 0)) : v;

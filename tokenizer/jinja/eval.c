@@ -34,6 +34,7 @@ int jj_fail(struct jj_render *R, const struct jj_node *at, const char *fmt, ...)
 }
 
 int jj_nomem(struct jj_render *R, const struct jj_node *at) {
+    if (R->failed) return -1; /* a failure reported as NULL by a helper: the first message stands */
     R->nomem = 1;
     return jj_fail(R, at, "out of memory (the template's limit is %u MiB)", (unsigned)(TLLM_JINJA_MAX_MEMORY >> 20));
 }
@@ -42,6 +43,12 @@ static int emit(struct jj_render *R, const struct jj_node *at, const char *p, si
     if (R->out->len + n > TLLM_JINJA_MAX_OUTPUT)
         return jj_fail(R, at, "the rendering is longer than %u MiB", (unsigned)(TLLM_JINJA_MAX_OUTPUT >> 20));
     if (tllm_buf_append(R->out, p, n)) return jj_nomem(R, at);
+    return 0;
+}
+
+int jj_charge(struct jj_render *R, const struct jj_node *at, size_t bytes) {
+    R->steps += (long)(bytes / 256);
+    if (R->steps > TLLM_JINJA_MAX_STEPS) return jj_fail(R, at, "the template ran longer than %ld steps", (long)TLLM_JINJA_MAX_STEPS);
     return 0;
 }
 
@@ -130,6 +137,7 @@ int jj_contains(struct jj_render *R, const struct jj_node *at, struct jj_val hay
     switch (hay.kind) {
     case JV_STR:
         if (x.kind != JV_STR) return jj_fail(R, at, "'in <string>' requires a string, not %s", jj_kind_name(x));
+        if (jj_charge(R, at, hay.u.s.n)) return -1;
         if (!x.u.s.n) return *res = 1, 0;
         *res = 0;
         for (size_t i = 0; i + x.u.s.n <= hay.u.s.n && !*res; i++)
@@ -202,10 +210,13 @@ static int binop(struct jj_render *R, const struct jj_node *e, struct jj_val a, 
                 }
                 return 0;
             case OP_POW:
-                if (y >= 0) {
+                if (y >= 0) { /* by squaring: 1 ** 10**18 takes 60 steps, not 10**18 */
+                    long long base = x;
                     r = 1;
-                    for (long long i = 0; i < y; i++)
-                        if (__builtin_mul_overflow(r, x, &r)) return jj_fail(R, e, "integer overflow");
+                    for (long long k = y; k; k >>= 1) {
+                        if ((k & 1) && __builtin_mul_overflow(r, base, &r)) return jj_fail(R, e, "integer overflow");
+                        if ((k >> 1) && __builtin_mul_overflow(base, base, &base)) return jj_fail(R, e, "integer overflow");
+                    }
                     *out = jj_int(r);
                     return 0;
                 }
@@ -298,6 +309,7 @@ static void slice_indices(long long n, const struct jj_val *sv, long long *start
 
 /* byte offsets of each code point of s (n + 1 entries) */
 size_t *jj_cp_offsets(struct jj_render *R, struct jj_val s, size_t *ncp) {
+    if (jj_charge(R, NULL, s.u.s.n)) return NULL;
     size_t n = jj_utf8_len(s.u.s.p, s.u.s.n);
     size_t *o = jj_alloc(&R->a, (n + 1) * sizeof *o);
     if (!o) return NULL;
@@ -307,6 +319,14 @@ size_t *jj_cp_offsets(struct jj_render *R, struct jj_val s, size_t *ncp) {
     o[n] = s.u.s.n;
     *ncp = n;
     return o;
+}
+
+/* the byte offset of code point k of s (its length when k is the count) */
+static size_t cp_byte(struct jj_val s, size_t k) {
+    size_t i = 0;
+    for (; i < s.u.s.n; i++)
+        if (((unsigned char)s.u.s.p[i] & 0xC0) != 0x80 && k-- == 0) return i;
+    return s.u.s.n;
 }
 
 static int do_slice(struct jj_render *R, const struct jj_node *e, struct jj_val obj, const struct jj_val *sv,
@@ -323,6 +343,14 @@ static int do_slice(struct jj_render *R, const struct jj_node *e, struct jj_val 
         for (long long i = start; step > 0 ? i < stop : i > stop; i += step)
             if (jj_list_push(&R->a, l, obj.u.l->v[i])) return jj_nomem(R, e);
         *out = (struct jj_val){.kind = JV_LIST, .sub = obj.sub, .u.l = l};
+        return 0;
+    }
+    if (obj.kind == JV_STR && (sv[2].kind != JV_INT || sv[2].u.i == 1)) { /* contiguous: two offsets, no table */
+        if (jj_charge(R, e, obj.u.s.n)) return -1;
+        slice_indices((long long)jj_utf8_len(obj.u.s.p, obj.u.s.n), sv, &start, &stop, &step);
+        if (stop <= start) return *out = jj_str("", 0), 0;
+        size_t b = cp_byte(obj, (size_t)start), end = cp_byte(obj, (size_t)stop);
+        *out = jj_str(obj.u.s.p + b, end - b);
         return 0;
     }
     if (obj.kind == JV_STR) {
@@ -364,13 +392,15 @@ int jj_getitem(struct jj_render *R, const struct jj_node *e, struct jj_val obj, 
         }
         return 0;
     case JV_STR:
-        if (is_intlike(key)) {
-            size_t ncp;
-            size_t *off = jj_cp_offsets(R, obj, &ncp);
-            if (!off) return jj_nomem(R, e);
+        if (is_intlike(key)) { /* the i-th code point, walked to (no table of offsets for one index) */
+            if (jj_charge(R, e, obj.u.s.n)) return -1;
+            size_t ncp = jj_utf8_len(obj.u.s.p, obj.u.s.n);
             long long i = ival(key);
             if (i < 0) i += (long long)ncp;
-            if (i >= 0 && i < (long long)ncp) *out = jj_str(obj.u.s.p + off[i], off[i + 1] - off[i]);
+            if (i >= 0 && i < (long long)ncp) {
+                size_t b = cp_byte(obj, (size_t)i), end = cp_byte(obj, (size_t)i + 1);
+                *out = jj_str(obj.u.s.p + b, end - b);
+            }
         } else if (key.kind == JV_STR) {
             return jj_getattr(R, e, obj, key.u.s.p, key.u.s.n, out);
         }

@@ -28,6 +28,8 @@ struct jj_args {
 /* eval.c */
 int jj_fail(struct jj_render *R, const struct jj_node *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int jj_nomem(struct jj_render *R, const struct jj_node *at);
+/* work on a long string counts as steps (a step per 256 bytes), so repeating it is bounded too */
+int jj_charge(struct jj_render *R, const struct jj_node *at, size_t bytes);
 /* an undefined value whose use fails with this message */
 struct jj_val jj_undefined_hint(struct jj_render *R, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int jj_undefined_error(struct jj_render *R, const struct jj_node *at, struct jj_val v);
