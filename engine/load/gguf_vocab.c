@@ -155,12 +155,7 @@ int tllm_gguf_chat_template(const struct tllm_gguf *g, struct tllm_chat_template
         rc = z ? tllm_chat_template_set_token(tpl, ids[i].name, z) : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
         free(z);
     }
-    if (!rc) {
-        struct tllm_chat_template t = *tpl;
-        memset(tpl, 0, sizeof *tpl);
-        tpl->specials = t.specials;
-        rc = tllm_chat_template_parse_keep(text, tpl, g->path);
-    }
+    if (!rc) rc = tllm_chat_template_parse_keep(text, tpl, g->path);
     if (rc) tllm_chat_template_free(tpl);
     return rc;
 }

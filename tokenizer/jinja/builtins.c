@@ -195,12 +195,10 @@ static int split(struct jj_render *R, const struct jj_node *at, struct jj_val s,
     if (!sep.u.s.n) return jj_fail(R, at, "empty separator");
     if (from_right && maxsplit >= 0) { /* pieces from the right, kept in order */
         size_t end = s.u.s.n;
-        struct jj_val tmp[64];
         long long cnt = 0;
         struct jj_list *rev;
         struct jj_val rv;
         if (new_list(R, at, &rev, &rv, 0)) return -1;
-        (void)tmp;
         while (cnt < maxsplit) {
             int pos = -1;
             for (size_t i = end >= sep.u.s.n ? end - sep.u.s.n + 1 : 0; i-- > 0;)
@@ -330,7 +328,7 @@ int jj_call_builtin(struct jj_render *R, const struct jj_node *at, struct jj_val
                     struct jj_val *out) {
     struct jj_val self = fn.u.self ? *fn.u.self : NONE;
     if (self.kind == JV_STR && jj_charge(R, at, self.u.s.n)) return -1;
-    long long n1 = 0, n2 = 0, n3 = 0;
+    long long n1 = 0, n2 = 0;
     int r;
     switch (fn.sub) {
     case F_RANGE: {
@@ -438,7 +436,6 @@ int jj_call_builtin(struct jj_render *R, const struct jj_node *at, struct jj_val
         return 0;
     }
     }
-    (void)n3;
     return jj_fail(R, at, "not a function");
 }
 
@@ -637,12 +634,10 @@ int jj_filter(struct jj_render *R, const struct jj_node *at, struct jj_val v, co
     }
     if (eq(f, n, "reverse")) {
         if (v.kind == JV_STR) {
-            struct jj_val sv[3] = {NONE, NONE, jj_int(-1)};
             size_t ncp;
             size_t *off = jj_cp_offsets(R, v, &ncp);
             char *p = jj_alloc(&R->a, v.u.s.n + 1);
             if (!off || !p) return jj_nomem(R, at);
-            (void)sv;
             size_t k = 0;
             for (size_t i = ncp; i-- > 0;) memcpy(p + k, v.u.s.p + off[i], off[i + 1] - off[i]), k += off[i + 1] - off[i];
             *out = jj_str(p, k);
