@@ -168,8 +168,14 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
     if (!logits) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     tllm_sampler_limit(s, ctx->m->n_sample); /* never a padding row of the lm_head */
     for (int i = 0; i < n_prompt; i++) tllm_sampler_accept(s, prompt[i]);
+    struct tllm_vocab_index *vi = NULL;
+    int rc = p->grammar ? tllm_gen_constrain(s, tok, p, &vi) : TLLM_OK;
+    if (rc) {
+        free(logits);
+        return rc;
+    }
     double t0 = tllm_now();
-    int rc = tllm_ctx_forward(ctx, prompt, n_prompt, logits, TLLM_LOGITS_LAST);
+    rc = tllm_ctx_forward(ctx, prompt, n_prompt, logits, TLLM_LOGITS_LAST);
     r->prompt_secs = tllm_now() - t0;
     struct tllm_gen_stream g;
     tllm_gen_stream_init(&g, tok, s, p, cb, user, r);
@@ -190,7 +196,19 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
         }
     r->gen_secs = tllm_now() - t0;
     if (!rc) rc = tllm_gen_stream_end(&g);
+    if (vi) tllm_sampler_constrain(s, NULL);
+    tllm_vocab_index_free(vi);
     free(logits);
+    return rc;
+}
+
+int tllm_gen_constrain(struct tllm_sampler *s, const struct tllm_tok *tok, const struct tllm_gen_params *p,
+                       struct tllm_vocab_index **vi) {
+    if (!tok) return tllm_fail(TLLM_ERR_ARG, "a grammar needs the tokenizer");
+    int rc = TLLM_OK;
+    if (!*vi) rc = tllm_vocab_index_init(tok, s->vocab, vi);
+    struct tllm_gmatch *gm = NULL;
+    if (!rc && !(rc = tllm_gmatch_init(&gm, p->grammar, *vi, p->eos, p->n_eos))) tllm_sampler_constrain(s, gm);
     return rc;
 }
 

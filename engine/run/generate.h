@@ -29,6 +29,8 @@ struct tllm_gen_params {
     const char *const *stop;   /* stop strings: not printed; generation ends where one appears */
     int n_stop;
     int skip_special;          /* leave special tokens out of the text */
+    const struct tllm_grammar *grammar; /* the text follows it (constrained sampling), or NULL; it ends
+                                         * with an EOS id once the grammar is satisfied and nothing may follow */
 };
 
 struct tllm_gen_result {
@@ -71,5 +73,9 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
                   int n_prompt, const struct tllm_gen_params *p, tllm_gen_cb cb, void *user,
                   struct tllm_gen_result *r);
 void tllm_gen_result_free(struct tllm_gen_result *r);
+/* Put s under p->grammar (after the prompt's tokens were accepted), with *vi the vocabulary's index
+ * (made here when NULL; the caller frees it after the sampler lets go of the grammar). */
+int tllm_gen_constrain(struct tllm_sampler *s, const struct tllm_tok *tok, const struct tllm_gen_params *p,
+                       struct tllm_vocab_index **vi);
 
 #endif

@@ -28,6 +28,7 @@ int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *
 }
 
 void tllm_sampler_free(struct tllm_sampler *s) {
+    tllm_gmatch_free(s->gm);
     free(s->cands);
     free(s->recent);
     memset(s, 0, sizeof *s);
@@ -106,15 +107,30 @@ void tllm_sampler_limit(struct tllm_sampler *s, int n) {
     if (n > 0 && n < s->vocab) s->vocab = n;
 }
 
+void tllm_sampler_constrain(struct tllm_sampler *s, struct tllm_gmatch *gm) {
+    tllm_gmatch_free(s->gm);
+    s->gm = gm;
+}
+
 int tllm_sampler_is_greedy(const struct tllm_sampler *s) {
     const struct tllm_sampler_params *p = &s->p;
-    return (p->temperature <= 0.0f || p->top_k == 1) && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+    return !s->gm && (p->temperature <= 0.0f || p->top_k == 1) && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f;
 }
 
+static int32_t pick(struct tllm_sampler *s, float *logits);
+
 int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits) {
-    const struct tllm_sampler_params *p = &s->p;
     apply_penalties(s, logits);
+    if (!s->gm) return pick(s, logits);
+    if (tllm_gmatch_mask(s->gm, logits, s->vocab) <= 0) return tllm_gmatch_eos(s->gm);
+    int32_t id = pick(s, logits);
+    if (tllm_gmatch_accept(s->gm, id)) return tllm_gmatch_eos(s->gm); /* out of memory: end the text */
+    return id;
+}
+
+static int32_t pick(struct tllm_sampler *s, float *logits) {
+    const struct tllm_sampler_params *p = &s->p;
     int V = s->vocab;
     if (p->temperature <= 0.0f || p->top_k == 1) return tllm_argmax(logits, V); /* greedy: the first maximum */
     struct tllm_sampler_cand *c = s->cands;

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "engine/grammar/token_mask.h"
 #include "engine/tllm.h" /* struct tllm_sampler_params, tllm_sampler_defaults */
 
 struct tllm_sampler_cand {
@@ -20,6 +21,7 @@ struct tllm_sampler {
     struct tllm_sampler_cand *cands; /* [vocab] scratch */
     int32_t *recent;                 /* ring of the last repeat_last_n tokens */
     int n_recent, recent_pos;
+    struct tllm_gmatch *gm;          /* owned: a grammar the tokens must follow, or NULL */
 };
 
 int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *p, int vocab);
@@ -33,7 +35,11 @@ void tllm_sampler_reset(struct tllm_sampler *s);
 void tllm_sampler_accept(struct tllm_sampler *s, int32_t id);
 /* 1 when sample() is the argmax of the logits as they come (greedy, no penalties): a device may pick it */
 int tllm_sampler_is_greedy(const struct tllm_sampler *s);
-/* Pick the next token. Penalties modify `logits` in place. */
+/* From the next sample on, only tokens the grammar allows (gm: taken, freed with the sampler; NULL
+ * drops the one set). Each sampled token moves it on, so set it after the prompt, before sampling. */
+void tllm_sampler_constrain(struct tllm_sampler *s, struct tllm_gmatch *gm);
+/* Pick the next token. Penalties (and a grammar's mask) modify `logits` in place. Under a grammar
+ * that allows no token at all, the grammar's first EOS id. */
 int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits);
 
 #endif

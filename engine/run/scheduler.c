@@ -70,6 +70,7 @@ struct tllm_sched {
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
     struct tllm_sched_stats st;
     int bound;                 /* p.dev holds the cache (use_kv): let go of it at the end */
+    struct tllm_vocab_index *vi; /* the vocabulary in byte order, made for the first request with a grammar */
 };
 
 static void req_free(struct req *q) {
@@ -133,9 +134,9 @@ static void retire(struct tllm_sched *s, int slot, int rc, const char *msg, int 
     else if (!rc && (rc = tllm_gen_stream_end(&q->g)))
         msg = tllm_errmsg();
     if (q->t_first > 0) q->r.gen_secs = tllm_now() - q->t_first;
+    tllm_sampler_free(&q->smp); /* before done: the caller may free the grammar there */
     s->done(s->arg, q->rq->user, rc, msg, rc ? NULL : &q->r);
     tllm_gen_result_free(&q->r);
-    tllm_sampler_free(&q->smp);
     req_free(q->rq);
     memset(q, 0, sizeof *q);
     int j = 0;
@@ -193,6 +194,7 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->tok_slot);
     free(s->logits);
     free(s->next);
+    tllm_vocab_index_free(s->vi);
     free(s->raw);
     free(s);
 }
@@ -218,6 +220,7 @@ int tllm_sched_submit(struct tllm_sched *s, const struct tllm_sched_req *r) {
     q->gp.eos = q->eos, q->gp.n_eos = r->n_eos;
     q->gp.stop = (const char *const *)q->stop;
     q->gp.skip_special = r->skip_special;
+    q->gp.grammar = r->grammar;
     q->cb = r->cb, q->user = r->user;
     q->on_token = r->on_token;
     q->top_logprobs = r->top_logprobs < 0 ? 0 : r->top_logprobs > TLLM_SCHED_MAX_TOP ? TLLM_SCHED_MAX_TOP : r->top_logprobs;
@@ -282,11 +285,17 @@ static void admit(struct tllm_sched *s) {
             memset(q, 0, sizeof *q);
             if (!msg[0] && tllm_sampler_init(&q->smp, &rq->sampling, c->vocab_size))
                 snprintf(msg, sizeof msg, "%s", tllm_errmsg()), erc = TLLM_ERR_ARG;
+            if (!msg[0]) {
+                tllm_sampler_limit(&q->smp, s->m->n_sample);
+                for (int i = 0; i < rq->n_prompt; i++) tllm_sampler_accept(&q->smp, rq->prompt[i]);
+                if (rq->gp.grammar && tllm_gen_constrain(&q->smp, s->tok, &rq->gp, &s->vi)) {
+                    snprintf(msg, sizeof msg, "%s", tllm_errmsg()), erc = TLLM_ERR_ARG;
+                    tllm_sampler_free(&q->smp);
+                }
+            }
             if (msg[0]) tllm_kv_seq_close(s->kv, kvs);
             else {
                 q->rq = rq, q->active = 1, q->serial = ++s->serial, q->kv = kvs, q->n_done = reused;
-                tllm_sampler_limit(&q->smp, s->m->n_sample);
-                for (int i = 0; i < rq->n_prompt; i++) tllm_sampler_accept(&q->smp, rq->prompt[i]);
                 q->r.n_prompt = rq->n_prompt;
                 q->r.n_reused = reused;
                 tllm_gen_stream_init(&q->g, s->tok, &q->smp, &rq->gp, rq->cb, rq->user, &q->r);

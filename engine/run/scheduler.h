@@ -46,6 +46,8 @@ struct tllm_sched_req {
      * and vLLM's logprobs) and, when top_logprobs > 0, the most likely alternatives (at most 20) */
     void (*on_token)(void *user, int32_t id, float logprob, const int32_t *top_ids, const float *top_lps, int n_top);
     int top_logprobs;
+    const struct tllm_grammar *grammar; /* the text follows it (constrained sampling), or NULL; not
+                                         * copied: it must last until the done callback */
 };
 
 /* A request ended, called exactly once for every request submitted: rc TLLM_OK and its result (freed

@@ -1,0 +1,359 @@
+/* Grammar rules and their parse-stack states (grammar.h). */
+#include "engine/grammar/grammar.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+
+/* An element: its kind in the top two bits, its argument (a set or a rule) below */
+enum { GE_END = 0, GE_ALT = 1, GE_SET = 2, GE_REF = 3 };
+#define GE(kind, arg) ((uint32_t)(kind) << 30 | (uint32_t)(arg))
+#define GE_KIND(e) ((e) >> 30)
+#define GE_ARG(e) ((e) & 0x3fffffffu)
+
+struct brule {
+    uint32_t *el; /* alternatives separated by GE_ALT, no GE_END yet */
+    int n, cap;
+};
+
+struct tllm_gram_builder {
+    struct brule *rules;
+    int n_rules, cap_rules;
+    uint8_t (*sets)[32];
+    int n_sets, cap_sets;
+    long n_elems;
+    int failed; /* out of memory or past TLLM_GRAMMAR_MAX_ELEMS */
+};
+
+struct tllm_grammar {
+    uint32_t *el;         /* [n_el] every rule's elements, each rule ended by GE_END */
+    int n_el;
+    int *alts;            /* the first element of each alternative, rule by rule */
+    int *alt_off;         /* [n_rules + 1] rule r's alternatives: alts[alt_off[r] .. alt_off[r+1]) */
+    int n_rules;
+    uint8_t (*sets)[32];  /* [n_sets] the byte sets GE_SET elements name */
+    int root;
+};
+
+int tllm_gram_builder_init(struct tllm_gram_builder **out) {
+    *out = calloc(1, sizeof **out);
+    return *out ? TLLM_OK : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+}
+
+void tllm_gram_builder_free(struct tllm_gram_builder *b) {
+    if (!b) return;
+    for (int i = 0; i < b->n_rules; i++) free(b->rules[i].el);
+    free(b->rules);
+    free(b->sets);
+    free(b);
+}
+
+static int grow(void **p, int *cap, int need, size_t size) {
+    if (need <= *cap) return 0;
+    int c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q) return -1;
+    *p = q, *cap = c;
+    return 0;
+}
+
+int tllm_gram_rule(struct tllm_gram_builder *b) {
+    if (b->failed || b->n_rules >= TLLM_GRAMMAR_MAX_ELEMS / 2 ||
+        grow((void **)&b->rules, &b->cap_rules, b->n_rules + 1, sizeof *b->rules)) {
+        b->failed = 1;
+        return -1;
+    }
+    b->rules[b->n_rules] = (struct brule){0};
+    return b->n_rules++;
+}
+
+static void push(struct tllm_gram_builder *b, int r, uint32_t e) {
+    if (b->failed || r < 0 || r >= b->n_rules) {
+        b->failed = 1;
+        return;
+    }
+    struct brule *x = &b->rules[r];
+    if (++b->n_elems > TLLM_GRAMMAR_MAX_ELEMS || grow((void **)&x->el, &x->cap, x->n + 1, sizeof *x->el)) {
+        b->failed = 1;
+        return;
+    }
+    x->el[x->n++] = e;
+}
+
+void tllm_gram_set(struct tllm_gram_builder *b, int r, const uint8_t set[32]) {
+    /* consecutive equal sets (a string's characters) share one entry */
+    if (!b->failed && !(b->n_sets && !memcmp(b->sets[b->n_sets - 1], set, 32))) {
+        if (b->n_sets >= (1 << 24) || grow((void **)&b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets)) {
+            b->failed = 1;
+            return;
+        }
+        memcpy(b->sets[b->n_sets++], set, 32);
+    }
+    if (!b->failed) push(b, r, GE(GE_SET, b->n_sets - 1));
+}
+
+void tllm_gram_range(struct tllm_gram_builder *b, int r, unsigned char lo, unsigned char hi) {
+    uint8_t set[32] = {0};
+    for (unsigned c = lo; c <= hi; c++) tllm_gram_set_add(set, c);
+    tllm_gram_set(b, r, set);
+}
+
+void tllm_gram_byte(struct tllm_gram_builder *b, int r, unsigned char c) { tllm_gram_range(b, r, c, c); }
+
+void tllm_gram_lit(struct tllm_gram_builder *b, int r, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) tllm_gram_byte(b, r, (unsigned char)s[i]);
+}
+
+void tllm_gram_ref(struct tllm_gram_builder *b, int r, int rule) {
+    if (rule < 0) b->failed = 1;
+    else push(b, r, GE(GE_REF, rule));
+}
+
+void tllm_gram_alt(struct tllm_gram_builder *b, int r) { push(b, r, GE(GE_ALT, 0)); }
+
+int tllm_gram_repeat(struct tllm_gram_builder *b, int x, int min, int max) {
+    if (x < 0 || min < 0 || (max >= 0 && max < min)) return -1;
+    int tail = tllm_gram_rule(b); /* what may follow the min required copies */
+    if (max < 0) {                /* tail ::= x tail | "" */
+        tllm_gram_ref(b, tail, x);
+        tllm_gram_ref(b, tail, tail);
+        tllm_gram_alt(b, tail);
+    } else { /* o_k ::= "" | x o_(k-1), built from o_0 up */
+        for (int k = 1; k <= max - min && !b->failed; k++) {
+            int o = tllm_gram_rule(b);
+            tllm_gram_alt(b, o);
+            tllm_gram_ref(b, o, x);
+            tllm_gram_ref(b, o, tail);
+            tail = o;
+        }
+    }
+    if (min == 0) return b->failed ? -1 : tail;
+    int r = tllm_gram_rule(b);
+    for (int i = 0; i < min; i++) tllm_gram_ref(b, r, x);
+    tllm_gram_ref(b, r, tail);
+    return b->failed ? -1 : r;
+}
+
+void tllm_grammar_free(struct tllm_grammar *g) {
+    if (!g) return;
+    free(g->el);
+    free(g->alts);
+    free(g->alt_off);
+    free(g->sets);
+    free(g);
+}
+
+/* Left recursion: rule r reaches itself through references that come before any byte. */
+static int left_recursive(const struct tllm_grammar *g, const uint8_t *nullable, int r, uint8_t *mark) {
+    if (mark[r] == 1) return 1;
+    if (mark[r] == 2) return 0;
+    mark[r] = 1;
+    for (int a = g->alt_off[r]; a < g->alt_off[r + 1]; a++)
+        for (int p = g->alts[a]; GE_KIND(g->el[p]) == GE_REF; p++) {
+            int x = (int)GE_ARG(g->el[p]);
+            if (left_recursive(g, nullable, x, mark)) return 1;
+            if (!nullable[x]) break;
+        }
+    mark[r] = 2;
+    return 0;
+}
+
+int tllm_gram_build(struct tllm_gram_builder *b, int root, struct tllm_grammar **out) {
+    *out = NULL;
+    struct tllm_grammar *g = NULL;
+    int rc = TLLM_OK;
+    if (b->failed || root < 0 || root >= b->n_rules) {
+        rc = tllm_fail(TLLM_ERR_LIMIT, "the grammar is too large (more than %d elements)", TLLM_GRAMMAR_MAX_ELEMS);
+        goto done;
+    }
+    if (!(g = calloc(1, sizeof *g))) goto nomem;
+    long n_el = 0, n_alts = 0;
+    for (int r = 0; r < b->n_rules; r++) {
+        n_el += b->rules[r].n + 1;
+        n_alts++;
+        for (int i = 0; i < b->rules[r].n; i++) n_alts += GE_KIND(b->rules[r].el[i]) == GE_ALT;
+    }
+    g->n_rules = b->n_rules, g->n_el = (int)n_el, g->root = root;
+    g->el = malloc((size_t)(n_el + 1) * sizeof *g->el);
+    g->alts = malloc((size_t)n_alts * sizeof *g->alts);
+    g->alt_off = malloc((size_t)(b->n_rules + 1) * sizeof *g->alt_off);
+    g->sets = malloc((size_t)(b->n_sets ? b->n_sets : 1) * sizeof *g->sets);
+    if (!g->el || !g->alts || !g->alt_off || !g->sets) goto nomem;
+    if (b->n_sets) memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof *g->sets);
+    int p = 0, a = 0;
+    for (int r = 0; r < b->n_rules; r++) {
+        g->alt_off[r] = a;
+        g->alts[a++] = p;
+        for (int i = 0; i < b->rules[r].n; i++) {
+            uint32_t e = b->rules[r].el[i];
+            g->el[p++] = e;
+            if (GE_KIND(e) == GE_ALT) g->alts[a++] = p;
+        }
+        g->el[p++] = GE(GE_END, 0);
+    }
+    g->alt_off[b->n_rules] = a;
+    /* nullable rules (to a fixed point), then no rule may begin with itself */
+    uint8_t *nullable = calloc((size_t)g->n_rules, 1), *mark = calloc((size_t)g->n_rules, 1);
+    if (!nullable || !mark) {
+        free(nullable), free(mark);
+        goto nomem;
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int r = 0; r < g->n_rules; r++) {
+            if (nullable[r]) continue;
+            for (int x = g->alt_off[r]; x < g->alt_off[r + 1] && !nullable[r]; x++) {
+                int q = g->alts[x];
+                while (GE_KIND(g->el[q]) == GE_REF && nullable[GE_ARG(g->el[q])]) q++;
+                if (GE_KIND(g->el[q]) == GE_END || GE_KIND(g->el[q]) == GE_ALT) nullable[r] = 1, changed = 1;
+            }
+        }
+    }
+    int bad = -1;
+    for (int r = 0; r < g->n_rules && bad < 0; r++)
+        if (left_recursive(g, nullable, r, mark)) bad = r;
+    free(nullable), free(mark);
+    if (bad >= 0) {
+        rc = tllm_fail(TLLM_ERR_FORMAT, "grammar rule %d refers to itself before reading anything (left recursion)", bad);
+        goto done;
+    }
+    *out = g, g = NULL;
+    goto done;
+nomem:
+    rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+done:
+    tllm_grammar_free(g);
+    tllm_gram_builder_free(b);
+    return rc;
+}
+
+/* ---- states ---- */
+
+void tllm_gram_state_free(struct tllm_gram_state *st) {
+    free(st->w);
+    memset(st, 0, sizeof *st);
+}
+
+static int state_reserve(struct tllm_gram_state *st, int words) {
+    if (grow((void **)&st->w, &st->cap, words, sizeof *st->w)) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    return TLLM_OK;
+}
+
+int tllm_gram_state_copy(struct tllm_gram_state *dst, const struct tllm_gram_state *src) {
+    if (state_reserve(dst, src->n_words ? src->n_words : 1)) return TLLM_ERR_NOMEM;
+    if (src->n_words) memcpy(dst->w, src->w, (size_t)src->n_words * sizeof *src->w);
+    dst->n_words = src->n_words, dst->n_stacks = src->n_stacks;
+    return TLLM_OK;
+}
+
+int tllm_gram_accepting(const struct tllm_gram_state *st) {
+    for (int i = 0; i < st->n_words; i += 1 + (int)st->w[i])
+        if (st->w[i] == 0) return 1;
+    return 0;
+}
+
+/* Add one stack, unless the set holds it already or is full */
+static int add_stack(struct tllm_gram_state *out, const uint32_t *stk, int len) {
+    for (int i = 0; i < out->n_words; i += 1 + (int)out->w[i])
+        if ((int)out->w[i] == len && !memcmp(out->w + i + 1, stk, (size_t)len * sizeof *stk)) return TLLM_OK;
+    if (out->n_stacks >= TLLM_GRAMMAR_MAX_STACKS) return TLLM_OK;
+    if (state_reserve(out, out->n_words + 1 + len)) return TLLM_ERR_NOMEM;
+    out->w[out->n_words] = (uint32_t)len;
+    memcpy(out->w + out->n_words + 1, stk, (size_t)len * sizeof *stk);
+    out->n_words += 1 + len;
+    out->n_stacks++;
+    return TLLM_OK;
+}
+
+static int is_item(uint32_t e) { return GE_KIND(e) == GE_SET || GE_KIND(e) == GE_REF; }
+
+/* stk[0..len) with references on top replaced by each alternative of their rule, until every stack
+ * added has a byte set on top (or is empty: a finished parse). buf has TLLM_GRAMMAR_MAX_DEPTH + 1 room. */
+static int expand(const struct tllm_grammar *g, uint32_t *stk, int len, struct tllm_gram_state *out, int guard) {
+    if (len == 0 || GE_KIND(g->el[stk[len - 1]]) == GE_SET) return add_stack(out, stk, len);
+    if (guard > TLLM_GRAMMAR_MAX_DEPTH) return TLLM_OK;
+    uint32_t top = stk[len - 1];
+    int r = (int)GE_ARG(g->el[top]), blen = len - 1;
+    if (is_item(g->el[top + 1])) stk[blen++] = top + 1; /* where to go on after the rule; none at a rule's end */
+    for (int a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) {
+        int rc, first = g->alts[a];
+        if (!is_item(g->el[first])) rc = expand(g, stk, blen, out, guard + 1);
+        else if (blen >= TLLM_GRAMMAR_MAX_DEPTH) rc = TLLM_OK; /* too deep: this way is dropped */
+        else {
+            stk[blen] = (uint32_t)first;
+            rc = expand(g, stk, blen + 1, out, guard + 1);
+        }
+        if (rc) return rc;
+    }
+    stk[len - 1] = top; /* as it came: a caller's later alternatives read the stack below its own top */
+    return TLLM_OK;
+}
+
+int tllm_gram_start(const struct tllm_grammar *g, struct tllm_gram_state *st) {
+    st->n_words = st->n_stacks = 0;
+    uint32_t buf[TLLM_GRAMMAR_MAX_DEPTH + 1];
+    for (int a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++) {
+        int rc, first = g->alts[a];
+        if (!is_item(g->el[first])) rc = add_stack(st, buf, 0);
+        else {
+            buf[0] = (uint32_t)first;
+            rc = expand(g, buf, 1, st, 0);
+        }
+        if (rc) return rc;
+    }
+    return TLLM_OK;
+}
+
+int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state *st, unsigned char c,
+                      struct tllm_gram_state *out) {
+    out->n_words = out->n_stacks = 0;
+    uint32_t buf[TLLM_GRAMMAR_MAX_DEPTH + 1];
+    for (int i = 0; i < st->n_words; i += 1 + (int)st->w[i]) {
+        int len = (int)st->w[i];
+        if (!len) continue;
+        uint32_t top = st->w[i + len], e = g->el[top];
+        if (!tllm_gram_set_has(g->sets[GE_ARG(e)], c)) continue;
+        memcpy(buf, st->w + i + 1, (size_t)(len - 1) * sizeof *buf);
+        int blen = len - 1;
+        if (is_item(g->el[top + 1])) buf[blen++] = top + 1;
+        int rc = expand(g, buf, blen, out, 0);
+        if (rc) return rc;
+    }
+    return TLLM_OK;
+}
+
+int tllm_gram_match(const struct tllm_grammar *g, const char *text, size_t n) {
+    struct tllm_gram_state a = {0}, b = {0};
+    int ok = !tllm_gram_start(g, &a);
+    for (size_t i = 0; ok && i < n; i++) {
+        ok = !tllm_gram_advance(g, &a, (unsigned char)text[i], &b) && b.n_stacks > 0;
+        struct tllm_gram_state t = a;
+        a = b, b = t;
+    }
+    ok = ok && tllm_gram_accepting(&a);
+    tllm_gram_state_free(&a);
+    tllm_gram_state_free(&b);
+    return ok;
+}
+
+int tllm_gram_utf8_multibyte(struct tllm_gram_builder *b) {
+    /* exactly the well-formed sequences (no overlongs, no surrogates, nothing past U+10FFFF) */
+    static const unsigned char seq[][4][2] = {
+        {{0xc2, 0xdf}, {0x80, 0xbf}},
+        {{0xe0, 0xe0}, {0xa0, 0xbf}, {0x80, 0xbf}},
+        {{0xe1, 0xec}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xed, 0xed}, {0x80, 0x9f}, {0x80, 0xbf}},
+        {{0xee, 0xef}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xf0, 0xf0}, {0x90, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xf1, 0xf3}, {0x80, 0xbf}, {0x80, 0xbf}, {0x80, 0xbf}},
+        {{0xf4, 0xf4}, {0x80, 0x8f}, {0x80, 0xbf}, {0x80, 0xbf}},
+    };
+    int r = tllm_gram_rule(b);
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        if (i) tllm_gram_alt(b, r);
+        for (int k = 0; k < 4 && seq[i][k][0]; k++) tllm_gram_range(b, r, seq[i][k][0], seq[i][k][1]);
+    }
+    return r;
+}

@@ -1,0 +1,46 @@
+/* Which tokens may come next under a grammar: constrained sampling's masks.
+ *
+ * The vocabulary is sorted as byte strings once (tllm_vocab_index); a mask walks it in that order
+ * with one grammar state per byte of depth, so a prefix shared by many tokens is advanced once and a
+ * prefix the grammar refuses skips every token that begins with it. Masks are kept per grammar state
+ * (a sequence inside a long string meets the same state at every token), so a state's mask is
+ * computed once per sequence. A sequence's mask depends only on its own text: batch-invariant. */
+#ifndef TLLM_TOKEN_MASK_H
+#define TLLM_TOKEN_MASK_H
+
+#include <stdint.h>
+
+#include "engine/grammar/grammar.h"
+#include "tokenizer/tokenizer.h"
+
+/* Masks kept per sequence (each n_ids bits: 19 KB for Qwen's vocabulary); past it they start over */
+#ifndef TLLM_GMATCH_CACHE
+#define TLLM_GMATCH_CACHE 256
+#endif
+
+struct tllm_vocab_index;
+
+/* The tokens below n_ids (the ids sampling may pick), special ones left out. tok must outlive it. */
+int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_vocab_index **out);
+void tllm_vocab_index_free(struct tllm_vocab_index *v);
+
+struct tllm_gmatch;
+
+/* One sequence at the grammar's start. g and v must outlive it; eos: the ids that end the text (they
+ * may come exactly when the text is a whole sentence of the grammar). */
+int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, const struct tllm_vocab_index *v,
+                     const int32_t *eos, int n_eos);
+void tllm_gmatch_free(struct tllm_gmatch *m);
+/* logits[0..n) of tokens that cannot come next become -inf. Returns how many may come (0: none; the
+ * grammar cannot go on with this vocabulary), or < 0 on an error. */
+int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n);
+/* 1 when id may come next */
+int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id);
+/* Move past a token (an EOS id: nothing to do). TLLM_ERR_ARG when the grammar does not allow it. */
+int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id);
+/* The first EOS id given (-1: none): what a sampler ends with when nothing may come */
+int32_t tllm_gmatch_eos(const struct tllm_gmatch *m);
+/* Masks computed and found in the cache so far */
+void tllm_gmatch_counts(const struct tllm_gmatch *m, long *computed, long *cached);
+
+#endif

@@ -1,0 +1,303 @@
+/* Constrained decoding (engine/grammar/): schemas and patterns accept and refuse the texts they
+ * should, unsupported keywords are named, the token masks equal a brute-force check of every token,
+ * and text sampled under a grammar from random logits parses and matches it.
+ * usage: test_grammar TOKENIZER_DIR */
+#include <json-c/json.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/base/error.h"
+#include "engine/grammar/json_schema.h"
+#include "engine/grammar/regex.h"
+#include "engine/grammar/token_mask.h"
+#include "engine/run/sampler.h"
+#include "tests/check.h"
+#include "tokenizer/tokenizer.h"
+
+static struct tllm_grammar *schema(const char *text) {
+    struct json_object *s = text ? json_tokener_parse(text) : NULL;
+    struct tllm_grammar *g = NULL;
+    if (tllm_schema_grammar(s, "schema", &g)) fprintf(stderr, "  (%s)\n", tllm_errmsg());
+    json_object_put(s);
+    return g;
+}
+
+struct scase {
+    const char *schema;
+    const char *yes[8];
+    const char *no[8];
+};
+
+static const struct scase cases[] = {
+    {NULL, /* json_object: any object */
+     {"{}", "{\"a\": [1, 2.5, -3e2, true, null, \"x\"]}", "{\n  \"k\": {\"n\": {}}\n}", "{\"\\u00e9\\n\": \"\xc3\xa9\"}"},
+     {"[]", "1", "{\"a\"}", "{\"a\": 01}", "{\"a\": 1,}", "{\"a\": \"\x01\"}", "{\"a\": \"\xc3\"}", "{}  "}},
+    {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}},"
+     "\"required\":[\"name\"]}",
+     {"{\"name\": \"Ann\", \"age\": 31}", "{\"name\":\"Bo\"}", "{ \"name\" : \"\" , \"age\" : -0 }"},
+     {"{}", "{\"age\": 3}", "{\"age\": 3, \"name\": \"x\"}", "{\"name\": \"x\", \"age\": 3.5}", "{\"name\": \"x\", \"other\": 1}",
+      "{\"name\": 1}"}},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{\"type\":\"null\"},\"c\":{\"type\":\"number\"}}}",
+     {"{}", "{\"b\": null}", "{\"a\": true, \"c\": 1.25}", "{\"c\": 1e-3}"},
+     {"{,\"b\": null}", "{\"a\": true,}", "{\"c\": 1.}", "{\"c\": .5}", "{\"b\": null, \"a\": false}"}},
+    {"{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",3,null]},\"minItems\":1,\"maxItems\":3}",
+     {"[\"red\"]", "[3, null, \"green\"]", "[ \"red\" ,3 ]"},
+     {"[]", "[\"blue\"]", "[3, 3, 3, 3]", "[\"Red\"]"}},
+    {"{\"const\":{\"x\":[1,\"/\"]}}", {"{\"x\":[1,\"/\"]}"}, {"{\"x\": [1, \"/\"]}", "{\"x\":[1,\"\\/\"]}"}},
+    {"{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":2}]}",
+     {"12", "\"ab\"", "\"\\n\"", "\"\xe2\x82\xac\""},
+     {"\"abc\"", "1.5", "true"}},
+    {"{\"type\":[\"string\",\"null\"],\"minLength\":2}", {"null", "\"ab\"", "\"abcdef\""}, {"\"a\"", "\"\"", "1"}},
+    {"{\"type\":\"integer\",\"minimum\":-12,\"maximum\":305}",
+     {"-12", "-1", "0", "9", "10", "99", "100", "305"},
+     {"-13", "306", "400", "1000", "-0012", "012"}},
+    {"{\"type\":\"integer\",\"exclusiveMinimum\":0}", {"1", "42", "9999999999999999"}, {"0", "-1", "-0"}},
+    {"{\"type\":\"number\",\"minimum\":0,\"maximum\":1}", {"0", "0.5", "1", "0.999"}, {"1.5", "-0.5", "2", "1.01"}},
+    {"{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},"
+     "{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/node\"}",
+     {"{\"v\": 1, \"next\": null}", "{\"v\": 1, \"next\": {\"v\": 2, \"next\": null}}"},
+     {"{\"v\": 1}", "{\"v\": 1, \"next\": {\"v\": 2}}"}},
+    {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", {"{}", "{\"x\": 1, \"y\": 2}"}, {"{\"x\": \"1\"}"}},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"string\"},\"required\":[\"a\"]}",
+     {"{\"a\": 1}", "{\"a\": 1, \"zz\": \"s\"}"}, {"{\"zz\": \"s\"}", "{\"a\": 1, \"zz\": 2}"}},
+    {"{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-29\""}, {"\"2024-13-01\"", "\"24-01-01\""}},
+    {"{\"type\":\"string\",\"format\":\"uuid\"}", {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123e4567\""}},
+    {"{\"type\":\"object\",\"properties\":{}, \"additionalProperties\":false}", {"{}"}, {"{ }", "{\"a\": 1}"}},
+};
+
+struct pcase {
+    const char *pattern;
+    const char *yes[6]; /* the string's JSON text between the quotes */
+    const char *no[6];
+};
+
+static const struct pcase patterns[] = {
+    {"^[a-z]+$", {"abc", "z"}, {"", "aBc", "ab1"}},
+    {"^\\d{3}-\\d{4}$", {"555-1234"}, {"5551234", "555-12345", "55-1234"}},
+    {"^(cat|dog)s?$", {"cat", "dogs"}, {"cow", "cats!"}},
+    {"ab", {"ab", "xxabyy", "ab"}, {"a", "ba"}},
+    {"^a.c$", {"abc", "a\\\"c", "a\xc3\xa9" "c", "a\\\\c"}, {"ac", "a\\nc"}},
+    {"^[^a-z]{2}$", {"AB", "1\xc3\xa9", "\\\"\\\\"}, {"aB", "A"}},
+    {"^\\w+@\\w+\\.com$", {"me@site.com"}, {"me@site.org", "@site.com"}},
+    {"^(?:[A-F0-9]{2}:){2}[A-F0-9]{2}$", {"0A:FF:12"}, {"0A:FF", "0a:ff:12"}},
+    {"^x{2,}$", {"xx", "xxxxx"}, {"x"}},
+    {"^a\\{b}$", {"a{b}"}, {"ab"}},
+    {"^[\\s]+$", {" ", "\\t\\n"}, {"a"}},
+};
+
+static const char *const refused[][2] = {
+    {"{\"type\":\"integer\",\"multipleOf\":3}", "'multipleOf' is not supported"},
+    {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"(?=a)\"}}}", "properties.a: pattern: lookaround"},
+    {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' is not supported"},
+    {"{\"not\":{\"type\":\"null\"}}", "'not' is not supported"},
+    {"{\"type\":\"string\",\"pattern\":\"^(a)\\\\1$\"}", "backreferences"},
+    {"{\"type\":\"number\",\"minimum\":0.5}", "'minimum' is supported only as an integer"},
+    {"{\"$ref\":\"#/$defs/missing\"}", "points at nothing"},
+    {"{\"$ref\":\"https://example.com/s.json\"}", "outside this document"},
+    {"{\"type\":\"thing\"}", "unknown type 'thing'"},
+    {"{\"type\":\"object\",\"required\":[\"a\"]}", "required property 'a' is not in properties"},
+    {"{\"type\":\"array\",\"items\":[{\"type\":\"string\"}]}", "tuples"},
+    {"false", "accepts nothing"},
+    {"{\"$ref\":\"#\"}", "left recursion"},
+    {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer fits"},
+};
+
+static void check_schemas(void) {
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        struct tllm_grammar *g = schema(cases[i].schema);
+        CHECK(g, "schema %zu did not compile", i);
+        if (!g) continue;
+        for (int k = 0; k < 8 && cases[i].yes[k]; k++)
+            CHECK(tllm_gram_match(g, cases[i].yes[k], strlen(cases[i].yes[k])), "schema %zu refuses %s", i, cases[i].yes[k]);
+        for (int k = 0; k < 8 && cases[i].no[k]; k++)
+            CHECK(!tllm_gram_match(g, cases[i].no[k], strlen(cases[i].no[k])), "schema %zu accepts %s", i, cases[i].no[k]);
+        tllm_grammar_free(g);
+    }
+    for (size_t i = 0; i < sizeof patterns / sizeof *patterns; i++) {
+        struct json_object *s = json_object_new_object();
+        json_object_object_add(s, "type", json_object_new_string("string"));
+        json_object_object_add(s, "pattern", json_object_new_string(patterns[i].pattern));
+        struct tllm_grammar *g = NULL;
+        int rc = tllm_schema_grammar(s, "p", &g);
+        json_object_put(s);
+        CHECK(!rc, "pattern %s: %s", patterns[i].pattern, tllm_errmsg());
+        if (rc) continue;
+        char text[128];
+        for (int k = 0; k < 6 && patterns[i].yes[k]; k++) {
+            snprintf(text, sizeof text, "\"%s\"", patterns[i].yes[k]);
+            CHECK(tllm_gram_match(g, text, strlen(text)), "pattern %s refuses %s", patterns[i].pattern, text);
+        }
+        for (int k = 0; k < 6 && patterns[i].no[k]; k++) {
+            snprintf(text, sizeof text, "\"%s\"", patterns[i].no[k]);
+            CHECK(!tllm_gram_match(g, text, strlen(text)), "pattern %s accepts %s", patterns[i].pattern, text);
+        }
+        tllm_grammar_free(g);
+    }
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        struct json_object *s = json_tokener_parse(refused[i][0]);
+        struct tllm_grammar *g = NULL;
+        int rc = tllm_schema_grammar(s, "response_format.json_schema.schema", &g);
+        json_object_put(s);
+        CHECK(rc && strstr(tllm_errmsg(), refused[i][1]) && !strncmp(tllm_errmsg(), "response_format.json_schema.schema: ", 36),
+              "%s: got \"%s\", want \"%s\"", refused[i][0], rc ? tllm_errmsg() : "(compiled)", refused[i][1]);
+        tllm_grammar_free(g);
+    }
+}
+
+static uint64_t rng = 12345;
+static double uniform(void) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* Every token's bytes through the grammar from st, one by one: the mask's definition */
+static int brute_allows(const struct tllm_grammar *g, const struct tllm_tok *tok, const struct tllm_gram_state *st,
+                        int32_t id, const int32_t *eos, int n_eos) {
+    for (int i = 0; i < n_eos; i++)
+        if (id == eos[i]) return tllm_gram_accepting(st);
+    size_t len;
+    const char *b = tllm_tok_bytes(tok, id, &len);
+    if (!b || !len || tllm_tok_is_special(tok, id)) return 0;
+    struct tllm_gram_state a = {0}, c = {0};
+    tllm_gram_state_copy(&a, st);
+    int ok = 1;
+    for (size_t k = 0; k < len && ok; k++) {
+        tllm_gram_advance(g, &a, (unsigned char)b[k], &c);
+        ok = c.n_stacks > 0;
+        struct tllm_gram_state t = a;
+        a = c, c = t;
+    }
+    tllm_gram_state_free(&a);
+    tllm_gram_state_free(&c);
+    return ok;
+}
+
+/* Random walks under each grammar: at every step the mask equals the brute force over the whole
+ * vocabulary; then the walk takes a random allowed token */
+static void check_masks(const struct tllm_tok *tok, int brute_steps) {
+    static const char *const schemas[] = {
+        NULL,
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":120},"
+        "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a b\",\"\\u00e9t\\u00e9\",\"x\\\"y\"]},\"maxItems\":2}},\"required\":[\"name\",\"n\",\"tags\"]}",
+        "{\"type\":\"string\",\"pattern\":\"^[A-Z][a-z]{1,5}( [0-9]+)?$\"}",
+    };
+    int n_ids = tllm_tok_n_vocab(tok);
+    int32_t eos[2] = {tllm_tok_find(tok, "<|im_end|>"), tllm_tok_find(tok, "<|endoftext|>")};
+    struct tllm_vocab_index *vi = NULL;
+    CHECK(!tllm_vocab_index_init(tok, n_ids, &vi), "vocab index: %s", tllm_errmsg());
+    if (!vi) return;
+    float *logits = malloc((size_t)n_ids * sizeof *logits);
+    for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
+        struct tllm_grammar *g = schema(schemas[si]);
+        CHECK(g, "mask schema %zu", si);
+        if (!g) continue;
+        for (int walk = 0; walk < 2; walk++) {
+            struct tllm_gmatch *m = NULL;
+            tllm_gmatch_init(&m, g, vi, eos, 2);
+            struct tllm_gram_state st = {0};
+            tllm_gram_start(g, &st);
+            int bad = 0;
+            for (int step = 0; step < brute_steps; step++) {
+                for (int i = 0; i < n_ids; i++) logits[i] = 0;
+                int n_allowed = tllm_gmatch_mask(m, logits, n_ids), brute = 0;
+                for (int32_t id = 0; id < n_ids; id++) {
+                    int want = brute_allows(g, tok, &st, id, eos, 2), got = logits[id] == 0;
+                    brute += want;
+                    if (want != got && bad++ < 5)
+                        CHECK(0, "schema %zu step %d: token %d: mask %d, brute force %d", si, step, id, got, want);
+                }
+                CHECK(n_allowed == brute, "schema %zu step %d: %d allowed, brute force %d", si, step, n_allowed, brute);
+                if (!n_allowed) break;
+                /* a random allowed token, EOS only when it is the one left */
+                int pick = (int)(uniform() * n_allowed), id = -1;
+                for (int32_t i = 0; i < n_ids && id < 0; i++)
+                    if (logits[i] == 0 && pick-- == 0) id = i;
+                if (id == eos[0] || id == eos[1]) break;
+                CHECK(!tllm_gmatch_accept(m, id), "accept %d", id);
+                size_t len;
+                const char *b = tllm_tok_bytes(tok, id, &len);
+                for (size_t k = 0; k < len; k++) {
+                    struct tllm_gram_state nx = {0};
+                    tllm_gram_advance(g, &st, (unsigned char)b[k], &nx);
+                    tllm_gram_state_free(&st);
+                    st = nx;
+                }
+            }
+            tllm_gram_state_free(&st);
+            tllm_gmatch_free(m);
+        }
+        tllm_grammar_free(g);
+    }
+    free(logits);
+    tllm_vocab_index_free(vi);
+}
+
+/* Text sampled from random logits under a grammar, until EOS: it matches the grammar, and is JSON */
+static void check_sampling(const struct tllm_tok *tok) {
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"code\":{\"enum\":[200,404]},\"who\":{\"type\":\"string\",\"maxLength\":4}},"
+        "\"required\":[\"ok\",\"code\",\"who\"],\"additionalProperties\":false}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9},\"minItems\":2,\"maxItems\":4}",
+    };
+    int n_ids = tllm_tok_n_vocab(tok);
+    int32_t eos[1] = {tllm_tok_find(tok, "<|im_end|>")};
+    struct tllm_vocab_index *vi = NULL;
+    tllm_vocab_index_init(tok, n_ids, &vi);
+    float *logits = malloc((size_t)n_ids * sizeof *logits);
+    for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
+        struct tllm_grammar *g = schema(schemas[si]);
+        int finished = 0;
+        for (int seed = 0; seed < 10 && g; seed++) {
+            struct tllm_sampler_params p = tllm_sampler_defaults();
+            p.temperature = 1.0f, p.seed = (uint64_t)seed;
+            struct tllm_sampler s;
+            tllm_sampler_init(&s, &p, n_ids);
+            struct tllm_gmatch *m = NULL;
+            tllm_gmatch_init(&m, g, vi, eos, 1);
+            tllm_sampler_constrain(&s, m);
+            char text[4096];
+            size_t n = 0;
+            int ended = 0;
+            for (int step = 0; step < 200 && !ended; step++) {
+                for (int i = 0; i < n_ids; i++) logits[i] = (float)(4 * uniform());
+                int32_t id = tllm_sampler_sample(&s, logits);
+                if (id == eos[0]) ended = 1;
+                else {
+                    size_t len;
+                    const char *b = tllm_tok_bytes(tok, id, &len);
+                    if (n + len < sizeof text) memcpy(text + n, b, len), n += len;
+                }
+            }
+            text[n] = 0;
+            tllm_sampler_free(&s);
+            if (!ended) continue;
+            finished++;
+            CHECK(tllm_gram_match(g, text, n), "schema %zu seed %d: %s does not match", si, seed, text);
+            struct json_object *o = json_tokener_parse(text);
+            CHECK(o, "schema %zu seed %d: %s is not JSON", si, seed, text);
+            json_object_put(o);
+        }
+        CHECK(finished >= 5, "schema %zu: %d of 10 texts reached EOS in 200 tokens", si, finished);
+        tllm_grammar_free(g);
+    }
+    free(logits);
+    tllm_vocab_index_free(vi);
+}
+
+int main(int argc, char **argv) {
+    check_schemas();
+    struct tllm_tok *tok = NULL;
+    char path[4096];
+    if (argc > 1) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", argv[1]);
+        CHECK(!tllm_tok_load(path, &tok), "%s", tllm_errmsg());
+    }
+    if (tok) {
+        const char *steps = getenv("TLLM_TEST_MASK_STEPS");
+        check_masks(tok, steps ? atoi(steps) : 6);
+        check_sampling(tok);
+        tllm_tok_free(tok);
+    }
+    return check_done();
+}
