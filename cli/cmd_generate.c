@@ -11,6 +11,7 @@
 #include "engine/base/json_util.h"
 #include "cli/batch_io.h"
 #include "cli/session.h"
+#include "engine/grammar/json_schema.h"
 #include "engine/run/scheduler.h"
 
 static const char usage[] =
@@ -22,9 +23,12 @@ static const char usage[] =
     "  -n, --n-predict N      tokens to generate at most (-1: until the context is full; default 256)\n"
     "  --chat                 wrap the prompt with the chat template; --system S sets the system prompt\n"
     "  --json                 print one JSON object: ids, text, finish_reason and statistics\n"
+    "  --json-schema SCHEMA   the answer is JSON that follows SCHEMA (a JSON Schema, inline or a file;\n"
+    "                         '{}' for any JSON value): sampling is constrained to it. In batch mode each\n"
+    "                         line without its own \"response_format\" (OpenAI's object) follows it\n"
     "  --prompts FILE         batch: plain text (a prompt per line) or JSONL ({\"id\", \"prompt\"} with text\n"
     "                         or a list of token ids, or {\"id\", \"messages\"}; optional max_tokens,\n"
-    "                         temperature, top_p, top_k, min_p, seed, stop); one JSON line per input line,\n"
+    "                         temperature, top_p, top_k, min_p, seed, stop, response_format); one JSON line per input line,\n"
     "                         flushed as it is done (with \"ids\" where the model has no tokenizer). A re-run\n"
     "                         with the same -o skips the ids already there. FILE - is standard input.\n"
     "  -o, --output OUT       the records (default: standard output); one writer at a time; a file with\n"
@@ -95,15 +99,33 @@ static int encode_user_prompt(struct cli_session *s, const char *text, size_t le
     return cli_encode_chat(s, system ? m : m + 1, system ? 2 : 1, out);
 }
 
+/* --json-schema's argument: inline JSON, else a file holding it */
+static struct tllm_grammar *load_schema(const char *arg) {
+    struct json_object *o = NULL;
+    const char *p = arg;
+    while (*p == ' ' || *p == '\t' || *p == '\n') p++;
+    if (*p == '{' || !strcmp(p, "true")) {
+        if (tllm_json_parse(arg, strlen(arg), &o, "--json-schema")) cli_die_lib();
+    } else if (tllm_json_load_file(arg, 64u << 20, &o)) {
+        cli_die_lib();
+    }
+    struct tllm_grammar *g = NULL;
+    int rc = tllm_schema_grammar(o, *p == '{' || *p == 't' ? "--json-schema" : arg, &g);
+    json_object_put(o);
+    if (rc) cli_die_lib();
+    return g;
+}
+
 /* Run one generation from a fresh context. */
 static int run_one(struct cli_session *s, const struct tllm_sampler_params *sp, const struct tllm_ids *prompt,
-                   int max_new, const char *const *stop, int n_stop, tllm_gen_cb cb, struct tllm_gen_result *r) {
+                   int max_new, const char *const *stop, int n_stop, const struct tllm_grammar *grammar, tllm_gen_cb cb,
+                   struct tllm_gen_result *r) {
     struct tllm_sampler smp;
     memset(r, 0, sizeof *r); /* freeable even when we fail before generating */
     if (tllm_sampler_init(&smp, sp, s->m->cfg.vocab_size)) return -1;
     tllm_ctx_reset(s->ctx);
     struct tllm_gen_params gp = {.max_new = max_new, .eos = s->gd->eos, .n_eos = s->gd->n_eos, .stop = stop,
-                                 .n_stop = n_stop, .skip_special = 1};
+                                 .n_stop = n_stop, .skip_special = 1, .grammar = grammar};
     int rc = tllm_generate(s->ctx, s->tok, &smp, prompt->data, (int)prompt->len, &gp, cb, NULL, r);
     tllm_sampler_free(&smp);
     return rc;
@@ -148,6 +170,7 @@ struct batch {
     struct batch_in in;
     struct batch_out out;
     struct tllm_sched *sched; /* on the CPU threads, or on the device when one is in use */
+    const struct tllm_grammar *grammar; /* --json-schema's, for lines without their own */
     long answered, skipped, errors;
     size_t gen_tokens;
     double t_start, gen_time;
@@ -157,6 +180,7 @@ struct batch {
 struct job {
     struct json_object *id;
     long lineno;
+    struct tllm_grammar *grammar; /* the line's own response_format, or NULL */
 };
 
 static void record_result(struct batch *b, struct json_object *id, struct tllm_gen_result *r) {
@@ -179,6 +203,7 @@ static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_
     } else
         record_result(b, j->id, r);
     json_object_put(j->id);
+    tllm_grammar_free(j->grammar);
     free(j);
 }
 
@@ -193,9 +218,12 @@ static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_
     struct job *j = malloc(sizeof *j);
     if (!j) cli_die("out of memory");
     j->id = json_object_get(bl->id), j->lineno = lineno;
+    j->grammar = bl->grammar; /* the job's now */
+    bl->grammar = NULL;
     struct tllm_sched_req rq = {.prompt = prompt->data, .n_prompt = (int)prompt->len, .sampling = bl->sp,
                                 .max_new = bl->max_new, .stop = bl->stop, .n_stop = bl->n_stop, .eos = s->gd->eos,
-                                .n_eos = s->gd->n_eos, .skip_special = 1, .cb = batch_cb, .user = j};
+                                .n_eos = s->gd->n_eos, .skip_special = 1, .cb = batch_cb, .user = j,
+                                .grammar = j->grammar ? j->grammar : b->grammar};
     if (tllm_sched_submit(b->sched, &rq)) cli_die_lib();
 }
 
@@ -213,8 +241,9 @@ static void show_progress(struct batch *b) {
 }
 
 static int run_batch(struct cli_session *s, const char *file, const char *out_path, int force, const struct cli_sampling *cs,
-                     int max_new, int chat, const char *system, const struct tllm_sched_params *sp) {
-    struct batch b = {.s = s};
+                     int max_new, int chat, const char *system, const struct tllm_grammar *grammar,
+                     const struct tllm_sched_params *sp) {
+    struct batch b = {.s = s, .grammar = grammar};
     batch_in_open(&b.in, file);
     if (b.in.regular && b.in.total == 0) cli_die("%s: the prompt file is empty", file);
     batch_out_open(&b.out, out_path, &b.in, force);
@@ -299,7 +328,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
 int cmd_generate(int argc, char **argv) {
     struct cli_model_opts mo = {0};
     struct cli_sampling cs = {0};
-    const char *prompt = NULL, *ids_s = NULL, *prompts = NULL, *out = NULL, *system = NULL;
+    const char *prompt = NULL, *ids_s = NULL, *prompts = NULL, *out = NULL, *system = NULL, *schema = NULL;
     int max_new = 256, chat = 0, json = 0, force = 0, parallel = 0, n_batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -312,6 +341,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--chat")) chat = 1;
         else if (!strcmp(a, "--system")) system = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--json-schema")) schema = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--force")) force = 1;
         else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) parallel = (int)cli_int(a, cli_value(argc, argv, &i), 1, 4096);
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 16);
@@ -323,6 +353,7 @@ int cmd_generate(int argc, char **argv) {
     if (!!prompt + !!ids_s + !!prompts != 1) cli_die("generate: give one of -p TEXT, --prompt-ids LIST, --prompts FILE");
     if (out && !prompts) cli_die("generate: -o is for batch mode (--prompts FILE)");
     if (parallel && !prompts) cli_die("generate: --parallel is for batch mode (--prompts FILE)");
+    struct tllm_grammar *grammar = schema ? load_schema(schema) : NULL; /* before the model: a bad schema fails fast */
     struct cli_session s;
     int kv_size = mo.n_ctx; /* with many sequences -c sizes the shared cache, which may pass one sequence's maximum */
     if (prompts) mo.n_ctx = 0;
@@ -334,8 +365,9 @@ int cmd_generate(int argc, char **argv) {
         if (!parallel) parallel = dev ? DEFAULT_PARALLEL_DEVICE : DEFAULT_PARALLEL;
         struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch, .kv_tokens = kv_size,
                                        .kv_type = cli_kv_dtype(&mo), .dev = dev};
-        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, &sp);
+        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, grammar, &sp);
         cli_session_close(&s);
+        tllm_grammar_free(grammar);
         return rc;
     }
     struct tllm_ids ids = {0};
@@ -352,7 +384,8 @@ int cmd_generate(int argc, char **argv) {
     }
     struct tllm_sampler_params sp = cli_sampling_resolve(&s, &cs);
     struct tllm_gen_result r;
-    if (run_one(&s, &sp, &ids, max_new, cs.stop, cs.n_stop, json ? stop_if_interrupted : stream_out, &r)) cli_die_lib();
+    if (grammar && !s.tok) cli_die("generate: --json-schema needs the model's tokenizer");
+    if (run_one(&s, &sp, &ids, max_new, cs.stop, cs.n_stop, grammar, json ? stop_if_interrupted : stream_out, &r)) cli_die_lib();
     if (json) {
         struct json_object *o = result_json(&r, NULL, 1);
         json_object_object_add(o, "load_secs", json_object_new_double(s.load_secs));
@@ -369,6 +402,7 @@ int cmd_generate(int argc, char **argv) {
     }
     tllm_gen_result_free(&r);
     tllm_ids_free(&ids);
+    tllm_grammar_free(grammar);
     cli_session_close(&s);
     return r.finish == TLLM_FINISH_INTERRUPTED ? 130 : 0;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/base/json_util.h"
+#include "engine/grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
 
 int cli_check_utf8(const char *what, const char *s, size_t n, char *err, size_t cap) {
@@ -41,6 +42,9 @@ static void options(struct json_object *o, struct cli_prompt_line *pl) {
         else if (k == 1) pl->sp.top_k = (int)x;
         else pl->sp.seed = (uint64_t)x;
     }
+    if (!pl->err[0] && json_object_object_get_ex(o, "response_format", &v) &&
+        tllm_response_format_grammar(v, "\"response_format\"", &pl->grammar))
+        snprintf(pl->err, sizeof pl->err, "%s", tllm_errmsg());
     if (pl->err[0] || !json_object_object_get_ex(o, "stop", &v)) return;
     static const char bad_stop[] = "\"stop\" must be a non-empty string or a list of them";
     if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0) {
@@ -147,5 +151,6 @@ void cli_prompt_line_free(struct cli_prompt_line *pl) {
     json_object_put(pl->obj);
     free(pl->msgs);
     free(pl->ids);
+    tllm_grammar_free(pl->grammar);
     memset(pl, 0, sizeof *pl);
 }

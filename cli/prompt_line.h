@@ -27,6 +27,7 @@ struct cli_prompt_line {
     int32_t *ids;                /* or "prompt" as token ids (n_ids > 0); owned */
     int n_ids;
     struct json_object *obj;     /* the parsed JSONL line that the strings point into; owned */
+    struct tllm_grammar *grammar; /* its "response_format" (OpenAI's object) compiled, or NULL; owned */
     char err[256];               /* why the line cannot run ("" when it can) */
 };
 

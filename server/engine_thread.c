@@ -17,6 +17,7 @@ struct srv_job *srv_job_new(void) {
 static void job_free(struct srv_job *j) {
     free(j->prompt);
     for (int i = 0; i < SRV_MAX_STOP; i++) free(j->stop[i]);
+    tllm_grammar_free(j->grammar);
     tllm_buf_free(&j->text);
     free(j->lps);
     free(j);

@@ -25,6 +25,7 @@ struct srv_job {
     struct tllm_sched_req rq;   /* rq.user and the callbacks are the engine's to set */
     int32_t *prompt;            /* owned: rq.prompt */
     char *stop[SRV_MAX_STOP];   /* owned: rq.stop */
+    struct tllm_grammar *grammar; /* owned: rq.grammar */
     int logprobs;               /* collect each token's log probability (rq.top_logprobs alternatives) */
     /* what it produced: read and written under the engine's lock */
     struct tllm_buf text;       /* the text so far (never half a character, never a stop string) */

@@ -397,7 +397,7 @@ static int prompt_ids(struct srv_server *s, const struct oai_request *rq, struct
 _Static_assert(OAI_MAX_STOP <= SRV_MAX_STOP, "a request's stop strings fit a job");
 
 /* The job of a request: its prompt, the server's sampling defaults under the request's fields */
-static struct srv_job *make_job(struct srv_server *s, const struct oai_request *rq, struct tllm_ids *ids) {
+static struct srv_job *make_job(struct srv_server *s, struct oai_request *rq, struct tllm_ids *ids) {
     struct srv_job *j = srv_job_new();
     if (!j) return NULL;
     struct tllm_sampler_params sp = s->p.sampling;
@@ -422,6 +422,8 @@ static struct srv_job *make_job(struct srv_server *s, const struct oai_request *
                                     .stop = (const char *const *)j->stop, .n_stop = n_stop, .eos = s->p.gd->eos,
                                     .n_eos = rq->ignore_eos ? 0 : s->p.gd->n_eos, .skip_special = 1, .top_logprobs = rq->top_logprobs};
     j->logprobs = rq->logprobs;
+    j->grammar = rq->grammar, j->rq.grammar = rq->grammar; /* the job's now */
+    rq->grammar = NULL;
     for (int i = 0; i < n_stop; i++)
         if (!j->stop[i]) {
             srv_job_release(s->p.engine, j);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/grammar/json_schema.h"
 #include "tokenizer/tokenizer.h" /* tllm_utf8_valid_len */
 
 struct parse {
@@ -229,9 +230,14 @@ static int parse_tools(struct parse *p, struct oai_request *r, struct json_objec
         const char *c = json_object_is_type(tc, json_type_string) ? json_object_get_string(tc) : NULL;
         if (c && !strcmp(c, "none")) r->tool_choice = OAI_TOOLS_NONE;
         else if (c && !strcmp(c, "auto")) r->tool_choice = OAI_TOOLS_AUTO;
-        else if ((c && !strcmp(c, "required")) || json_object_is_type(tc, json_type_object))
-            return fail(p, "tool_choice", "tool_choice '%s' is not supported yet (it needs decoding constrained to the "
-                        "function's schema): use \"auto\"", c ? c : "{function}");
+        else if (c && !strcmp(c, "required")) r->tool_choice = OAI_TOOLS_REQUIRED;
+        else if (json_object_is_type(tc, json_type_object)) { /* {"type": "function", "function": {"name": ...}} */
+            struct json_object *fn = field(tc, "function"), *name = fn ? field(fn, "name") : NULL;
+            if (!name || !json_object_is_type(name, json_type_string))
+                return fail(p, "tool_choice", "'tool_choice' as an object must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+            if (!(r->tool_name = strdup(json_object_get_string(name)))) return fail(p, NULL, "out of memory");
+            r->tool_choice = OAI_TOOLS_NAMED;
+        }
         else return fail(p, "tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or a function");
     }
     return 0;
@@ -306,6 +312,24 @@ static int parse_sampling(struct parse *p, struct oai_request *r, struct json_ob
     return 0;
 }
 
+/* What the answer must follow: the calls tool_choice asks for, else response_format's JSON */
+static int parse_format(struct parse *p, struct oai_request *r, struct json_object *root) {
+    struct json_object *rf = field(root, "response_format");
+    int rc = 0;
+    const char *param = "response_format";
+    if (r->tool_choice == OAI_TOOLS_REQUIRED || r->tool_choice == OAI_TOOLS_NAMED) {
+        if (!r->tools) return fail(p, "tool_choice", "tool_choice '%s' needs 'tools'", r->tool_name ? r->tool_name : "required");
+        param = "tools";
+        rc = tllm_schema_tool_grammar(r->tools, r->tool_name, r->parallel_tool_calls, "tools", &r->grammar);
+    } else if (rf) {
+        rc = tllm_response_format_grammar(rf, "response_format", &r->grammar);
+    }
+    if (rc) return fail(p, param, "%s", tllm_errmsg());
+    if (r->grammar && r->ignore_eos)
+        return fail(p, "ignore_eos", "'ignore_eos' cannot be used with %s: the answer ends where it is complete", param);
+    return 0;
+}
+
 static int parse_body(struct parse *p, struct oai_request *r, struct json_object *root) {
     long long i;
     int rc, b = 0;
@@ -314,13 +338,6 @@ static int parse_body(struct parse *p, struct oai_request *r, struct json_object
     if (model && !json_object_is_type(model, json_type_string)) return fail(p, "model", "'model' must be a string");
     if (model && !(r->model = strdup(json_object_get_string(model)))) return fail(p, NULL, "out of memory");
     if (r->kind == OAI_CHAT ? parse_messages(p, r, root) || parse_tools(p, r, root) : parse_prompt(p, r, root)) return -1;
-    struct json_object *rf = field(root, "response_format"), *rft;
-    if (rf && (!json_object_is_type(rf, json_type_object) || !(rft = field(rf, "type")) ||
-               !json_object_is_type(rft, json_type_string)))
-        return fail(p, "response_format", "'response_format' must be an object with a string 'type'");
-    if (rf && strcmp(json_object_get_string(rft), "text"))
-        return fail(p, "response_format", "response_format '%.40s' is not supported yet (it needs constrained decoding)",
-                    json_object_get_string(rft));
     r->max_tokens = -1;
     const char *mt = r->kind == OAI_CHAT && field(root, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if ((rc = get_int(p, root, mt, 1, 1 << 24, &i)) < 0) return -1;
@@ -346,7 +363,7 @@ static int parse_body(struct parse *p, struct oai_request *r, struct json_object
         if (suffix && !(json_object_is_type(suffix, json_type_string) && json_object_get_string_len(suffix) == 0))
             return fail(p, "suffix", "'suffix' is not supported");
     }
-    return 0;
+    return parse_format(p, r, root);
 }
 
 struct json_object *oai_json_body(const char *body, size_t len, char *err, size_t cap) {
@@ -398,5 +415,7 @@ void oai_request_free(struct oai_request *r) {
     free(r->model);
     json_object_put(r->chat);
     json_object_put(r->tools);
+    free(r->tool_name);
+    tllm_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }

@@ -10,6 +10,7 @@
 
 #include <json-c/json.h>
 
+#include "engine/grammar/grammar.h"
 #include "engine/tllm.h" /* struct tllm_sampler_params, struct tllm_chat_msg */
 
 #define OAI_MAX_STOP 16
@@ -45,8 +46,12 @@ struct oai_request {
     /* chat: the messages as the template reads them (role, content as one text, tool_calls with their
      * arguments as JSON objects, tool_call_id, name) and the tools offered (NULL: none) */
     struct json_object *chat, *tools;
-    enum oai_tool_choice { OAI_TOOLS_AUTO, OAI_TOOLS_NONE } tool_choice;
+    enum oai_tool_choice { OAI_TOOLS_AUTO, OAI_TOOLS_NONE, OAI_TOOLS_REQUIRED, OAI_TOOLS_NAMED } tool_choice;
+    char *tool_name;            /* OAI_TOOLS_NAMED: the function */
     int parallel_tool_calls;    /* 0: at most one call an answer */
+    /* owned: what the answer must follow (response_format json_object / json_schema, or the tool calls
+     * tool_choice required or named asks for), compiled here; NULL: free text */
+    struct tllm_grammar *grammar;
 };
 
 /* A request body as one strict JSON value (serde_json's rules: no single quotes, bare keys, trailing

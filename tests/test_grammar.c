@@ -192,9 +192,11 @@ static void check_masks(const struct tllm_tok *tok, int brute_steps) {
         struct tllm_grammar *g = schema(schemas[si]);
         CHECK(g, "mask schema %zu", si);
         if (!g) continue;
+        struct tllm_gmatch *first = NULL; /* the second walk shares the first's automaton and masks */
+        tllm_gmatch_init(&first, g, vi, eos, 2, NULL);
         for (int walk = 0; walk < 2; walk++) {
             struct tllm_gmatch *m = NULL;
-            tllm_gmatch_init(&m, g, vi, eos, 2);
+            tllm_gmatch_init(&m, g, vi, eos, 2, first);
             struct tllm_gram_state st = {0};
             tllm_gram_start(g, &st);
             int bad = 0;
@@ -227,6 +229,7 @@ static void check_masks(const struct tllm_tok *tok, int brute_steps) {
             tllm_gram_state_free(&st);
             tllm_gmatch_free(m);
         }
+        tllm_gmatch_free(first);
         tllm_grammar_free(g);
     }
     free(logits);
@@ -248,13 +251,17 @@ static void check_sampling(const struct tllm_tok *tok) {
     for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
         struct tllm_grammar *g = schema(schemas[si]);
         int finished = 0;
+        long computed = 0, cached = 0;
+        /* every seed shares one automaton: past TLLM_GMATCH_CACHE masks it starts over, keeping `keep` */
+        struct tllm_gmatch *keep = NULL;
+        if (g) tllm_gmatch_init(&keep, g, vi, eos, 1, NULL);
         for (int seed = 0; seed < 10 && g; seed++) {
             struct tllm_sampler_params p = tllm_sampler_defaults();
             p.temperature = 1.0f, p.seed = (uint64_t)seed;
             struct tllm_sampler s;
             tllm_sampler_init(&s, &p, n_ids);
             struct tllm_gmatch *m = NULL;
-            tllm_gmatch_init(&m, g, vi, eos, 1);
+            tllm_gmatch_init(&m, g, vi, eos, 1, keep);
             tllm_sampler_constrain(&s, m);
             char text[4096];
             size_t n = 0;
@@ -270,6 +277,7 @@ static void check_sampling(const struct tllm_tok *tok) {
                 }
             }
             text[n] = 0;
+            tllm_gmatch_counts(m, &computed, &cached);
             tllm_sampler_free(&s);
             if (!ended) continue;
             finished++;
@@ -279,6 +287,8 @@ static void check_sampling(const struct tllm_tok *tok) {
             json_object_put(o);
         }
         CHECK(finished >= 5, "schema %zu: %d of 10 texts reached EOS in 200 tokens", si, finished);
+        CHECK(cached > 0, "schema %zu: no mask found in the shared cache (%ld computed)", si, computed);
+        tllm_gmatch_free(keep);
         tllm_grammar_free(g);
     }
     free(logits);

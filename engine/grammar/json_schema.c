@@ -761,3 +761,26 @@ int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int pa
     }
     return finish(&c, root, out);
 }
+
+int tllm_response_format_grammar(struct json_object *rf, const char *what, struct tllm_grammar **out) {
+    *out = NULL;
+    struct json_object *t = NULL, *js = NULL, *schema = NULL;
+    if (!json_object_is_type(rf, json_type_object) || !json_object_object_get_ex(rf, "type", &t) ||
+        !json_object_is_type(t, json_type_string))
+        return tllm_fail(TLLM_ERR_ARG, "%s: must be an object with a string 'type'", what);
+    const char *type = json_object_get_string(t);
+    char where[160];
+    if (!strcmp(type, "text")) return TLLM_OK;
+    if (!strcmp(type, "json_object")) {
+        json_object_object_get_ex(rf, "schema", &schema);
+        snprintf(where, sizeof where, "%s.schema", what);
+        return tllm_schema_grammar(schema, where, out);
+    }
+    if (strcmp(type, "json_schema"))
+        return tllm_fail(TLLM_ERR_ARG, "%s: type '%.40s' is not one of text, json_object, json_schema", what, type);
+    if (!json_object_object_get_ex(rf, "json_schema", &js) || !json_object_is_type(js, json_type_object))
+        return tllm_fail(TLLM_ERR_ARG, "%s: 'json_schema' must be an object holding the 'schema'", what);
+    json_object_object_get_ex(js, "schema", &schema);
+    snprintf(where, sizeof where, "%s.json_schema.schema", what);
+    return tllm_schema_grammar(schema, where, out);
+}

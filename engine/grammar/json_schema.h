@@ -29,6 +29,12 @@
  * place: "response_format.json_schema.schema: properties.age: 'multipleOf' is not supported". */
 int tllm_schema_grammar(struct json_object *schema, const char *what, struct tllm_grammar **out);
 
+/* OpenAI's response_format object `rf` (named `what` in messages): {"type": "text"} (*out stays NULL),
+ * {"type": "json_object"} (any JSON object; llama-server's "schema" beside the type is followed when
+ * given) or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (no schema: any
+ * object). */
+int tllm_response_format_grammar(struct json_object *rf, const char *what, struct tllm_grammar **out);
+
 /* Tool calls as Qwen's templates ask for them: one (or, when parallel, one or more, a newline apart)
  * "<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>", NAME one of tools' functions (only
  * `name` when given), ARGS following that function's parameters schema. tools: the request's array. */

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/base/clock.h"
 #include "engine/base/error.h"
+#include <stdio.h>
 
 struct tllm_vocab_index {
     const struct tllm_tok *tok;
@@ -71,50 +73,183 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
     return TLLM_OK;
 }
 
-struct centry {
-    uint64_t hash;
-    uint32_t *key; /* the state's words */
-    int key_n;
-    uint64_t *bits;
+/* A grammar state met, interned: its stacks, the states each byte leads to (found as the walks need
+ * them: a lazily built automaton, so a token whose bytes were seen from here costs lookups, not
+ * parsing), and its mask once a sequence has stood here */
+struct dstate {
+    uint32_t *w;
+    int n_words, n_stacks;
+    int32_t next[256]; /* NEXT_UNKNOWN, NEXT_DEAD or a state */
+    uint64_t *mask;    /* [ceil(n_ids / 64)] or NULL */
 };
+#define NEXT_UNKNOWN (-2)
+#define NEXT_DEAD (-1)
 
-struct tllm_gmatch {
+/* The automaton of one grammar over one vocabulary, shared by the sequences that follow it */
+struct gdfa {
     const struct tllm_grammar *g;
     const struct tllm_vocab_index *v;
     int32_t *eos;
     int n_eos;
-    struct tllm_gram_state st;
-    struct tllm_gram_state *lv;     /* [max_len + 1] a state per byte of depth, for the walk */
-    struct centry cache[TLLM_GMATCH_CACHE];
-    int n_cache;
-    const uint64_t *cur;            /* the mask of st, once looked up */
+    struct dstate *ds;
+    int n_ds, cap_ds;
+    int32_t *ht;        /* [ht_size] open addressing over ds by their words; -1 empty */
+    int ht_size;
+    int n_masks;
+    int32_t *lv;        /* [max_len + 1] the walk's state per byte of depth */
+    struct tllm_gram_state tmp;
+    struct tllm_gmatch *users; /* the sequences on it (their states are re-interned when it starts over) */
     long computed, cached;
+    double secs;
 };
+
+struct tllm_gmatch {
+    struct gdfa *d;
+    int cur; /* where the text is */
+    struct tllm_gmatch *next_user;
+};
+
+static uint64_t hash_words(const uint32_t *w, int n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++) h = (h ^ w[i]) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+static void states_clear(struct gdfa *d) {
+    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].mask);
+    d->n_ds = d->n_masks = 0;
+    for (int i = 0; i < d->ht_size; i++) d->ht[i] = -1;
+}
+
+static void gdfa_free(struct gdfa *d) {
+    if (!d) return;
+    if (getenv("TLLM_GRAMMAR_STATS"))
+        fprintf(stderr, "grammar: %ld masks computed in %.1f ms, %ld from the cache, %d states\n", d->computed, d->secs * 1e3,
+                d->cached, d->n_ds);
+    states_clear(d);
+    free(d->ds);
+    free(d->ht);
+    free(d->lv);
+    tllm_gram_state_free(&d->tmp);
+    free(d->eos);
+    free(d);
+}
 
 void tllm_gmatch_free(struct tllm_gmatch *m) {
     if (!m) return;
-    for (int i = 0; i < m->n_cache; i++) free(m->cache[i].key), free(m->cache[i].bits);
-    for (int i = 0; m->lv && i <= m->v->max_len; i++) tllm_gram_state_free(&m->lv[i]);
-    free(m->lv);
-    tllm_gram_state_free(&m->st);
-    free(m->eos);
+    struct gdfa *d = m->d;
+    for (struct tllm_gmatch **pp = &d->users; *pp; pp = &(*pp)->next_user)
+        if (*pp == m) {
+            *pp = m->next_user;
+            break;
+        }
+    if (!d->users) gdfa_free(d);
     free(m);
 }
 
+/* The id of the state with these stacks, added when new; -1 out of memory */
+static int intern(struct gdfa *d, const struct tllm_gram_state *st) {
+    if (d->n_ds * 2 >= d->ht_size) { /* grow the table (and rehash) before it is half full */
+        int size = d->ht_size ? d->ht_size * 2 : 1024;
+        int32_t *ht = malloc((size_t)size * sizeof *ht);
+        if (!ht) return -1;
+        for (int i = 0; i < size; i++) ht[i] = -1;
+        for (int id = 0; id < d->n_ds; id++) {
+            int k = (int)(hash_words(d->ds[id].w, d->ds[id].n_words) & (uint64_t)(size - 1));
+            while (ht[k] >= 0) k = (k + 1) & (size - 1);
+            ht[k] = id;
+        }
+        free(d->ht);
+        d->ht = ht, d->ht_size = size;
+    }
+    int mask = d->ht_size - 1, slot = (int)(hash_words(st->w, st->n_words) & (uint64_t)mask);
+    for (;; slot = (slot + 1) & mask) {
+        int32_t id = d->ht[slot];
+        if (id < 0) break;
+        if (d->ds[id].n_words == st->n_words && !memcmp(d->ds[id].w, st->w, (size_t)st->n_words * sizeof *st->w)) return id;
+    }
+    if (d->n_ds == d->cap_ds) {
+        int cap = d->cap_ds ? d->cap_ds * 2 : 64;
+        struct dstate *ds = realloc(d->ds, (size_t)cap * sizeof *ds);
+        if (!ds) return -1;
+        d->ds = ds, d->cap_ds = cap;
+    }
+    struct dstate *x = &d->ds[d->n_ds];
+    x->w = malloc((size_t)(st->n_words ? st->n_words : 1) * sizeof *x->w);
+    if (!x->w) return -1;
+    if (st->n_words) memcpy(x->w, st->w, (size_t)st->n_words * sizeof *x->w);
+    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->mask = NULL;
+    for (int c = 0; c < 256; c++) x->next[c] = NEXT_UNKNOWN;
+    d->ht[slot] = d->n_ds;
+    return d->n_ds++;
+}
+
+static struct tllm_gram_state view(const struct dstate *x) {
+    return (struct tllm_gram_state){x->w, x->n_words, x->n_words, x->n_stacks};
+}
+
+/* The state byte c leads to from state id: NEXT_DEAD when c cannot come; < NEXT_DEAD on an error */
+static int32_t step(struct gdfa *d, int id, unsigned char c) {
+    int32_t n = d->ds[id].next[c];
+    if (n != NEXT_UNKNOWN) return n;
+    struct tllm_gram_state from = view(&d->ds[id]);
+    if (tllm_gram_advance(d->g, &from, c, &d->tmp)) return -3;
+    n = NEXT_DEAD;
+    if (d->tmp.n_stacks && (n = intern(d, &d->tmp)) < 0) return -3;
+    d->ds[id].next[c] = n; /* ds may have moved */
+    return n;
+}
+
+/* Too many states or masks kept: start over from the states the sequences are at */
+static int bound_states(struct gdfa *d) {
+    if (d->n_ds < TLLM_GMATCH_STATES && d->n_masks < TLLM_GMATCH_CACHE) return TLLM_OK;
+    int n = 0, rc = TLLM_OK;
+    for (struct tllm_gmatch *u = d->users; u; u = u->next_user) n++;
+    struct tllm_gram_state *keep = calloc((size_t)n, sizeof *keep);
+    if (!keep) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    int i = 0;
+    for (struct tllm_gmatch *u = d->users; u; u = u->next_user, i++) {
+        struct tllm_gram_state v = view(&d->ds[u->cur]);
+        if (!rc) rc = tllm_gram_state_copy(&keep[i], &v);
+    }
+    if (!rc) {
+        states_clear(d);
+        i = 0;
+        for (struct tllm_gmatch *u = d->users; u; u = u->next_user, i++)
+            if ((u->cur = intern(d, &keep[i])) < 0) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    for (i = 0; i < n; i++) tllm_gram_state_free(&keep[i]);
+    free(keep);
+    return rc;
+}
+
 int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, const struct tllm_vocab_index *v,
-                     const int32_t *eos, int n_eos) {
+                     const int32_t *eos, int n_eos, struct tllm_gmatch *share) {
     *out = NULL;
     struct tllm_gmatch *m = calloc(1, sizeof *m);
     if (!m) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    m->g = g, m->v = v, m->n_eos = n_eos;
-    m->lv = calloc((size_t)v->max_len + 1, sizeof *m->lv);
-    m->eos = malloc((size_t)(n_eos > 0 ? n_eos : 1) * sizeof *m->eos);
-    if (!m->lv || !m->eos) {
-        tllm_gmatch_free(m);
-        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    struct gdfa *d = share && share->d->g == g && share->d->v == v && share->d->n_eos == n_eos &&
+                             (!n_eos || !memcmp(share->d->eos, eos, (size_t)n_eos * sizeof *eos))
+                         ? share->d
+                         : NULL;
+    int rc = TLLM_OK;
+    if (!d) {
+        if (!(d = calloc(1, sizeof *d))) {
+            free(m);
+            return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        }
+        d->g = g, d->v = v, d->n_eos = n_eos;
+        d->lv = malloc(((size_t)v->max_len + 1) * sizeof *d->lv);
+        d->eos = malloc((size_t)(n_eos > 0 ? n_eos : 1) * sizeof *d->eos);
+        if (!d->lv || !d->eos) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        else if (n_eos > 0) memcpy(d->eos, eos, (size_t)n_eos * sizeof *eos);
     }
-    if (n_eos > 0) memcpy(m->eos, eos, (size_t)n_eos * sizeof *eos);
-    int rc = tllm_gram_start(g, &m->st);
+    m->d = d;
+    m->next_user = d->users, d->users = m;
+    struct tllm_gram_state st = {0};
+    if (!rc) rc = tllm_gram_start(g, &st);
+    if (!rc && (m->cur = intern(d, &st)) < 0) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    tllm_gram_state_free(&st);
     if (rc) {
         tllm_gmatch_free(m);
         return rc;
@@ -123,108 +258,94 @@ int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, con
     return TLLM_OK;
 }
 
-static uint64_t hash_words(const uint32_t *w, int n) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int i = 0; i < n; i++) h = (h ^ w[i]) * 0x100000001b3ull;
-    return h;
-}
-
-/* The walk over the sorted vocabulary from state st */
-static int compute(struct tllm_gmatch *m, uint64_t *bits) {
-    const struct tllm_vocab_index *v = m->v;
+/* The walk over the sorted vocabulary from state `from` */
+static int compute(struct gdfa *d, int from, uint64_t *bits) {
+    const struct tllm_vocab_index *v = d->v;
     int ok = 0;
+    d->lv[0] = from;
     for (int i = 0; i < v->n; i++) {
         int k = (int)v->lcp[i];
         if (k > ok) continue; /* it begins with the bytes the token before was refused at */
         int len = (int)v->len[i];
         while (k < len) {
-            const struct tllm_gram_state *from = k ? &m->lv[k] : &m->st;
-            int rc = tllm_gram_advance(m->g, from, v->bytes[i][k], &m->lv[k + 1]);
-            if (rc) return rc;
-            if (!m->lv[k + 1].n_stacks) break;
-            k++;
+            int32_t n = step(d, d->lv[k], v->bytes[i][k]);
+            if (n < NEXT_DEAD) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+            if (n == NEXT_DEAD) break;
+            d->lv[++k] = n;
         }
         ok = k;
         if (k == len) bits[v->id[i] >> 6] |= 1ull << (v->id[i] & 63);
     }
-    if (tllm_gram_accepting(&m->st))
-        for (int i = 0; i < m->n_eos; i++)
-            if (m->eos[i] >= 0 && m->eos[i] < v->n_ids) bits[m->eos[i] >> 6] |= 1ull << (m->eos[i] & 63);
+    struct tllm_gram_state st = view(&d->ds[from]);
+    if (tllm_gram_accepting(&st))
+        for (int i = 0; i < d->n_eos; i++)
+            if (d->eos[i] >= 0 && d->eos[i] < v->n_ids) bits[d->eos[i] >> 6] |= 1ull << (d->eos[i] & 63);
     return TLLM_OK;
 }
 
-static int lookup(struct tllm_gmatch *m) {
-    if (m->cur) return TLLM_OK;
-    uint64_t h = hash_words(m->st.w, m->st.n_words);
-    for (int i = 0; i < m->n_cache; i++) {
-        struct centry *e = &m->cache[i];
-        if (e->hash == h && e->key_n == m->st.n_words && !memcmp(e->key, m->st.w, (size_t)e->key_n * sizeof *e->key)) {
-            m->cur = e->bits;
-            m->cached++;
-            return TLLM_OK;
-        }
+/* The mask of m's state, computed when no sequence has stood there yet */
+static const uint64_t *lookup(struct tllm_gmatch *m) {
+    struct gdfa *d = m->d;
+    if (d->ds[m->cur].mask) {
+        d->cached++;
+        return d->ds[m->cur].mask;
     }
-    if (m->n_cache == TLLM_GMATCH_CACHE) { /* full: start over */
-        for (int i = 0; i < m->n_cache; i++) free(m->cache[i].key), free(m->cache[i].bits);
-        m->n_cache = 0;
+    if (bound_states(d)) return NULL;
+    uint64_t *bits = calloc(((size_t)d->v->n_ids + 63) / 64, sizeof *bits);
+    if (!bits) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
+    double t0 = tllm_now();
+    if (compute(d, m->cur, bits)) {
+        free(bits);
+        return NULL;
     }
-    size_t words = ((size_t)m->v->n_ids + 63) / 64;
-    struct centry e = {h, malloc((size_t)(m->st.n_words ? m->st.n_words : 1) * sizeof *e.key), m->st.n_words,
-                       calloc(words, sizeof *e.bits)};
-    if (!e.key || !e.bits) {
-        free(e.key), free(e.bits);
-        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    }
-    if (m->st.n_words) memcpy(e.key, m->st.w, (size_t)m->st.n_words * sizeof *e.key);
-    int rc = compute(m, e.bits);
-    if (rc) {
-        free(e.key), free(e.bits);
-        return rc;
-    }
-    m->cache[m->n_cache++] = e;
-    m->cur = e.bits;
-    m->computed++;
-    return TLLM_OK;
+    d->secs += tllm_now() - t0;
+    d->ds[m->cur].mask = bits;
+    d->n_masks++;
+    d->computed++;
+    return bits;
 }
 
 int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n) {
-    int rc = lookup(m);
-    if (rc) return rc < 0 ? rc : -rc;
-    int allowed = 0;
+    const uint64_t *bits = lookup(m);
+    if (!bits) return -1;
+    int allowed = 0, n_ids = m->d->v->n_ids;
     for (int i = 0; i < n; i++) {
-        if (i < m->v->n_ids && m->cur[i >> 6] >> (i & 63) & 1) allowed++;
+        if (i < n_ids && bits[i >> 6] >> (i & 63) & 1) allowed++;
         else logits[i] = -INFINITY;
     }
     return allowed;
 }
 
 int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id) {
-    if (lookup(m) || id < 0 || id >= m->v->n_ids) return 0;
-    return (int)(m->cur[id >> 6] >> (id & 63) & 1);
+    const uint64_t *bits = lookup(m);
+    if (!bits || id < 0 || id >= m->d->v->n_ids) return 0;
+    return (int)(bits[id >> 6] >> (id & 63) & 1);
 }
 
 int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id) {
-    for (int i = 0; i < m->n_eos; i++)
-        if (id == m->eos[i]) return TLLM_OK;
+    struct gdfa *d = m->d;
+    for (int i = 0; i < d->n_eos; i++)
+        if (id == d->eos[i]) return TLLM_OK;
     size_t len;
-    const unsigned char *b = (const unsigned char *)tllm_tok_bytes(m->v->tok, id, &len);
-    if (!b || tllm_tok_is_special(m->v->tok, id) || !len) return tllm_fail(TLLM_ERR_ARG, "token %d cannot come here under the grammar", id);
-    if (id >= m->v->n_ids || (int)len > m->v->max_len) return tllm_fail(TLLM_ERR_ARG, "token %d cannot come here under the grammar", id);
-    const struct tllm_gram_state *from = &m->st;
-    for (size_t k = 0; k < len; k++) { /* through the walk's buffers: st stays as it was if the token is refused */
-        int rc = tllm_gram_advance(m->g, from, b[k], &m->lv[k + 1]);
-        if (rc) return rc;
-        if (!m->lv[k + 1].n_stacks) return tllm_fail(TLLM_ERR_ARG, "token %d cannot come here under the grammar", id);
-        from = &m->lv[k + 1];
+    const unsigned char *b = (const unsigned char *)tllm_tok_bytes(d->v->tok, id, &len);
+    if (!b || !len || tllm_tok_is_special(d->v->tok, id) || id >= d->v->n_ids)
+        return tllm_fail(TLLM_ERR_ARG, "token %d cannot come here under the grammar", id);
+    int at = m->cur;
+    for (size_t k = 0; k < len; k++) { /* cur moves only once the whole token is through */
+        int32_t n = step(d, at, b[k]);
+        if (n < NEXT_DEAD) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        if (n == NEXT_DEAD) return tllm_fail(TLLM_ERR_ARG, "token %d cannot come here under the grammar", id);
+        at = n;
     }
-    if (tllm_gram_state_copy(&m->st, from)) return TLLM_ERR_NOMEM;
-    m->cur = NULL;
+    m->cur = at;
     return TLLM_OK;
 }
 
-int32_t tllm_gmatch_eos(const struct tllm_gmatch *m) { return m->n_eos > 0 ? m->eos[0] : -1; }
+int32_t tllm_gmatch_eos(const struct tllm_gmatch *m) { return m->d->n_eos > 0 ? m->d->eos[0] : -1; }
+
+const struct tllm_grammar *tllm_gmatch_grammar(const struct tllm_gmatch *m) { return m->d->g; }
 
 void tllm_gmatch_counts(const struct tllm_gmatch *m, long *computed, long *cached) {
-    *computed = m->computed;
-    *cached = m->cached;
+    *computed = m->d->computed;
+    *cached = m->d->cached;
 }

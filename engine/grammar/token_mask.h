@@ -2,9 +2,11 @@
  *
  * The vocabulary is sorted as byte strings once (tllm_vocab_index); a mask walks it in that order
  * with one grammar state per byte of depth, so a prefix shared by many tokens is advanced once and a
- * prefix the grammar refuses skips every token that begins with it. Masks are kept per grammar state
- * (a sequence inside a long string meets the same state at every token), so a state's mask is
- * computed once per sequence. A sequence's mask depends only on its own text: batch-invariant. */
+ * prefix the grammar refuses skips every token that begins with it. The states met are interned with
+ * their byte transitions (an automaton built as the walks need it: inside a string nearly every byte
+ * leads back to the same state, so a walk is mostly table lookups), and each state's mask is kept (a
+ * sequence inside a long string meets the same state at every token). A sequence's mask depends only
+ * on its own text: batch-invariant. */
 #ifndef TLLM_TOKEN_MASK_H
 #define TLLM_TOKEN_MASK_H
 
@@ -13,9 +15,14 @@
 #include "engine/grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
-/* Masks kept per sequence (each n_ids bits: 19 KB for Qwen's vocabulary); past it they start over */
+/* Masks kept per sequence (each n_ids bits: 19 KB for Qwen's vocabulary) and grammar states with
+ * their byte transitions (1 KB each and their stacks); past either, they start over from the
+ * sequence's current state */
 #ifndef TLLM_GMATCH_CACHE
-#define TLLM_GMATCH_CACHE 256
+#define TLLM_GMATCH_CACHE 128
+#endif
+#ifndef TLLM_GMATCH_STATES
+#define TLLM_GMATCH_STATES 8192
 #endif
 
 struct tllm_vocab_index;
@@ -27,9 +34,13 @@ void tllm_vocab_index_free(struct tllm_vocab_index *v);
 struct tllm_gmatch;
 
 /* One sequence at the grammar's start. g and v must outlive it; eos: the ids that end the text (they
- * may come exactly when the text is a whole sentence of the grammar). */
+ * may come exactly when the text is a whole sentence of the grammar). share: a live sequence on the
+ * same grammar, vocabulary and eos ids, or NULL: the two then share the automaton and the masks (a
+ * batch of answers to one schema computes each mask once); sequences that share are used from one
+ * thread. */
 int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, const struct tllm_vocab_index *v,
-                     const int32_t *eos, int n_eos);
+                     const int32_t *eos, int n_eos, struct tllm_gmatch *share);
+const struct tllm_grammar *tllm_gmatch_grammar(const struct tllm_gmatch *m);
 void tllm_gmatch_free(struct tllm_gmatch *m);
 /* logits[0..n) of tokens that cannot come next become -inf. Returns how many may come (0: none; the
  * grammar cannot go on with this vocabulary), or < 0 on an error. */
@@ -40,7 +51,7 @@ int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id);
 int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id);
 /* The first EOS id given (-1: none): what a sampler ends with when nothing may come */
 int32_t tllm_gmatch_eos(const struct tllm_gmatch *m);
-/* Masks computed and found in the cache so far */
+/* Masks computed and found in the cache so far (by every sequence sharing m's automaton) */
 void tllm_gmatch_counts(const struct tllm_gmatch *m, long *computed, long *cached);
 
 #endif

@@ -169,7 +169,7 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
     tllm_sampler_limit(s, ctx->m->n_sample); /* never a padding row of the lm_head */
     for (int i = 0; i < n_prompt; i++) tllm_sampler_accept(s, prompt[i]);
     struct tllm_vocab_index *vi = NULL;
-    int rc = p->grammar ? tllm_gen_constrain(s, tok, p, &vi) : TLLM_OK;
+    int rc = p->grammar ? tllm_gen_constrain(s, tok, p, &vi, NULL) : TLLM_OK;
     if (rc) {
         free(logits);
         return rc;
@@ -203,12 +203,12 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
 }
 
 int tllm_gen_constrain(struct tllm_sampler *s, const struct tllm_tok *tok, const struct tllm_gen_params *p,
-                       struct tllm_vocab_index **vi) {
+                       struct tllm_vocab_index **vi, struct tllm_gmatch *share) {
     if (!tok) return tllm_fail(TLLM_ERR_ARG, "a grammar needs the tokenizer");
     int rc = TLLM_OK;
     if (!*vi) rc = tllm_vocab_index_init(tok, s->vocab, vi);
     struct tllm_gmatch *gm = NULL;
-    if (!rc && !(rc = tllm_gmatch_init(&gm, p->grammar, *vi, p->eos, p->n_eos))) tllm_sampler_constrain(s, gm);
+    if (!rc && !(rc = tllm_gmatch_init(&gm, p->grammar, *vi, p->eos, p->n_eos, share))) tllm_sampler_constrain(s, gm);
     return rc;
 }
 

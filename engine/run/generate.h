@@ -74,8 +74,9 @@ int tllm_generate(struct tllm_ctx *ctx, struct tllm_tok *tok, struct tllm_sample
                   struct tllm_gen_result *r);
 void tllm_gen_result_free(struct tllm_gen_result *r);
 /* Put s under p->grammar (after the prompt's tokens were accepted), with *vi the vocabulary's index
- * (made here when NULL; the caller frees it after the sampler lets go of the grammar). */
+ * (made here when NULL; the caller frees it after the sampler lets go of the grammar); share: another
+ * live sequence's matcher on the same grammar, whose masks it may reuse, or NULL. */
 int tllm_gen_constrain(struct tllm_sampler *s, const struct tllm_tok *tok, const struct tllm_gen_params *p,
-                       struct tllm_vocab_index **vi);
+                       struct tllm_vocab_index **vi, struct tllm_gmatch *share);
 
 #endif

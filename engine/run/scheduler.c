@@ -253,6 +253,15 @@ static void find_lead(struct tllm_sched *s, int slot) {
     }
 }
 
+/* A running sequence under grammar g (its masks serve a new one on g too), or NULL */
+static struct tllm_gmatch *same_grammar(struct tllm_sched *s, const struct tllm_grammar *g) {
+    for (int i = 0; i < s->n_running; i++) {
+        struct tllm_gmatch *gm = s->seqs[s->order[i]].smp.gm;
+        if (gm && tllm_gmatch_grammar(gm) == g) return gm;
+    }
+    return NULL;
+}
+
 static void admit(struct tllm_sched *s) {
     const struct tllm_config *c = &s->m->cfg;
     while (s->head && s->n_running < s->p.n_parallel) {
@@ -288,7 +297,7 @@ static void admit(struct tllm_sched *s) {
             if (!msg[0]) {
                 tllm_sampler_limit(&q->smp, s->m->n_sample);
                 for (int i = 0; i < rq->n_prompt; i++) tllm_sampler_accept(&q->smp, rq->prompt[i]);
-                if (rq->gp.grammar && tllm_gen_constrain(&q->smp, s->tok, &rq->gp, &s->vi)) {
+                if (rq->gp.grammar && tllm_gen_constrain(&q->smp, s->tok, &rq->gp, &s->vi, same_grammar(s, rq->gp.grammar))) {
                     snprintf(msg, sizeof msg, "%s", tllm_errmsg()), erc = TLLM_ERR_ARG;
                     tllm_sampler_free(&q->smp);
                 }
