@@ -30,6 +30,8 @@
 #define SRV_POLL_MS 100
 #endif
 
+#define SRV_GRAMMARS 16
+
 struct srv_server {
     struct srv_params p;
     struct MHD_Daemon *d;
@@ -39,6 +41,14 @@ struct srv_server {
     int draining;              /* stopping: every answer closes its connection (atomic) */
     unsigned long long serial; /* answer ids */
     pthread_mutex_t serial_lk;
+    /* grammars of recent requests by what they were compiled from: requests that repeat a schema run
+     * under one grammar, so the scheduler's sequences on it share their masks */
+    struct {
+        char *key;
+        struct tllm_grammar *g;
+    } grams[SRV_GRAMMARS];
+    int gram_next;
+    pthread_mutex_t gram_lk;
 };
 
 /* One request on a connection, from its headers to its answer */
@@ -50,6 +60,27 @@ struct conn {
 };
 
 /* ---- small helpers ---- */
+
+/* rq's grammar: an equal one kept from a recent request, else its own (kept from now on) */
+static void share_grammar(struct srv_server *s, struct oai_request *rq) {
+    if (!rq->grammar || !rq->grammar_key) return;
+    pthread_mutex_lock(&s->gram_lk);
+    for (int i = 0; i < SRV_GRAMMARS; i++)
+        if (s->grams[i].key && !strcmp(s->grams[i].key, rq->grammar_key)) {
+            tllm_grammar_free(rq->grammar);
+            rq->grammar = tllm_grammar_ref(s->grams[i].g);
+            pthread_mutex_unlock(&s->gram_lk);
+            return;
+        }
+    char *key = strdup(rq->grammar_key);
+    if (key) {
+        int i = s->gram_next++ % SRV_GRAMMARS;
+        free(s->grams[i].key);
+        tllm_grammar_free(s->grams[i].g);
+        s->grams[i].key = key, s->grams[i].g = tllm_grammar_ref(rq->grammar);
+    }
+    pthread_mutex_unlock(&s->gram_lk);
+}
 
 /* Queue r; while the server drains (or where the request's framing cannot be trusted) the connection
  * closes after it */
@@ -580,6 +611,7 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
         oai_request_free(&rq);
         return refuse(s, c, k, "POST", url, 400, 0, param, "%s", err);
     }
+    share_grammar(s, &rq);
     struct tllm_ids ids = {0};
     enum MHD_Result rc;
     if (prompt_ids(s, &rq, &ids, err, sizeof err, &param)) {
@@ -753,6 +785,7 @@ int srv_server_start(struct srv_server **out, const struct srv_params *p) {
     s->p = *p;
     pthread_mutex_init(&s->tok_lk, NULL);
     pthread_mutex_init(&s->serial_lk, NULL);
+    pthread_mutex_init(&s->gram_lk, NULL);
     struct srv_guard_params gp = {.max_waiting = p->max_waiting, .max_waiting_per_ip = p->max_waiting_per_ip,
                                   .request_timeout = p->request_timeout, .quiet = p->quiet};
     int grc = srv_guard_init(&s->guard, &gp);
@@ -795,5 +828,7 @@ void srv_server_stop(struct srv_server *s, double wait_s) {
     srv_guard_free(s->guard);
     pthread_mutex_destroy(&s->tok_lk);
     pthread_mutex_destroy(&s->serial_lk);
+    pthread_mutex_destroy(&s->gram_lk);
+    for (int i = 0; i < SRV_GRAMMARS; i++) free(s->grams[i].key), tllm_grammar_free(s->grams[i].g);
     free(s);
 }

@@ -325,6 +325,19 @@ static int parse_format(struct parse *p, struct oai_request *r, struct json_obje
         rc = tllm_response_format_grammar(rf, "response_format", &r->grammar);
     }
     if (rc) return fail(p, param, "%s", tllm_errmsg());
+    if (r->grammar) {
+        struct json_object *k = json_object_new_array();
+        if (r->tool_choice == OAI_TOOLS_REQUIRED || r->tool_choice == OAI_TOOLS_NAMED) {
+            json_object_array_add(k, json_object_get(r->tools));
+            json_object_array_add(k, r->tool_name ? json_object_new_string(r->tool_name) : NULL);
+            json_object_array_add(k, json_object_new_boolean(r->parallel_tool_calls));
+        } else {
+            json_object_array_add(k, json_object_get(rf));
+        }
+        r->grammar_key = strdup(json_object_to_json_string_ext(k, JSON_C_TO_STRING_PLAIN));
+        json_object_put(k);
+        if (!r->grammar_key) return fail(p, NULL, "out of memory");
+    }
     if (r->grammar && r->ignore_eos)
         return fail(p, "ignore_eos", "'ignore_eos' cannot be used with %s: the answer ends where it is complete", param);
     return 0;
@@ -417,5 +430,6 @@ void oai_request_free(struct oai_request *r) {
     json_object_put(r->tools);
     free(r->tool_name);
     tllm_grammar_free(r->grammar);
+    free(r->grammar_key);
     memset(r, 0, sizeof *r);
 }

@@ -52,6 +52,7 @@ struct oai_request {
     /* owned: what the answer must follow (response_format json_object / json_schema, or the tool calls
      * tool_choice required or named asks for), compiled here; NULL: free text */
     struct tllm_grammar *grammar;
+    char *grammar_key;          /* what it was compiled from, as text: requests with equal keys may share one */
 };
 
 /* A request body as one strict JSON value (serde_json's rules: no single quotes, bare keys, trailing

@@ -61,7 +61,7 @@ static const struct scase cases[] = {
     {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", {"{}", "{\"x\": 1, \"y\": 2}"}, {"{\"x\": \"1\"}"}},
     {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":{\"type\":\"string\"},\"required\":[\"a\"]}",
      {"{\"a\": 1}", "{\"a\": 1, \"zz\": \"s\"}"}, {"{\"zz\": \"s\"}", "{\"a\": 1, \"zz\": 2}"}},
-    {"{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-29\""}, {"\"2024-13-01\"", "\"24-01-01\""}},
+    {"{\"type\":\"string\",\"format\":\"date\"}", {"\"2024-02-28\"", "\"1999-12-31\"", "\"2000-04-30\""}, {"\"2024-13-01\"", "\"24-01-01\"", "\"2024-02-30\"", "\"2024-04-31\""}},
     {"{\"type\":\"string\",\"format\":\"uuid\"}", {"\"123e4567-e89b-12d3-a456-426614174000\""}, {"\"123e4567\""}},
     {"{\"type\":\"object\",\"properties\":{}, \"additionalProperties\":false}", {"{}"}, {"{ }", "{\"a\": 1}"}},
 };

@@ -34,6 +34,7 @@ struct tllm_grammar {
     int n_rules;
     uint8_t (*sets)[32];  /* [n_sets] the byte sets GE_SET elements name */
     int root;
+    int refs;             /* holders (tllm_grammar_ref); atomic: a server's threads share grammars */
 };
 
 int tllm_gram_builder_init(struct tllm_gram_builder **out) {
@@ -136,8 +137,13 @@ int tllm_gram_repeat(struct tllm_gram_builder *b, int x, int min, int max) {
     return b->failed ? -1 : r;
 }
 
+struct tllm_grammar *tllm_grammar_ref(struct tllm_grammar *g) {
+    if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
+    return g;
+}
+
 void tllm_grammar_free(struct tllm_grammar *g) {
-    if (!g) return;
+    if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     free(g->el);
     free(g->alts);
     free(g->alt_off);
@@ -175,7 +181,7 @@ int tllm_gram_build(struct tllm_gram_builder *b, int root, struct tllm_grammar *
         n_alts++;
         for (int i = 0; i < b->rules[r].n; i++) n_alts += GE_KIND(b->rules[r].el[i]) == GE_ALT;
     }
-    g->n_rules = b->n_rules, g->n_el = (int)n_el, g->root = root;
+    g->n_rules = b->n_rules, g->n_el = (int)n_el, g->root = root, g->refs = 1;
     g->el = malloc((size_t)(n_el + 1) * sizeof *g->el);
     g->alts = malloc((size_t)n_alts * sizeof *g->alts);
     g->alt_off = malloc((size_t)(b->n_rules + 1) * sizeof *g->alt_off);

@@ -55,6 +55,8 @@ struct tllm_grammar;
 /* The grammar starting at rule root; the builder is spent either way. Fails when a rule was too
  * large or a rule references itself before reading a byte (left recursion). */
 int tllm_gram_build(struct tllm_gram_builder *b, int root, struct tllm_grammar **out);
+/* One more holder (a grammar is never changed once built: any thread may read it); free drops one */
+struct tllm_grammar *tllm_grammar_ref(struct tllm_grammar *g);
 void tllm_grammar_free(struct tllm_grammar *g);
 
 /* ---- matching ---- */

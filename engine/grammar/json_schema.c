@@ -491,6 +491,8 @@ static int compile_object(struct sc *c, struct json_object *s) {
     return c->failed ? -1 : r;
 }
 
+#define DATE_MD "((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+
 static int compile_string(struct sc *c, struct json_object *s) {
     long min, max;
     struct json_object *pat = NULL, *fmt = NULL;
@@ -501,9 +503,10 @@ static int compile_string(struct sc *c, struct json_object *s) {
     if (pat && !json_object_is_type(pat, json_type_string)) return err(c, "'%s' must be a string", "pattern");
     if (!p && fmt && json_object_is_type(fmt, json_type_string)) {
         static const char *const fmts[][2] = {
-            {"date", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$"},
+            /* each month's days (February's 29th left out: a valid date without knowing leap years) */
+            {"date", "^[0-9]{4}-" DATE_MD "$"},
             {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-            {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+            {"date-time", "^[0-9]{4}-" DATE_MD "T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
                           "(\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
             {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
         };
