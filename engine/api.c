@@ -11,8 +11,10 @@
 
 #include "engine/backend/registry.h"
 #include "engine/base/error.h"
+#include "engine/base/json_util.h"
 #include "engine/base/threadpool.h"
 #include "engine/convert/convert.h"
+#include "engine/grammar/json_schema.h"
 #include "engine/load/checkpoint.h"
 #include "engine/load/gguf_vocab.h"
 #include "engine/load/model_path.h"
@@ -245,6 +247,14 @@ void tllm_generate_params_default(const struct tllm_engine *e, struct tllm_gener
     p->skip_special = 1;
 }
 
+static int schema_grammar(const char *text, struct tllm_grammar **out) {
+    struct json_object *schema;
+    int rc = tllm_json_parse(text, strlen(text), &schema, "json_schema");
+    if (!rc) rc = tllm_schema_grammar(schema, "json_schema", out);
+    json_object_put(schema);
+    return rc;
+}
+
 /* How many of the prompt's first tokens the cache holds already (at least one token is left to
  * compute: its logits start the generation) */
 static size_t reusable(const struct tllm_session *s, const int32_t *prompt, size_t n) {
@@ -263,18 +273,25 @@ int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, siz
     if (n_prompt > (size_t)s->ctx.n_ctx)
         return tllm_fail(TLLM_ERR_LIMIT, "the prompt (%zu tokens) does not fit in the context (%d tokens)", n_prompt,
                          s->ctx.n_ctx);
-    struct tllm_sampler smp;
-    int rc = tllm_sampler_init(&smp, &p->sampling, s->e->m->cfg.vocab_size);
+    struct tllm_grammar *grammar = NULL;
+    int rc = p->json_schema ? schema_grammar(p->json_schema, &grammar) : TLLM_OK;
     if (rc) return rc;
+    struct tllm_sampler smp;
+    if ((rc = tllm_sampler_init(&smp, &p->sampling, s->e->m->cfg.vocab_size))) {
+        tllm_grammar_free(grammar);
+        return rc;
+    }
     size_t common = reusable(s, prompt, n_prompt);
     tllm_ctx_truncate(&s->ctx, (int)common);
     s->cached.len = common;
     for (size_t i = 0; i < common; i++) tllm_sampler_accept(&smp, prompt[i]); /* the penalties see them */
     struct tllm_gen_params gp = {.max_new = p->max_tokens, .eos = s->e->gd.eos, .n_eos = s->e->gd.n_eos,
-                                 .stop = p->stop, .n_stop = p->n_stop, .skip_special = p->skip_special};
+                                 .stop = p->stop, .n_stop = p->n_stop, .skip_special = p->skip_special,
+                                 .grammar = grammar};
     struct tllm_gen_result r;
     rc = tllm_generate(&s->ctx, s->e->tok, &smp, prompt + common, (int)(n_prompt - common), &gp, cb, user, &r);
     tllm_sampler_free(&smp);
+    tllm_grammar_free(grammar);
     /* the cache holds the prompt and then the generated ids it was fed, in order */
     if (!rc) rc = tllm_ids_append(&s->cached, prompt + common, n_prompt - common);
     if (!rc) rc = tllm_ids_append(&s->cached, r.ids.data, r.ids.len);

@@ -138,10 +138,13 @@ struct tllm_generate_params {
     const char *const *stop; /* stop strings: generation ends where one appears; it is not returned */
     int n_stop;
     int skip_special;        /* leave special tokens out of the text */
+    const char *json_schema; /* the answer is JSON that follows this JSON Schema (its text; "{}": any JSON
+                              * value), sampling constrained to it; NULL: free text. An unsupported
+                              * keyword fails the call with TLLM_ERR_UNSUPPORTED, naming it */
 };
 
 /* The checkpoint's generation_config.json sampling (else greedy), 256 tokens, no stop strings,
- * special tokens left out. */
+ * special tokens left out, no schema. */
 void tllm_generate_params_default(const struct tllm_engine *e, struct tllm_generate_params *p);
 
 enum tllm_finish {

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 SECS=${1:-60}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(safetensors gguf config tokenizer_load encode decode chat_template jinja prompt_line oai_request)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(safetensors gguf config tokenizer_load encode decode chat_template jinja json_schema prompt_line oai_request)
 command -v clang >/dev/null || { echo "fuzz: clang is not installed (scripts/setup.sh installs it)" >&2; exit 1; }
 
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTLLM_FUZZ=ON >/dev/null

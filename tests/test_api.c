@@ -3,6 +3,7 @@
  * same text, stop strings, interruption, tokenize/detokenize, chat rendering, and bad arguments as
  * statuses with messages.
  * usage: test_api FIXTURE_DIR DEMO_MODEL_DIR */
+#include <json-c/json.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,6 +126,24 @@ static void test_text(const char *demo) {
         tllm_free(again);
         p.stop = NULL, p.n_stop = 0;
     }
+    /* a JSON schema: the answer is JSON that follows it; a keyword tllm cannot follow is named */
+    p.json_schema = "{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 9}},"
+                    " \"required\": [\"n\"], \"additionalProperties\": false}";
+    p.max_tokens = 64;
+    CHECK(tllm_session_complete(s, rendered, &p, NULL, NULL, &again, &st2) == TLLM_OK && st2.finish == TLLM_FINISH_STOP,
+          "json_schema: %s (%s)", tllm_errmsg(), tllm_finish_name(st2.finish));
+    {
+        struct json_object *o = again ? json_tokener_parse(again) : NULL, *nv = NULL;
+        CHECK(o && json_object_object_length(o) == 1 && json_object_object_get_ex(o, "n", &nv) &&
+                  json_object_is_type(nv, json_type_int) && json_object_get_int(nv) >= 1 && json_object_get_int(nv) <= 9,
+              "json_schema answer: '%s'", again ? again : "(none)");
+        json_object_put(o);
+    }
+    tllm_free(again);
+    p.json_schema = "{\"type\": \"integer\", \"multipleOf\": 2}";
+    CHECK(tllm_session_complete(s, rendered, &p, NULL, NULL, &again, &st2) == TLLM_ERR_UNSUPPORTED && !again &&
+              strstr(tllm_errmsg(), "json_schema: 'multipleOf' is not supported"), "an unsupported keyword: %s", tllm_errmsg());
+    p.json_schema = NULL, p.max_tokens = 12;
     /* the callback stops the reply */
     struct pieces c = {0, 2};
     CHECK(tllm_session_complete(s, rendered, &p, count_pieces, &c, NULL, &st2) == TLLM_OK &&
