@@ -247,7 +247,7 @@ static void check_sampling(const struct tllm_tok *tok) {
     int32_t eos[1] = {tllm_tok_find(tok, "<|im_end|>")};
     struct tllm_vocab_index *vi = NULL;
     tllm_vocab_index_init(tok, n_ids, &vi);
-    float *logits = malloc((size_t)n_ids * sizeof *logits);
+    float *logits = malloc((size_t)n_ids * sizeof *logits), *masked = malloc((size_t)n_ids * sizeof *masked);
     for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
         struct tllm_grammar *g = schema(schemas[si]);
         int finished = 0;
@@ -258,17 +258,27 @@ static void check_sampling(const struct tllm_tok *tok) {
         for (int seed = 0; seed < 10 && g; seed++) {
             struct tllm_sampler_params p = tllm_sampler_defaults();
             p.temperature = 1.0f, p.seed = (uint64_t)seed;
-            struct tllm_sampler s;
+            if (seed % 3 == 1) p.top_k = 40, p.top_p = 0.9f;
+            if (seed % 3 == 2) p.min_p = 0.2f;
+            /* s samples under the grammar (its lists); plain samples the same logits masked by hand with the
+             * same seed: the same token every step */
+            struct tllm_sampler s, plain;
             tllm_sampler_init(&s, &p, n_ids);
-            struct tllm_gmatch *m = NULL;
+            tllm_sampler_init(&plain, &p, n_ids);
+            struct tllm_gmatch *m = NULL, *ref = NULL;
             tllm_gmatch_init(&m, g, vi, eos, 1, keep);
+            tllm_gmatch_init(&ref, g, vi, eos, 1, NULL);
             tllm_sampler_constrain(&s, m);
             char text[4096];
             size_t n = 0;
-            int ended = 0;
+            int ended = 0, differ = 0;
             for (int step = 0; step < 200 && !ended; step++) {
                 for (int i = 0; i < n_ids; i++) logits[i] = (float)(4 * uniform());
-                int32_t id = tllm_sampler_sample(&s, logits);
+                memcpy(masked, logits, (size_t)n_ids * sizeof *masked);
+                tllm_gmatch_mask(ref, masked, n_ids);
+                int32_t id = tllm_sampler_sample(&s, logits), want = tllm_sampler_sample(&plain, masked);
+                differ += id != want;
+                if (id != want || tllm_gmatch_accept(ref, id)) break;
                 if (id == eos[0]) ended = 1;
                 else {
                     size_t len;
@@ -277,8 +287,11 @@ static void check_sampling(const struct tllm_tok *tok) {
                 }
             }
             text[n] = 0;
+            CHECK(!differ, "schema %zu seed %d: sampling under the grammar differs from sampling masked logits", si, seed);
             tllm_gmatch_counts(m, &computed, &cached);
             tllm_sampler_free(&s);
+            tllm_sampler_free(&plain);
+            tllm_gmatch_free(ref);
             if (!ended) continue;
             finished++;
             CHECK(tllm_gram_match(g, text, n), "schema %zu seed %d: %s does not match", si, seed, text);
@@ -292,6 +305,7 @@ static void check_sampling(const struct tllm_tok *tok) {
         tllm_grammar_free(g);
     }
     free(logits);
+    free(masked);
     tllm_vocab_index_free(vi);
 }
 

@@ -81,6 +81,8 @@ struct dstate {
     int n_words, n_stacks;
     int32_t next[256]; /* NEXT_UNKNOWN, NEXT_DEAD or a state */
     uint64_t *mask;    /* [ceil(n_ids / 64)] or NULL */
+    int32_t *list;     /* with mask: the ids allowed (list_allows) or refused, whichever are fewer, ascending */
+    int n_list, list_allows;
 };
 #define NEXT_UNKNOWN (-2)
 #define NEXT_DEAD (-1)
@@ -116,7 +118,7 @@ static uint64_t hash_words(const uint32_t *w, int n) {
 }
 
 static void states_clear(struct gdfa *d) {
-    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].mask);
+    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].mask), free(d->ds[i].list);
     d->n_ds = d->n_masks = 0;
     for (int i = 0; i < d->ht_size; i++) d->ht[i] = -1;
 }
@@ -178,7 +180,7 @@ static int intern(struct gdfa *d, const struct tllm_gram_state *st) {
     x->w = malloc((size_t)(st->n_words ? st->n_words : 1) * sizeof *x->w);
     if (!x->w) return -1;
     if (st->n_words) memcpy(x->w, st->w, (size_t)st->n_words * sizeof *x->w);
-    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->mask = NULL;
+    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->mask = NULL, x->list = NULL;
     for (int c = 0; c < 256; c++) x->next[c] = NEXT_UNKNOWN;
     d->ht[slot] = d->n_ds;
     return d->n_ds++;
@@ -284,30 +286,50 @@ static int compute(struct gdfa *d, int from, uint64_t *bits) {
 }
 
 /* The mask of m's state, computed when no sequence has stood there yet */
-static const uint64_t *lookup(struct tllm_gmatch *m) {
+static const struct dstate *lookup(struct tllm_gmatch *m) {
     struct gdfa *d = m->d;
     if (d->ds[m->cur].mask) {
         d->cached++;
-        return d->ds[m->cur].mask;
+        return &d->ds[m->cur];
     }
     if (bound_states(d)) return NULL;
-    uint64_t *bits = calloc(((size_t)d->v->n_ids + 63) / 64, sizeof *bits);
+    int n_ids = d->v->n_ids;
+    uint64_t *bits = calloc(((size_t)n_ids + 63) / 64, sizeof *bits);
     if (!bits) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
     double t0 = tllm_now();
     if (compute(d, m->cur, bits)) {
         free(bits);
         return NULL;
     }
+    int n_allowed = 0;
+    for (int i = 0; i < n_ids; i++) n_allowed += (int)(bits[i >> 6] >> (i & 63) & 1);
+    int allows = n_allowed <= n_ids / 2, n = allows ? n_allowed : n_ids - n_allowed, k = 0;
+    int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
+    if (!list) {
+        free(bits);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
+    }
+    for (int i = 0; i < n_ids; i++)
+        if ((int)(bits[i >> 6] >> (i & 63) & 1) == allows) list[k++] = i;
     d->secs += tllm_now() - t0;
-    d->ds[m->cur].mask = bits;
+    struct dstate *x = &d->ds[m->cur];
+    x->mask = bits, x->list = list, x->n_list = n, x->list_allows = allows;
     d->n_masks++;
     d->computed++;
-    return bits;
+    return x;
+}
+
+const int32_t *tllm_gmatch_list(struct tllm_gmatch *m, int *n, int *allows) {
+    const struct dstate *x = lookup(m);
+    if (!x) return NULL;
+    *n = x->n_list, *allows = x->list_allows;
+    return x->list;
 }
 
 int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n) {
-    const uint64_t *bits = lookup(m);
-    if (!bits) return -1;
+    const struct dstate *x = lookup(m);
+    if (!x) return -1;
+    const uint64_t *bits = x->mask;
     int allowed = 0, n_ids = m->d->v->n_ids;
     for (int i = 0; i < n; i++) {
         if (i < n_ids && bits[i >> 6] >> (i & 63) & 1) allowed++;
@@ -317,9 +339,9 @@ int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n) {
 }
 
 int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id) {
-    const uint64_t *bits = lookup(m);
-    if (!bits || id < 0 || id >= m->d->v->n_ids) return 0;
-    return (int)(bits[id >> 6] >> (id & 63) & 1);
+    const struct dstate *x = lookup(m);
+    if (!x || id < 0 || id >= m->d->v->n_ids) return 0;
+    return (int)(x->mask[id >> 6] >> (id & 63) & 1);
 }
 
 int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id) {

@@ -45,6 +45,10 @@ void tllm_gmatch_free(struct tllm_gmatch *m);
 /* logits[0..n) of tokens that cannot come next become -inf. Returns how many may come (0: none; the
  * grammar cannot go on with this vocabulary), or < 0 on an error. */
 int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n);
+/* Which tokens may come next as the shorter list, ascending: *allows 1: ids[0..*n) are the only ones
+ * that may; 0: every id below the index's n_ids may but ids[0..*n). Valid until m (or a sequence
+ * sharing its automaton) moves. NULL on an error. */
+const int32_t *tllm_gmatch_list(struct tllm_gmatch *m, int *n, int *allows);
 /* 1 when id may come next */
 int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id);
 /* Move past a token (an EOS id: nothing to do). TLLM_ERR_ARG when the grammar does not allow it. */

@@ -118,26 +118,44 @@ int tllm_sampler_is_greedy(const struct tllm_sampler *s) {
            p->frequency_penalty == 0.0f;
 }
 
-static int32_t pick(struct tllm_sampler *s, float *logits);
+static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, int n_only);
 
 int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits) {
     apply_penalties(s, logits);
-    if (!s->gm) return pick(s, logits);
-    if (tllm_gmatch_mask(s->gm, logits, s->vocab) <= 0) return tllm_gmatch_eos(s->gm);
-    int32_t id = pick(s, logits);
-    if (tllm_gmatch_accept(s->gm, id)) return tllm_gmatch_eos(s->gm); /* out of memory: end the text */
+    if (!s->gm) return pick(s, logits, NULL, 0);
+    /* under a grammar: among the tokens it allows (a short list), or all but those it refuses */
+    int n, allows;
+    const int32_t *list = tllm_gmatch_list(s->gm, &n, &allows);
+    if (!list || (allows && n == 0)) return tllm_gmatch_eos(s->gm);
+    if (!allows)
+        for (int i = 0; i < n && list[i] < s->vocab; i++) logits[list[i]] = -INFINITY;
+    int32_t id = allows ? pick(s, logits, list, n) : pick(s, logits, NULL, 0);
+    if (tllm_gmatch_accept(s->gm, id)) return tllm_gmatch_eos(s->gm); /* out of memory: the text ends */
     return id;
 }
 
-static int32_t pick(struct tllm_sampler *s, float *logits) {
+/* The sample from logits, over ids only[0..n_only) (ascending) when given, else every id */
+static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, int n_only) {
     const struct tllm_sampler_params *p = &s->p;
     int V = s->vocab;
-    if (p->temperature <= 0.0f || p->top_k == 1) return tllm_argmax(logits, V); /* greedy: the first maximum */
+    if (only)
+        while (n_only > 0 && only[n_only - 1] >= V) n_only--;
+    if (p->temperature <= 0.0f || p->top_k == 1) { /* greedy: the first maximum */
+        if (!only) return tllm_argmax(logits, V);
+        int32_t best = only[0];
+        for (int i = 1; i < n_only; i++)
+            if (logits[only[i]] > logits[best]) best = only[i];
+        return best;
+    }
     struct tllm_sampler_cand *c = s->cands;
     float inv_t = 1.0f / p->temperature;
-    for (int i = 0; i < V; i++) c[i] = (struct tllm_sampler_cand){i, logits[i] * inv_t};
-    int n = V;
-    if (p->top_k > 0 && p->top_k < n) {
+    int n = only ? n_only : V;
+    for (int i = 0; i < n; i++) {
+        int32_t id = only ? only[i] : i;
+        c[i] = (struct tllm_sampler_cand){id, logits[id] * inv_t};
+    }
+    int sorted = p->top_k > 0 && p->top_k < n;
+    if (sorted) {
         select_top(c, n, p->top_k);
         n = p->top_k;
     }
@@ -146,7 +164,6 @@ static int32_t pick(struct tllm_sampler *s, float *logits) {
     for (int i = 1; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
     double total = 0;
     for (int i = 0; i < n; i++) total += exp((double)(c[i].logit - mx));
-    int sorted = p->top_k > 0 && p->top_k < V;
     if (p->top_p < 1.0f) {
         /* widen a sorted prefix until it holds top_p of the mass */
         int k = sorted ? n : (n < 64 ? n : 64);
@@ -179,9 +196,12 @@ static int32_t pick(struct tllm_sampler *s, float *logits) {
     double sum = 0;
     for (int i = 0; i < n; i++) sum += exp((double)(c[i].logit - mx));
     double r = next_uniform(s) * sum;
+    int32_t last = c[0].id; /* rounding left r >= 0: the last candidate with any weight (never a masked one) */
     for (int i = 0; i < n; i++) {
-        r -= exp((double)(c[i].logit - mx));
+        double w = exp((double)(c[i].logit - mx));
+        r -= w;
         if (r < 0) return c[i].id;
+        if (w > 0) last = c[i].id;
     }
-    return c[n - 1].id;
+    return last;
 }
