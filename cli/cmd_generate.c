@@ -23,6 +23,7 @@ static const char usage[] =
     "  -n, --n-predict N      tokens to generate at most (-1: until the context is full; default 256)\n"
     "  --chat                 wrap the prompt with the chat template; --system S sets the system prompt\n"
     "  --json                 print one JSON object: ids, text, finish_reason and statistics\n"
+    "  --ignore-eos           go on past the end-of-text token (benchmarks: every answer runs -n tokens)\n"
     "  --json-schema SCHEMA   the answer is JSON that follows SCHEMA (a JSON Schema, inline or a file;\n"
     "                         '{}' for any JSON value): sampling is constrained to it. In batch mode each\n"
     "                         line without its own \"response_format\" (OpenAI's object) follows it\n"
@@ -118,13 +119,13 @@ static struct tllm_grammar *load_schema(const char *arg) {
 
 /* Run one generation from a fresh context. */
 static int run_one(struct cli_session *s, const struct tllm_sampler_params *sp, const struct tllm_ids *prompt,
-                   int max_new, const char *const *stop, int n_stop, const struct tllm_grammar *grammar, tllm_gen_cb cb,
-                   struct tllm_gen_result *r) {
+                   int max_new, const char *const *stop, int n_stop, const struct tllm_grammar *grammar, int ignore_eos,
+                   tllm_gen_cb cb, struct tllm_gen_result *r) {
     struct tllm_sampler smp;
     memset(r, 0, sizeof *r); /* freeable even when we fail before generating */
     if (tllm_sampler_init(&smp, sp, s->m->cfg.vocab_size)) return -1;
     tllm_ctx_reset(s->ctx);
-    struct tllm_gen_params gp = {.max_new = max_new, .eos = s->gd->eos, .n_eos = s->gd->n_eos, .stop = stop,
+    struct tllm_gen_params gp = {.max_new = max_new, .eos = s->gd->eos, .n_eos = ignore_eos ? 0 : s->gd->n_eos, .stop = stop,
                                  .n_stop = n_stop, .skip_special = 1, .grammar = grammar};
     int rc = tllm_generate(s->ctx, s->tok, &smp, prompt->data, (int)prompt->len, &gp, cb, NULL, r);
     tllm_sampler_free(&smp);
@@ -171,6 +172,7 @@ struct batch {
     struct batch_out out;
     struct tllm_sched *sched; /* on the CPU threads, or on the device when one is in use */
     const struct tllm_grammar *grammar; /* --json-schema's, for lines without their own */
+    int ignore_eos;
     long answered, skipped, errors;
     size_t gen_tokens;
     double t_start, gen_time;
@@ -222,7 +224,7 @@ static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_
     bl->grammar = NULL;
     struct tllm_sched_req rq = {.prompt = prompt->data, .n_prompt = (int)prompt->len, .sampling = bl->sp,
                                 .max_new = bl->max_new, .stop = bl->stop, .n_stop = bl->n_stop, .eos = s->gd->eos,
-                                .n_eos = s->gd->n_eos, .skip_special = 1, .cb = batch_cb, .user = j,
+                                .n_eos = b->ignore_eos ? 0 : s->gd->n_eos, .skip_special = 1, .cb = batch_cb, .user = j,
                                 .grammar = j->grammar ? j->grammar : b->grammar};
     if (tllm_sched_submit(b->sched, &rq)) cli_die_lib();
 }
@@ -241,9 +243,9 @@ static void show_progress(struct batch *b) {
 }
 
 static int run_batch(struct cli_session *s, const char *file, const char *out_path, int force, const struct cli_sampling *cs,
-                     int max_new, int chat, const char *system, const struct tllm_grammar *grammar,
+                     int max_new, int chat, const char *system, const struct tllm_grammar *grammar, int ignore_eos,
                      const struct tllm_sched_params *sp) {
-    struct batch b = {.s = s, .grammar = grammar};
+    struct batch b = {.s = s, .grammar = grammar, .ignore_eos = ignore_eos};
     batch_in_open(&b.in, file);
     if (b.in.regular && b.in.total == 0) cli_die("%s: the prompt file is empty", file);
     batch_out_open(&b.out, out_path, &b.in, force);
@@ -287,6 +289,8 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
                 } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
                     snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
                 }
+                if (!bl.err[0] && b.ignore_eos && (bl.grammar || b.grammar))
+                    snprintf(bl.err, sizeof bl.err, "--ignore-eos cannot be used with a response_format: the answer ends where it is complete");
                 if (id_err[0] || bl.err[0]) {
                     error_record(&b.out, bl.id, id_err[0] ? id_err : bl.err, b.in.name, lineno, dup_of);
                     b.errors++;
@@ -305,8 +309,9 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
         struct tllm_sched_stats st;
         tllm_sched_stats(b.sched, &st);
         double el = tllm_now() - b.t_start;
-        snprintf(work, sizeof work, "; prompt tokens computed %lld, reused %lld (cached prefixes), generated %lld (%.1f tok/s)",
-                 st.prompt_tokens, st.reused_tokens, st.gen_tokens, el > 0 ? (double)st.gen_tokens / el : 0);
+        snprintf(work, sizeof work, "; prompt tokens computed %lld, reused %lld (cached prefixes), generated %lld (%.1f tok/s)"
+                 "; %.2f s of %.2f s in forward steps",
+                 st.prompt_tokens, st.reused_tokens, st.gen_tokens, el > 0 ? (double)st.gen_tokens / el : 0, st.step_secs, el);
         tllm_sched_drop_all(b.sched); /* interrupted: the requests in flight are redone on resume */
         int n_free, n_total; /* every block is back, whatever ended the run (tests rely on this check) */
         tllm_sched_kv_blocks(b.sched, &n_free, &n_total);
@@ -329,7 +334,7 @@ int cmd_generate(int argc, char **argv) {
     struct cli_model_opts mo = {0};
     struct cli_sampling cs = {0};
     const char *prompt = NULL, *ids_s = NULL, *prompts = NULL, *out = NULL, *system = NULL, *schema = NULL;
-    int max_new = 256, chat = 0, json = 0, force = 0, parallel = 0, n_batch = 0;
+    int max_new = 256, chat = 0, json = 0, force = 0, parallel = 0, n_batch = 0, ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (cli_model_opt(argc, argv, &i, &mo) || cli_sampling_opt(argc, argv, &i, &cs)) continue;
@@ -342,6 +347,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(a, "--system")) system = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--json-schema")) schema = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--ignore-eos")) ignore_eos = 1;
         else if (!strcmp(a, "--force")) force = 1;
         else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) parallel = (int)cli_int(a, cli_value(argc, argv, &i), 1, 4096);
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = (int)cli_int(a, cli_value(argc, argv, &i), 1, 1 << 16);
@@ -353,6 +359,7 @@ int cmd_generate(int argc, char **argv) {
     if (!!prompt + !!ids_s + !!prompts != 1) cli_die("generate: give one of -p TEXT, --prompt-ids LIST, --prompts FILE");
     if (out && !prompts) cli_die("generate: -o is for batch mode (--prompts FILE)");
     if (parallel && !prompts) cli_die("generate: --parallel is for batch mode (--prompts FILE)");
+    if (schema && ignore_eos) cli_die("generate: --ignore-eos cannot be used with --json-schema: the answer ends where it is complete");
     struct tllm_grammar *grammar = schema ? load_schema(schema) : NULL; /* before the model: a bad schema fails fast */
     struct cli_session s;
     int kv_size = mo.n_ctx; /* with many sequences -c sizes the shared cache, which may pass one sequence's maximum */
@@ -365,7 +372,7 @@ int cmd_generate(int argc, char **argv) {
         if (!parallel) parallel = dev ? DEFAULT_PARALLEL_DEVICE : DEFAULT_PARALLEL;
         struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch, .kv_tokens = kv_size,
                                        .kv_type = cli_kv_dtype(&mo), .dev = dev};
-        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, grammar, &sp);
+        int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, grammar, ignore_eos, &sp);
         cli_session_close(&s);
         tllm_grammar_free(grammar);
         return rc;
@@ -385,7 +392,8 @@ int cmd_generate(int argc, char **argv) {
     struct tllm_sampler_params sp = cli_sampling_resolve(&s, &cs);
     struct tllm_gen_result r;
     if (grammar && !s.tok) cli_die("generate: --json-schema needs the model's tokenizer");
-    if (run_one(&s, &sp, &ids, max_new, cs.stop, cs.n_stop, grammar, json ? stop_if_interrupted : stream_out, &r)) cli_die_lib();
+    if (run_one(&s, &sp, &ids, max_new, cs.stop, cs.n_stop, grammar, ignore_eos, json ? stop_if_interrupted : stream_out, &r))
+        cli_die_lib();
     if (json) {
         struct json_object *o = result_json(&r, NULL, 1);
         json_object_object_add(o, "load_secs", json_object_new_double(s.load_secs));

@@ -363,3 +363,25 @@ int tllm_gram_utf8_multibyte(struct tllm_gram_builder *b) {
     }
     return r;
 }
+
+int tllm_gram_byte_classes(const struct tllm_grammar *g, uint8_t cls[256]) {
+    /* refine one class of all bytes by each set in turn: bytes end in one class when no set tells
+     * them apart */
+    int n = 1;
+    memset(cls, 0, 256);
+    int map[512];
+    for (int e = 0; e < g->n_el; e++) {
+        if (GE_KIND(g->el[e]) != GE_SET) continue;
+        const uint8_t *set = g->sets[GE_ARG(g->el[e])];
+        for (int i = 0; i < 2 * n; i++) map[i] = -1;
+        int m = 0;
+        for (int b = 0; b < 256; b++) {
+            int k = cls[b] * 2 + tllm_gram_set_has(set, (unsigned)b);
+            if (map[k] < 0) map[k] = m++;
+            cls[b] = (uint8_t)map[k];
+        }
+        n = m;
+        if (n == 256) break;
+    }
+    return n;
+}

@@ -78,6 +78,9 @@ int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state
 int tllm_gram_accepting(const struct tllm_gram_state *st);
 int tllm_gram_state_copy(struct tllm_gram_state *dst, const struct tllm_gram_state *src);
 void tllm_gram_state_free(struct tllm_gram_state *st);
+/* Bytes no byte set of g tells apart share a class: cls[byte] in [0, n), n returned (a JSON schema's
+ * grammar has a few dozen; an automaton's transition rows need only that many entries) */
+int tllm_gram_byte_classes(const struct tllm_grammar *g, uint8_t cls[256]);
 /* 1 when the whole text is a sentence of the grammar (tests; the reference the masks are checked by) */
 int tllm_gram_match(const struct tllm_grammar *g, const char *text, size_t n);
 

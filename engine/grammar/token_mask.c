@@ -1,4 +1,5 @@
 /* Token masks under a grammar (token_mask.h). */
+#define _GNU_SOURCE /* qsort_r */
 #include "engine/grammar/token_mask.h"
 
 #include <math.h>
@@ -15,16 +16,15 @@ struct tllm_vocab_index {
     int n_ids;                    /* mask width: ids below this */
     int max_len;
     int32_t *id;                  /* [n] in byte order */
-    const unsigned char **bytes;  /* [n] */
-    uint32_t *len;                /* [n] */
+    unsigned char *bytes;         /* every token's bytes, in that order, one after another: a walk reads
+                                   * them as one stream, not 151k scattered allocations */
+    uint32_t *off;                /* [n + 1] token i is bytes[off[i] .. off[i+1]) */
     uint32_t *lcp;                /* [n] bytes in common with the token before */
 };
 
-static const struct tllm_tok *sort_tok;
-
-static int cmp_tokens(const void *a, const void *b) {
+static int cmp_tokens(const void *a, const void *b, void *tok) {
     size_t la, lb;
-    const char *x = tllm_tok_bytes(sort_tok, *(const int32_t *)a, &la), *y = tllm_tok_bytes(sort_tok, *(const int32_t *)b, &lb);
+    const char *x = tllm_tok_bytes(tok, *(const int32_t *)a, &la), *y = tllm_tok_bytes(tok, *(const int32_t *)b, &lb);
     int c = memcmp(x, y, la < lb ? la : lb);
     return c ? c : la < lb ? -1 : la > lb ? 1 : *(const int32_t *)a - *(const int32_t *)b;
 }
@@ -33,7 +33,7 @@ void tllm_vocab_index_free(struct tllm_vocab_index *v) {
     if (!v) return;
     free(v->id);
     free(v->bytes);
-    free(v->len);
+    free(v->off);
     free(v->lcp);
     free(v);
 }
@@ -46,29 +46,39 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
     if (!v) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     v->n_ids = n_ids, v->tok = tok;
     v->id = malloc((size_t)n_ids * sizeof *v->id);
-    v->bytes = malloc((size_t)n_ids * sizeof *v->bytes);
-    v->len = malloc((size_t)n_ids * sizeof *v->len);
+    v->off = malloc(((size_t)n_ids + 1) * sizeof *v->off);
     v->lcp = malloc((size_t)n_ids * sizeof *v->lcp);
-    if (!v->id || !v->bytes || !v->len || !v->lcp) {
+    size_t total = 0;
+    for (int32_t i = 0; v->id && i < n_ids; i++) {
+        size_t len;
+        if (!tllm_tok_is_special(tok, i) && tllm_tok_bytes(tok, i, &len) && len > 0 && len < (1u << 16)) {
+            v->id[v->n++] = i;
+            total += len;
+        }
+    }
+    v->bytes = malloc(total ? total : 1);
+    if (!v->id || !v->off || !v->lcp || !v->bytes || total >= UINT32_MAX) {
         tllm_vocab_index_free(v);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
-    for (int32_t i = 0; i < n_ids; i++) {
-        size_t len;
-        if (!tllm_tok_is_special(tok, i) && tllm_tok_bytes(tok, i, &len) && len > 0) v->id[v->n++] = i;
-    }
-    sort_tok = tok; /* qsort has no context argument; loading is not concurrent with itself here */
-    qsort(v->id, (size_t)v->n, sizeof *v->id, cmp_tokens);
+    qsort_r(v->id, (size_t)v->n, sizeof *v->id, cmp_tokens, (void *)tok);
+    uint32_t at = 0;
     for (int i = 0; i < v->n; i++) {
         size_t len;
-        v->bytes[i] = (const unsigned char *)tllm_tok_bytes(tok, v->id[i], &len);
-        v->len[i] = (uint32_t)len;
+        const char *b = tllm_tok_bytes(tok, v->id[i], &len);
+        v->off[i] = at;
+        memcpy(v->bytes + at, b, len);
+        at += (uint32_t)len;
         if ((int)len > v->max_len) v->max_len = (int)len;
         uint32_t l = 0;
-        if (i)
-            while (l < v->len[i] && l < v->len[i - 1] && v->bytes[i][l] == v->bytes[i - 1][l]) l++;
+        if (i) {
+            const unsigned char *prev = v->bytes + v->off[i - 1], *cur = v->bytes + v->off[i];
+            uint32_t plen = v->off[i] - v->off[i - 1];
+            while (l < len && l < plen && cur[l] == prev[l]) l++;
+        }
         v->lcp[i] = l;
     }
+    v->off[v->n] = at;
     *out = v;
     return TLLM_OK;
 }
@@ -79,7 +89,7 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
 struct dstate {
     uint32_t *w;
     int n_words, n_stacks;
-    int32_t next[256]; /* NEXT_UNKNOWN, NEXT_DEAD or a state */
+    int32_t *next;     /* [n_classes] by the byte's class: NEXT_UNKNOWN, NEXT_DEAD or a state */
     uint64_t *mask;    /* [ceil(n_ids / 64)] or NULL */
     int32_t *list;     /* with mask: the ids allowed (list_allows) or refused, whichever are fewer, ascending */
     int n_list, list_allows;
@@ -90,6 +100,8 @@ struct dstate {
 /* The automaton of one grammar over one vocabulary, shared by the sequences that follow it */
 struct gdfa {
     const struct tllm_grammar *g;
+    uint8_t cls[256];   /* each byte's class (tllm_gram_byte_classes) */
+    int n_classes;
     const struct tllm_vocab_index *v;
     int32_t *eos;
     int n_eos;
@@ -118,7 +130,7 @@ static uint64_t hash_words(const uint32_t *w, int n) {
 }
 
 static void states_clear(struct gdfa *d) {
-    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].mask), free(d->ds[i].list);
+    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].mask), free(d->ds[i].list), free(d->ds[i].next);
     d->n_ds = d->n_masks = 0;
     for (int i = 0; i < d->ht_size; i++) d->ht[i] = -1;
 }
@@ -178,10 +190,14 @@ static int intern(struct gdfa *d, const struct tllm_gram_state *st) {
     }
     struct dstate *x = &d->ds[d->n_ds];
     x->w = malloc((size_t)(st->n_words ? st->n_words : 1) * sizeof *x->w);
-    if (!x->w) return -1;
+    x->next = malloc((size_t)d->n_classes * sizeof *x->next);
+    if (!x->w || !x->next) {
+        free(x->w), free(x->next);
+        return -1;
+    }
     if (st->n_words) memcpy(x->w, st->w, (size_t)st->n_words * sizeof *x->w);
     x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->mask = NULL, x->list = NULL;
-    for (int c = 0; c < 256; c++) x->next[c] = NEXT_UNKNOWN;
+    for (int c = 0; c < d->n_classes; c++) x->next[c] = NEXT_UNKNOWN;
     d->ht[slot] = d->n_ds;
     return d->n_ds++;
 }
@@ -192,13 +208,13 @@ static struct tllm_gram_state view(const struct dstate *x) {
 
 /* The state byte c leads to from state id: NEXT_DEAD when c cannot come; < NEXT_DEAD on an error */
 static int32_t step(struct gdfa *d, int id, unsigned char c) {
-    int32_t n = d->ds[id].next[c];
+    int32_t n = d->ds[id].next[d->cls[c]];
     if (n != NEXT_UNKNOWN) return n;
     struct tllm_gram_state from = view(&d->ds[id]);
     if (tllm_gram_advance(d->g, &from, c, &d->tmp)) return -3;
     n = NEXT_DEAD;
     if (d->tmp.n_stacks && (n = intern(d, &d->tmp)) < 0) return -3;
-    d->ds[id].next[c] = n; /* ds may have moved */
+    d->ds[id].next[d->cls[c]] = n; /* ds may have moved; every byte of c's class goes where c goes */
     return n;
 }
 
@@ -241,6 +257,7 @@ int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, con
             return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
         }
         d->g = g, d->v = v, d->n_eos = n_eos;
+        d->n_classes = tllm_gram_byte_classes(g, d->cls);
         d->lv = malloc(((size_t)v->max_len + 1) * sizeof *d->lv);
         d->eos = malloc((size_t)(n_eos > 0 ? n_eos : 1) * sizeof *d->eos);
         if (!d->lv || !d->eos) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
@@ -264,16 +281,21 @@ int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, con
 static int compute(struct gdfa *d, int from, uint64_t *bits) {
     const struct tllm_vocab_index *v = d->v;
     int ok = 0;
-    d->lv[0] = from;
+    int32_t *lv = d->lv;
+    const uint32_t *lcp = v->lcp, *off = v->off;
+    const uint8_t *cls = d->cls;
+    lv[0] = from;
     for (int i = 0; i < v->n; i++) {
-        int k = (int)v->lcp[i];
+        int k = (int)lcp[i];
         if (k > ok) continue; /* it begins with the bytes the token before was refused at */
-        int len = (int)v->len[i];
+        const unsigned char *b = v->bytes + off[i];
+        int len = (int)(off[i + 1] - off[i]);
+        int32_t at = lv[k];
         while (k < len) {
-            int32_t n = step(d, d->lv[k], v->bytes[i][k]);
-            if (n < NEXT_DEAD) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+            int32_t n = d->ds[at].next[cls[b[k]]]; /* the transition as known; found the first time it is needed */
+            if (n == NEXT_UNKNOWN && (n = step(d, at, b[k])) < NEXT_DEAD) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
             if (n == NEXT_DEAD) break;
-            d->lv[++k] = n;
+            lv[++k] = at = n;
         }
         ok = k;
         if (k == len) bits[v->id[i] >> 6] |= 1ull << (v->id[i] & 63);
