@@ -626,7 +626,8 @@ static int compile(struct sc *c, struct json_object *s) {
         goto out;
     }
     if (json_object_object_get_ex(s, "$ref", &o)) {
-        r = resolve_ref(c, json_object_get_string(o));
+        r = json_object_is_type(o, json_type_string) ? resolve_ref(c, json_object_get_string(o))
+                                                     : err(c, "'%s' must be a string", "$ref");
         goto out;
     }
     if (json_object_object_get_ex(s, "const", &o)) {

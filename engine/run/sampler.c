@@ -18,8 +18,9 @@ int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *
     if (s->p.repeat_last_n < 0) s->p.repeat_last_n = 0;
     s->vocab = vocab;
     s->cands = malloc((size_t)vocab * sizeof *s->cands);
+    s->w = malloc((size_t)vocab * sizeof *s->w);
     s->recent = malloc((size_t)(s->p.repeat_last_n + 1) * sizeof *s->recent);
-    if (!s->cands || !s->recent) {
+    if (!s->cands || !s->w || !s->recent) {
         tllm_sampler_free(s);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
@@ -30,6 +31,7 @@ int tllm_sampler_init(struct tllm_sampler *s, const struct tllm_sampler_params *
 void tllm_sampler_free(struct tllm_sampler *s) {
     tllm_gmatch_free(s->gm);
     free(s->cands);
+    free(s->w);
     free(s->recent);
     memset(s, 0, sizeof *s);
 }
@@ -163,7 +165,8 @@ static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, 
     float mx = c[0].logit;
     for (int i = 1; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
     double total = 0;
-    for (int i = 0; i < n; i++) total += exp((double)(c[i].logit - mx));
+    if (p->top_p < 1.0f)
+        for (int i = 0; i < n; i++) total += expf(c[i].logit - mx);
     if (p->top_p < 1.0f) {
         /* widen a sorted prefix until it holds top_p of the mass */
         int k = sorted ? n : (n < 64 ? n : 64);
@@ -172,7 +175,7 @@ static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, 
             double cum = 0;
             int cut = -1;
             for (int i = 0; i < k && i < n; i++) {
-                cum += exp((double)(c[i].logit - mx));
+                cum += expf(c[i].logit - mx);
                 if (cum >= p->top_p * total) {
                     cut = i + 1;
                     break;
@@ -193,15 +196,17 @@ static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, 
             if (c[i].logit >= floor_logit) c[k++] = c[i];
         n = k > 0 ? k : 1;
     }
+    /* each weight computed once, in float (a vocabulary of weights in double, three times over, was
+     * most of a sampled token's time: 3.9 ms at 152k, more than a 0.5B forward step per token) */
+    float *w = s->w;
     double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)(c[i].logit - mx));
+    for (int i = 0; i < n; i++) sum += (w[i] = expf(c[i].logit - mx));
     double r = next_uniform(s) * sum;
     int32_t last = c[0].id; /* rounding left r >= 0: the last candidate with any weight (never a masked one) */
     for (int i = 0; i < n; i++) {
-        double w = exp((double)(c[i].logit - mx));
-        r -= w;
+        r -= w[i];
         if (r < 0) return c[i].id;
-        if (w > 0) last = c[i].id;
+        if (w[i] > 0) last = c[i].id;
     }
     return last;
 }

@@ -19,6 +19,7 @@ struct tllm_sampler {
     int vocab;
     uint64_t rng;
     struct tllm_sampler_cand *cands; /* [vocab] scratch */
+    float *w;                        /* [vocab] the candidates' weights */
     int32_t *recent;                 /* ring of the last repeat_last_n tokens */
     int n_recent, recent_pos;
     struct tllm_gmatch *gm;          /* owned: a grammar the tokens must follow, or NULL */
