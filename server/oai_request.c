@@ -320,17 +320,23 @@ static int parse_format(struct parse *p, struct oai_request *r, struct json_obje
     if (r->tool_choice == OAI_TOOLS_REQUIRED || r->tool_choice == OAI_TOOLS_NAMED) {
         if (!r->tools) return fail(p, "tool_choice", "tool_choice '%s' needs 'tools'", r->tool_name ? r->tool_name : "required");
         param = "tools";
-        rc = tllm_schema_tool_grammar(r->tools, r->tool_name, r->parallel_tool_calls, "tools", &r->grammar);
+        rc = tllm_schema_tool_grammar(r->tools, r->tool_name, r->parallel_tool_calls, NULL, "tools", &r->grammar);
+    } else if (rf && r->tools && r->tool_choice == OAI_TOOLS_AUTO) { /* a call, or an answer in the format */
+        struct json_object *t = field(rf, "type");
+        if (t && json_object_is_type(t, json_type_string) && !strcmp(json_object_get_string(t), "text")) return 0;
+        rc = tllm_schema_tool_grammar(r->tools, NULL, r->parallel_tool_calls, rf, "tools", &r->grammar);
+        if (rc) param = !strncmp(tllm_errmsg(), "tools", 5) ? "tools" : "response_format";
     } else if (rf) {
         rc = tllm_response_format_grammar(rf, "response_format", &r->grammar);
     }
     if (rc) return fail(p, param, "%s", tllm_errmsg());
     if (r->grammar) {
         struct json_object *k = json_object_new_array();
-        if (r->tool_choice == OAI_TOOLS_REQUIRED || r->tool_choice == OAI_TOOLS_NAMED) {
+        if (r->tools && r->tool_choice != OAI_TOOLS_NONE) {
             json_object_array_add(k, json_object_get(r->tools));
             json_object_array_add(k, r->tool_name ? json_object_new_string(r->tool_name) : NULL);
             json_object_array_add(k, json_object_new_boolean(r->parallel_tool_calls));
+            if (r->tool_choice == OAI_TOOLS_AUTO) json_object_array_add(k, json_object_get(rf));
         } else {
             json_object_array_add(k, json_object_get(rf));
         }

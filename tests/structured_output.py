@@ -139,6 +139,31 @@ for rf, param, msg in refused:
     st, r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": rf})
     err = r.get("error", {}) if isinstance(r, dict) else {}
     check(st == 400 and err.get("param") == param and msg in err.get("message", ""), f"{rf}: {st} {r}")
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}
+for extra, param, msg in (
+        ({"tools": [TOOL], "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}},
+         "response_format", "response_format.json_schema.schema: 'not' is not supported"),
+        ({"tools": [{**TOOL, "function": {"name": "f", "parameters": {"type": "object", "if": {}}}}],
+          "response_format": {"type": "json_object"}}, "tools", "tools[0].function.parameters: 'if' is not supported")):
+    st, r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], **extra})
+    err = r.get("error", {}) if isinstance(r, dict) else {}
+    check(st == 400 and err.get("param") == param and msg in err.get("message", ""), f"tools and a format: {st} {r}")
+# tools offered (auto) with a format: each answer is a call or JSON in the format
+calls = fmt = 0
+for seed in range(12):
+    st, r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "seed": seed,
+                                              "temperature": 1, "max_tokens": 300, "response_format": {
+                                                  "type": "json_schema", "json_schema": {"schema": SCHEMAS[0]}}})
+    c = r["choices"][0] if st == 200 else {}
+    if c.get("finish_reason") == "tool_calls":
+        calls += all(t["function"]["name"] == "f" and not validate(TOOL["function"]["parameters"], json.loads(t["function"]["arguments"]))
+                     for t in c["message"]["tool_calls"])
+    elif c.get("finish_reason") == "stop":
+        try:
+            fmt += not validate(SCHEMAS[0], json.loads(c["message"]["content"]))
+        except ValueError:
+            pass
+check(calls + fmt == 12, f"tools with a format: {calls} calls and {fmt} answers in the format of 12")
 st, r = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "ignore_eos": True,
                                           "response_format": {"type": "json_object"}})
 check(st == 400 and r.get("error", {}).get("param") == "ignore_eos", f"ignore_eos with a schema: {st} {r}")

@@ -708,9 +708,15 @@ int tllm_schema_grammar(struct json_object *schema, const char *what, struct tll
     return finish(&c, root, out);
 }
 
-int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int parallel, const char *what,
-                             struct tllm_grammar **out) {
+static int format_schema(struct json_object *rf, const char *what, struct json_object **schema, char *where, size_t cap);
+
+int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int parallel, struct json_object *rf,
+                             const char *what, struct tllm_grammar **out) {
     *out = NULL;
+    struct json_object *schema = NULL;
+    char where[160];
+    int with_format = rf ? format_schema(rf, "response_format", &schema, where, sizeof where) : 0;
+    if (with_format < 0) return TLLM_ERR_ARG;
     struct sc c = {.root = tools, .what = what};
     if (tllm_gram_builder_init(&c.b)) return TLLM_ERR_NOMEM;
     struct tllm_gram_builder *b = c.b;
@@ -763,28 +769,46 @@ int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int pa
         tllm_gram_ref(b, more, block);
         tllm_gram_ref(b, root, tllm_gram_repeat(b, more, 0, -1));
     }
+    if (with_format && !c.failed) { /* or an answer in the format */
+        for (int k = 0; k < c.n_refs; k++) free(c.refs[k].ptr);
+        c.n_refs = 0;
+        c.root = schema, c.what = where, c.path[0] = 0;
+        int answer = schema ? compile(&c, schema) : free_object(&c, any_value(&c));
+        tllm_gram_alt(b, root);
+        tllm_gram_ref(b, root, answer);
+    }
     return finish(&c, root, out);
+}
+
+/* response_format's schema: 1 and *schema (NULL: any object) with *where its place, 0 for text, < 0 on
+ * an error */
+static int format_schema(struct json_object *rf, const char *what, struct json_object **schema, char *where, size_t cap) {
+    struct json_object *t = NULL, *js = NULL;
+    *schema = NULL;
+    if (!json_object_is_type(rf, json_type_object) || !json_object_object_get_ex(rf, "type", &t) ||
+        !json_object_is_type(t, json_type_string))
+        return tllm_fail(TLLM_ERR_ARG, "%s: must be an object with a string 'type'", what), -1;
+    const char *type = json_object_get_string(t);
+    if (!strcmp(type, "text")) return 0;
+    if (!strcmp(type, "json_object")) {
+        json_object_object_get_ex(rf, "schema", schema);
+        snprintf(where, cap, "%s.schema", what);
+        return 1;
+    }
+    if (strcmp(type, "json_schema"))
+        return tllm_fail(TLLM_ERR_ARG, "%s: type '%.40s' is not one of text, json_object, json_schema", what, type), -1;
+    if (!json_object_object_get_ex(rf, "json_schema", &js) || !json_object_is_type(js, json_type_object))
+        return tllm_fail(TLLM_ERR_ARG, "%s: 'json_schema' must be an object holding the 'schema'", what), -1;
+    json_object_object_get_ex(js, "schema", schema);
+    snprintf(where, cap, "%s.json_schema.schema", what);
+    return 1;
 }
 
 int tllm_response_format_grammar(struct json_object *rf, const char *what, struct tllm_grammar **out) {
     *out = NULL;
-    struct json_object *t = NULL, *js = NULL, *schema = NULL;
-    if (!json_object_is_type(rf, json_type_object) || !json_object_object_get_ex(rf, "type", &t) ||
-        !json_object_is_type(t, json_type_string))
-        return tllm_fail(TLLM_ERR_ARG, "%s: must be an object with a string 'type'", what);
-    const char *type = json_object_get_string(t);
+    struct json_object *schema;
     char where[160];
-    if (!strcmp(type, "text")) return TLLM_OK;
-    if (!strcmp(type, "json_object")) {
-        json_object_object_get_ex(rf, "schema", &schema);
-        snprintf(where, sizeof where, "%s.schema", what);
-        return tllm_schema_grammar(schema, where, out);
-    }
-    if (strcmp(type, "json_schema"))
-        return tllm_fail(TLLM_ERR_ARG, "%s: type '%.40s' is not one of text, json_object, json_schema", what, type);
-    if (!json_object_object_get_ex(rf, "json_schema", &js) || !json_object_is_type(js, json_type_object))
-        return tllm_fail(TLLM_ERR_ARG, "%s: 'json_schema' must be an object holding the 'schema'", what);
-    json_object_object_get_ex(js, "schema", &schema);
-    snprintf(where, sizeof where, "%s.json_schema.schema", what);
+    int k = format_schema(rf, what, &schema, where, sizeof where);
+    if (k <= 0) return k < 0 ? TLLM_ERR_ARG : TLLM_OK;
     return tllm_schema_grammar(schema, where, out);
 }

@@ -37,8 +37,10 @@ int tllm_response_format_grammar(struct json_object *rf, const char *what, struc
 
 /* Tool calls as Qwen's templates ask for them: one (or, when parallel, one or more, a newline apart)
  * "<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>", NAME one of tools' functions (only
- * `name` when given), ARGS following that function's parameters schema. tools: the request's array. */
-int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int parallel, const char *what,
-                             struct tllm_grammar **out);
+ * `name` when given), ARGS following that function's parameters schema. tools: the request's array.
+ * rf (a response_format object, or NULL): the answer may instead be JSON in that format (tool_choice
+ * auto with a response_format: call, or answer as asked). */
+int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int parallel, struct json_object *rf,
+                             const char *what, struct tllm_grammar **out);
 
 #endif
