@@ -9,6 +9,9 @@
 #include "engine/base/error.h"
 #include "engine/grammar/regex.h"
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 struct sref {
     char *ptr; /* "#/$defs/Name" */
     int rule;
@@ -371,7 +374,7 @@ static int get_count(struct sc *c, struct json_object *s, const char *key, long 
     if (!json_object_is_type(o, json_type_int) || json_object_get_int64(o) < 0)
         return err(c, "'%s' must be a non-negative integer", key);
     int64_t x = json_object_get_int64(o);
-    if (x > TLLM_REGEX_MAX_REPEAT) return err(c, "'%s' above 1000 is not supported", key);
+    if (x > TLLM_REGEX_MAX_REPEAT) return err(c, "'%s' above " STR(TLLM_REGEX_MAX_REPEAT) " is not supported", key);
     *v = (long)x;
     return 0;
 }

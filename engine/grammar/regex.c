@@ -13,6 +13,9 @@ struct cls {
     int high;
 };
 
+#define TLLM_STR_(x) #x
+#define TLLM_STR(x) TLLM_STR_(x)
+
 struct rx {
     struct tllm_gram_builder *b;
     const char *p;
@@ -307,7 +310,7 @@ static int parse_repeat(struct rx *x) {
             }
             x->i++;
             if (hi >= 0 && hi < lo) return fail(x, "a repetition {n,m} with m < n");
-            if (lo > TLLM_REGEX_MAX_REPEAT || hi > TLLM_REGEX_MAX_REPEAT) return fail(x, "a repetition count above 1000");
+            if (lo > TLLM_REGEX_MAX_REPEAT || hi > TLLM_REGEX_MAX_REPEAT) return fail(x, "a repetition count above " TLLM_STR(TLLM_REGEX_MAX_REPEAT));
         } else {
             return a;
         }

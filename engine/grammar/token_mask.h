@@ -6,7 +6,9 @@
  * their byte transitions (an automaton built as the walks need it: inside a string nearly every byte
  * leads back to the same state, so a walk is mostly table lookups), and each state's mask is kept (a
  * sequence inside a long string meets the same state at every token). A sequence's mask depends only
- * on its own text: batch-invariant. */
+ * on its own text: batch-invariant. With TLLM_GRAMMAR_STATS set in the environment, an automaton prints
+ * its counts (masks computed, their time, masks found in the cache, states) to stderr when it is freed:
+ * a measuring aid (scripts/bench_structured.sh). */
 #ifndef TLLM_TOKEN_MASK_H
 #define TLLM_TOKEN_MASK_H
 
