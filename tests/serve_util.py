@@ -96,3 +96,21 @@ class Server:
         except subprocess.TimeoutExpired:
             self.p.kill()
             return None
+
+
+def real_model_client(tllm, real, what, *args):
+    """(a server on the real model, an openai client of it), or None after a note saying why not: no openai
+    package, no model file (scripts/fetch_model.sh qwen2.5-coder-0.5b), or a sanitized build (minutes)"""
+    try:
+        import openai
+    except ImportError as e:
+        print(f"note: the openai package is not installed ({e}): {what} not run")
+        return None
+    if not os.path.exists(real):
+        print(f"note: {real} is absent (scripts/fetch_model.sh qwen2.5-coder-0.5b): {what} not run")
+        return None
+    if os.environ.get("TLLM_TEST_SANITIZED"):
+        print(f"note: {what} not run under the sanitizers (minutes)")
+        return None
+    srv = Server(tllm, real, *args)
+    return srv, openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused")

@@ -73,18 +73,9 @@ for extra, param, msg in bad:
     check(st == 400 and err.get("param") == param and msg in err.get("message", ""), f"{extra}: {st} {r}")
 srv.stop()
 
-try:
-    import openai
-except ImportError as e:
-    openai = None
-    print(f"note: the openai package is not installed ({e}): the real model's round trip is not run")
-if openai and not os.path.exists(REAL):
-    print(f"note: {REAL} is absent (scripts/fetch_model.sh qwen2.5-coder-0.5b): the round trip is not run")
-elif openai and os.environ.get("TLLM_TEST_SANITIZED"):
-    print("note: the real model's round trip is not run under the sanitizers (minutes)")
-elif openai:
-    srv = serve_util.Server(TLLM, REAL, "-c", "2048")
-    cl = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused")
+real = serve_util.real_model_client(TLLM, REAL, "the real model's round trip", "-c", "2048")
+if real:
+    srv, cl = real
     msgs = [{"role": "user", "content": "What is the weather in Paris right now?"}]
     r = cl.chat.completions.create(model="m", messages=msgs, tools=[WEATHER], temperature=0, max_tokens=64)
     c = r.choices[0]

@@ -206,18 +206,9 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode != 0 and "--json-schema: 'maximum' is supported only as an integer" in r.stderr,
           f"generate --json-schema with a bad schema: {r.returncode} {r.stderr}")
 
-try:
-    import openai
-except ImportError as e:
-    openai = None
-    print(f"note: the openai package is not installed ({e}): the real model's structured answers are not checked")
-if openai and not os.path.exists(REAL):
-    print(f"note: {REAL} is absent (scripts/fetch_model.sh qwen2.5-coder-0.5b): the real model is not run")
-elif openai and os.environ.get("TLLM_TEST_SANITIZED"):
-    print("note: the real model is not run under the sanitizers (minutes)")
-elif openai:
-    srv = serve_util.Server(TLLM, REAL, "-c", "4096")
-    cl = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="unused")
+real = serve_util.real_model_client(TLLM, REAL, "the real model's structured answers", "-c", "4096")
+if real:
+    srv, cl = real
     # the shape pydantic's model_json_schema() gives (what client.beta.chat.completions.parse sends)
     book = {"$defs": {"Author": {"properties": {"name": {"title": "Name", "type": "string"},
                                                 "born": {"title": "Born", "type": "integer"}},

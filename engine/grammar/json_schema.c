@@ -133,17 +133,34 @@ static int lit_rule(struct sc *c, const char *s) {
     return r;
 }
 
-/* "{" ws [ member ("," ws member)* ] "}" with member = key ws ":" ws value ws */
+/* open ws body close */
+static int bracketed(struct sc *c, char open, int body, char close) {
+    int r = tllm_gram_rule(c->b);
+    tllm_gram_byte(c->b, r, (unsigned char)open);
+    tllm_gram_ref(c->b, r, ws_rule(c));
+    tllm_gram_ref(c->b, r, body);
+    tllm_gram_byte(c->b, r, (unsigned char)close);
+    return r;
+}
+
+/* An object's member: key ws ":" ws value ws */
+static int member_rule(struct sc *c, int key, int value) {
+    struct tllm_gram_builder *b = c->b;
+    int ws = ws_rule(c), r = tllm_gram_rule(b);
+    tllm_gram_ref(b, r, key);
+    tllm_gram_ref(b, r, ws);
+    tllm_gram_byte(b, r, ':');
+    tllm_gram_ref(b, r, ws);
+    tllm_gram_ref(b, r, value);
+    tllm_gram_ref(b, r, ws);
+    return r;
+}
+
+/* "{" ws [ member ("," ws member)* ] "}" */
 static int free_object(struct sc *c, int value) {
     struct tllm_gram_builder *b = c->b;
     int ws = ws_rule(c);
-    int member = tllm_gram_rule(b);
-    tllm_gram_ref(b, member, string_rule(c));
-    tllm_gram_ref(b, member, ws);
-    tllm_gram_byte(b, member, ':');
-    tllm_gram_ref(b, member, ws);
-    tllm_gram_ref(b, member, value);
-    tllm_gram_ref(b, member, ws);
+    int member = member_rule(c, string_rule(c), value);
     int more = tllm_gram_rule(b);
     tllm_gram_byte(b, more, ',');
     tllm_gram_ref(b, more, ws);
@@ -152,12 +169,7 @@ static int free_object(struct sc *c, int value) {
     tllm_gram_alt(b, body);
     tllm_gram_ref(b, body, member);
     tllm_gram_ref(b, body, tllm_gram_repeat(b, more, 0, -1));
-    int r = tllm_gram_rule(b);
-    tllm_gram_byte(b, r, '{');
-    tllm_gram_ref(b, r, ws);
-    tllm_gram_ref(b, r, body);
-    tllm_gram_byte(b, r, '}');
-    return r;
+    return bracketed(c, '{', body, '}');
 }
 
 /* "[" ws [ item ws ("," ws item ws){min-1,max-1} ] "]" */
@@ -176,12 +188,7 @@ static int array_of(struct sc *c, int item, int min, int max) {
         tllm_gram_ref(b, body, ws);
         tllm_gram_ref(b, body, tllm_gram_repeat(b, more, min > 0 ? min - 1 : 0, max > 0 ? max - 1 : -1));
     }
-    int r = tllm_gram_rule(b);
-    tllm_gram_byte(b, r, '[');
-    tllm_gram_ref(b, r, ws);
-    tllm_gram_ref(b, r, body);
-    tllm_gram_byte(b, r, ']');
-    return r;
+    return bracketed(c, '[', body, ']');
 }
 
 static int any_value(struct sc *c) {
@@ -434,14 +441,8 @@ static int compile_object(struct sc *c, struct json_object *s) {
         int v = sub(c, val, seg, -1);
         if (v < 0) break;
         struct json_object *ks = json_object_new_string(key);
-        kv[i] = tllm_gram_rule(b);
-        tllm_gram_ref(b, kv[i], json_lit(c, ks));
+        kv[i] = member_rule(c, json_lit(c, ks), v);
         json_object_put(ks);
-        tllm_gram_ref(b, kv[i], ws);
-        tllm_gram_byte(b, kv[i], ':');
-        tllm_gram_ref(b, kv[i], ws);
-        tllm_gram_ref(b, kv[i], v);
-        tllm_gram_ref(b, kv[i], ws);
         i++;
     }
     int r = -1;
@@ -450,13 +451,7 @@ static int compile_object(struct sc *c, struct json_object *s) {
         a[n_props] = tllm_gram_rule(b);
         m[n_props] = tllm_gram_rule(b);
         if (addl_rule >= 0) {
-            int extra = tllm_gram_rule(b); /* key ws ":" ws value ws */
-            tllm_gram_ref(b, extra, string_rule(c));
-            tllm_gram_ref(b, extra, ws);
-            tllm_gram_byte(b, extra, ':');
-            tllm_gram_ref(b, extra, ws);
-            tllm_gram_ref(b, extra, addl_rule);
-            tllm_gram_ref(b, extra, ws);
+            int extra = member_rule(c, string_rule(c), addl_rule);
             tllm_gram_alt(b, a[n_props]);
             tllm_gram_ref(b, a[n_props], extra);
             tllm_gram_ref(b, a[n_props], m[n_props]);
@@ -484,11 +479,7 @@ static int compile_object(struct sc *c, struct json_object *s) {
                 tllm_gram_ref(b, m[k], m[k + 1]);
             }
         }
-        r = tllm_gram_rule(b);
-        tllm_gram_byte(b, r, '{');
-        tllm_gram_ref(b, r, ws);
-        tllm_gram_ref(b, r, a[0]);
-        tllm_gram_byte(b, r, '}');
+        r = bracketed(c, '{', a[0], '}');
     }
     free(a), free(m), free(kv), free(opt);
     return c->failed ? -1 : r;
@@ -737,25 +728,13 @@ int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int pa
         if (args < 0) break;
         for (int k = 0; k < c.n_refs; k++) free(c.refs[k].ptr); /* refs are per function */
         c.n_refs = 0;
-        int ws = ws_rule(&c);
-        int call = tllm_gram_rule(b); /* {"name": "NAME", "arguments": ARGS} */
-        tllm_gram_byte(b, call, '{');
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_lit(b, call, "\"name\"", 6);
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_byte(b, call, ':');
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_ref(b, call, json_lit(&c, nm));
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_byte(b, call, ',');
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_lit(b, call, "\"arguments\"", 11);
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_byte(b, call, ':');
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_ref(b, call, args);
-        tllm_gram_ref(b, call, ws);
-        tllm_gram_byte(b, call, '}');
+        /* {"name": "NAME", "arguments": ARGS} */
+        int members = tllm_gram_rule(b), ws = ws_rule(&c);
+        tllm_gram_ref(b, members, member_rule(&c, lit_rule(&c, "\"name\""), json_lit(&c, nm)));
+        tllm_gram_byte(b, members, ',');
+        tllm_gram_ref(b, members, ws);
+        tllm_gram_ref(b, members, member_rule(&c, lit_rule(&c, "\"arguments\""), args));
+        int call = bracketed(&c, '{', members, '}');
         if (n++) tllm_gram_alt(b, calls);
         tllm_gram_ref(b, calls, call);
     }
