@@ -239,6 +239,7 @@ done:
 
 void tllm_gram_state_free(struct tllm_gram_state *st) {
     free(st->w);
+    free(st->seen);
     memset(st, 0, sizeof *st);
 }
 
@@ -277,19 +278,59 @@ static int is_item(uint32_t e) { return GE_KIND(e) == GE_SET || GE_KIND(e) == GE
 
 /* stk[0..len) with references on top replaced by each alternative of their rule, until every stack
  * added has a byte set on top (or is empty: a finished parse). buf has TLLM_GRAMMAR_MAX_DEPTH + 1 room. */
-static int expand(const struct tllm_grammar *g, uint32_t *stk, int len, struct tllm_gram_state *out, int guard) {
+/* The stacks with a reference on top that one advance has expanded (by a 64-bit hash of their
+ * positions): a stack reached again through other empty alternatives expands to what it did the first
+ * time, so it is skipped. Without this, nested optional parts (the pattern "(x?)?)?..." or a schema's
+ * chain of optional properties) expand along every combination of their empty choices: 2^n paths. */
+#define SEEN_SLOTS 4096
+struct seen {
+    uint64_t h[SEEN_SLOTS];     /* 0: empty */
+    int used[SEEN_SLOTS / 2];   /* the slots filled, to empty them after the step */
+    int n;
+};
+
+/* The scratch of the state being written (made on first use, emptied by seen_done) */
+static struct seen *seen_of(struct tllm_gram_state *out) {
+    if (!out->seen) out->seen = calloc(1, sizeof(struct seen));
+    return out->seen;
+}
+
+static void seen_done(struct seen *sn) {
+    for (int i = 0; i < sn->n; i++) sn->h[sn->used[i]] = 0;
+    sn->n = 0;
+}
+
+/* 1 when the stack is new (now recorded); 0 when it was expanded already, or the table is full (the
+ * expansion stops there: a grammar that needs more in one step is refused that way) */
+static int first_visit(struct seen *sn, const uint32_t *stk, int len) {
+    if (sn->n >= SEEN_SLOTS / 2) return 0;
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)len;
+    for (int i = 0; i < len; i++) h = (h ^ stk[i]) * 0x100000001b3ull, h ^= h >> 32;
+    if (!h) h = 1;
+    for (int i = (int)(h & (SEEN_SLOTS - 1));; i = (i + 1) & (SEEN_SLOTS - 1)) {
+        if (sn->h[i] == h) return 0;
+        if (!sn->h[i]) {
+            sn->h[i] = h;
+            sn->used[sn->n++] = i;
+            return 1;
+        }
+    }
+}
+
+static int expand(const struct tllm_grammar *g, uint32_t *stk, int len, struct tllm_gram_state *out, int guard,
+                  struct seen *sn) {
     if (len == 0 || GE_KIND(g->el[stk[len - 1]]) == GE_SET) return add_stack(out, stk, len);
-    if (guard > TLLM_GRAMMAR_MAX_DEPTH) return TLLM_OK;
+    if (guard > TLLM_GRAMMAR_MAX_DEPTH || !first_visit(sn, stk, len)) return TLLM_OK;
     uint32_t top = stk[len - 1];
     int r = (int)GE_ARG(g->el[top]), blen = len - 1;
     if (is_item(g->el[top + 1])) stk[blen++] = top + 1; /* where to go on after the rule; none at a rule's end */
     for (int a = g->alt_off[r]; a < g->alt_off[r + 1]; a++) {
         int rc, first = g->alts[a];
-        if (!is_item(g->el[first])) rc = expand(g, stk, blen, out, guard + 1);
+        if (!is_item(g->el[first])) rc = expand(g, stk, blen, out, guard + 1, sn);
         else if (blen >= TLLM_GRAMMAR_MAX_DEPTH) rc = TLLM_OK; /* too deep: this way is dropped */
         else {
             stk[blen] = (uint32_t)first;
-            rc = expand(g, stk, blen + 1, out, guard + 1);
+            rc = expand(g, stk, blen + 1, out, guard + 1, sn);
         }
         if (rc) return rc;
     }
@@ -299,22 +340,29 @@ static int expand(const struct tllm_grammar *g, uint32_t *stk, int len, struct t
 
 int tllm_gram_start(const struct tllm_grammar *g, struct tllm_gram_state *st) {
     st->n_words = st->n_stacks = 0;
+    struct seen *sn = seen_of(st);
+    if (!sn) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     uint32_t buf[TLLM_GRAMMAR_MAX_DEPTH + 1];
+    int rc = TLLM_OK;
     for (int a = g->alt_off[g->root]; a < g->alt_off[g->root + 1]; a++) {
-        int rc, first = g->alts[a];
+        int first = g->alts[a];
         if (!is_item(g->el[first])) rc = add_stack(st, buf, 0);
         else {
             buf[0] = (uint32_t)first;
-            rc = expand(g, buf, 1, st, 0);
+            rc = expand(g, buf, 1, st, 0, sn);
         }
-        if (rc) return rc;
+        if (rc) break;
     }
-    return TLLM_OK;
+    seen_done(sn);
+    return rc;
 }
 
 int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state *st, unsigned char c,
                       struct tllm_gram_state *out) {
     out->n_words = out->n_stacks = 0;
+    struct seen *sn = seen_of(out);
+    if (!sn) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    int rc = TLLM_OK;
     uint32_t buf[TLLM_GRAMMAR_MAX_DEPTH + 1];
     for (int i = 0; i < st->n_words; i += 1 + (int)st->w[i]) {
         int len = (int)st->w[i];
@@ -324,10 +372,10 @@ int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state
         memcpy(buf, st->w + i + 1, (size_t)(len - 1) * sizeof *buf);
         int blen = len - 1;
         if (is_item(g->el[top + 1])) buf[blen++] = top + 1;
-        int rc = expand(g, buf, blen, out, 0);
-        if (rc) return rc;
+        if ((rc = expand(g, buf, blen, out, 0, sn))) break;
     }
-    return TLLM_OK;
+    seen_done(sn);
+    return rc;
 }
 
 int tllm_gram_match(const struct tllm_grammar *g, const char *text, size_t n) {

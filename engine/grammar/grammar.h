@@ -67,6 +67,7 @@ struct tllm_gram_state {
     uint32_t *w;
     int n_words, cap;
     int n_stacks;
+    void *seen; /* scratch of the steps that write this state (grammar.c); not part of its value */
 };
 
 /* The start (every alternative of the root expanded). */

@@ -203,7 +203,7 @@ static int intern(struct gdfa *d, const struct tllm_gram_state *st) {
 }
 
 static struct tllm_gram_state view(const struct dstate *x) {
-    return (struct tllm_gram_state){x->w, x->n_words, x->n_words, x->n_stacks};
+    return (struct tllm_gram_state){.w = x->w, .n_words = x->n_words, .cap = x->n_words, .n_stacks = x->n_stacks};
 }
 
 /* The state byte c leads to from state id: NEXT_DEAD when c cannot come; < NEXT_DEAD on an error */
