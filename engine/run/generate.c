@@ -91,6 +91,10 @@ int tllm_gen_stream_take(struct tllm_gen_stream *g, int32_t id, int *done) {
     struct tllm_gen_result *r = g->r;
     int rc, n_stop = g->tok ? p->n_stop : 0;
     *done = 1;
+    if (id < 0) { /* a grammar is complete and the model has no EOS id to say so: the text ends */
+        r->finish = TLLM_FINISH_STOP;
+        return TLLM_OK;
+    }
     for (int i = 0; i < p->n_eos; i++)
         if (id == p->eos[i]) {
             r->finish = TLLM_FINISH_STOP;

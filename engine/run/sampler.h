@@ -40,7 +40,7 @@ int tllm_sampler_is_greedy(const struct tllm_sampler *s);
  * drops the one set). Each sampled token moves it on, so set it after the prompt, before sampling. */
 void tllm_sampler_constrain(struct tllm_sampler *s, struct tllm_gmatch *gm);
 /* Pick the next token. Penalties (and a grammar's mask) modify `logits` in place. Under a grammar
- * that allows no token at all, the grammar's first EOS id. */
+ * that allows no token at all, the grammar's first EOS id (-1 when it has none: the text ends). */
 int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits);
 
 #endif
