@@ -102,16 +102,16 @@ static int encode_user_prompt(struct cli_session *s, const char *text, size_t le
 
 /* --json-schema's argument: inline JSON, else a file holding it */
 static struct tllm_grammar *load_schema(const char *arg) {
-    struct json_object *o = NULL;
     const char *p = arg;
     while (*p == ' ' || *p == '\t' || *p == '\n') p++;
-    if (*p == '{' || !strcmp(p, "true")) {
-        if (tllm_json_parse(arg, strlen(arg), &o, "--json-schema")) cli_die_lib();
-    } else if (tllm_json_load_file(arg, 64u << 20, &o)) {
-        cli_die_lib();
-    }
     struct tllm_grammar *g = NULL;
-    int rc = tllm_schema_grammar(o, *p == '{' || *p == 't' ? "--json-schema" : arg, &g);
+    if (*p == '{' || !strcmp(p, "true")) {
+        if (tllm_schema_grammar_text(arg, "--json-schema", &g)) cli_die_lib();
+        return g;
+    }
+    struct json_object *o = NULL;
+    int rc = tllm_json_load_file(arg, 64u << 20, &o);
+    if (!rc) rc = tllm_schema_grammar(o, arg, &g);
     json_object_put(o);
     if (rc) cli_die_lib();
     return g;

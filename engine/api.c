@@ -11,7 +11,6 @@
 
 #include "engine/backend/registry.h"
 #include "engine/base/error.h"
-#include "engine/base/json_util.h"
 #include "engine/base/threadpool.h"
 #include "engine/convert/convert.h"
 #include "engine/grammar/json_schema.h"
@@ -247,14 +246,6 @@ void tllm_generate_params_default(const struct tllm_engine *e, struct tllm_gener
     p->skip_special = 1;
 }
 
-static int schema_grammar(const char *text, struct tllm_grammar **out) {
-    struct json_object *schema;
-    int rc = tllm_json_parse(text, strlen(text), &schema, "json_schema");
-    if (!rc) rc = tllm_schema_grammar(schema, "json_schema", out);
-    json_object_put(schema);
-    return rc;
-}
-
 /* How many of the prompt's first tokens the cache holds already (at least one token is left to
  * compute: its logits start the generation) */
 static size_t reusable(const struct tllm_session *s, const int32_t *prompt, size_t n) {
@@ -274,7 +265,7 @@ int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, siz
         return tllm_fail(TLLM_ERR_LIMIT, "the prompt (%zu tokens) does not fit in the context (%d tokens)", n_prompt,
                          s->ctx.n_ctx);
     struct tllm_grammar *grammar = NULL;
-    int rc = p->json_schema ? schema_grammar(p->json_schema, &grammar) : TLLM_OK;
+    int rc = p->json_schema ? tllm_schema_grammar_text(p->json_schema, "json_schema", &grammar) : TLLM_OK;
     if (rc) return rc;
     struct tllm_sampler smp;
     if ((rc = tllm_sampler_init(&smp, &p->sampling, s->e->m->cfg.vocab_size))) {

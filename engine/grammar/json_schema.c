@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/base/error.h"
+#include "engine/base/json_util.h"
 #include "engine/grammar/regex.h"
 
 #define STR_(x) #x
@@ -703,6 +704,15 @@ int tllm_schema_grammar(struct json_object *schema, const char *what, struct tll
 }
 
 static int format_schema(struct json_object *rf, const char *what, struct json_object **schema, char *where, size_t cap);
+
+int tllm_schema_grammar_text(const char *text, const char *what, struct tllm_grammar **out) {
+    struct json_object *schema = NULL;
+    *out = NULL;
+    int rc = tllm_json_parse(text, strlen(text), &schema, what);
+    if (!rc) rc = tllm_schema_grammar(schema, what, out);
+    json_object_put(schema);
+    return rc;
+}
 
 int tllm_schema_tool_grammar(struct json_object *tools, const char *name, int parallel, struct json_object *rf,
                              const char *what, struct tllm_grammar **out) {

@@ -29,6 +29,9 @@
  * place: "response_format.json_schema.schema: properties.age: 'multipleOf' is not supported". */
 int tllm_schema_grammar(struct json_object *schema, const char *what, struct tllm_grammar **out);
 
+/* The same from the schema's JSON text (a parse error names `what` too) */
+int tllm_schema_grammar_text(const char *text, const char *what, struct tllm_grammar **out);
+
 /* OpenAI's response_format object `rf` (named `what` in messages): {"type": "text"} (*out stays NULL),
  * {"type": "json_object"} (any JSON object; llama-server's "schema" beside the type is followed when
  * given) or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (no schema: any

@@ -90,8 +90,8 @@ struct dstate {
     uint32_t *w;
     int n_words, n_stacks;
     int32_t *next;     /* [n_classes] by the byte's class: NEXT_UNKNOWN, NEXT_DEAD or a state */
-    uint64_t *mask;    /* [ceil(n_ids / 64)] or NULL */
-    int32_t *list;     /* with mask: the ids allowed (list_allows) or refused, whichever are fewer, ascending */
+    int32_t *list;     /* its mask once made (else NULL): the ids allowed (list_allows) or refused, whichever
+                        * are fewer, ascending */
     int n_list, list_allows;
 };
 #define NEXT_UNKNOWN (-2)
@@ -110,6 +110,7 @@ struct gdfa {
     int32_t *ht;        /* [ht_size] open addressing over ds by their words; -1 empty */
     int ht_size;
     int n_masks;
+    uint64_t *bits;     /* [ceil(n_ids / 64)] a walk's mask, before it becomes a state's list */
     int32_t *lv;        /* [max_len + 1] the walk's state per byte of depth */
     struct tllm_gram_state tmp;
     struct tllm_gmatch *users; /* the sequences on it (their states are re-interned when it starts over) */
@@ -130,7 +131,7 @@ static uint64_t hash_words(const uint32_t *w, int n) {
 }
 
 static void states_clear(struct gdfa *d) {
-    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].mask), free(d->ds[i].list), free(d->ds[i].next);
+    for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].list), free(d->ds[i].next);
     d->n_ds = d->n_masks = 0;
     for (int i = 0; i < d->ht_size; i++) d->ht[i] = -1;
 }
@@ -144,6 +145,7 @@ static void gdfa_free(struct gdfa *d) {
     free(d->ds);
     free(d->ht);
     free(d->lv);
+    free(d->bits);
     tllm_gram_state_free(&d->tmp);
     free(d->eos);
     free(d);
@@ -196,7 +198,7 @@ static int intern(struct gdfa *d, const struct tllm_gram_state *st) {
         return -1;
     }
     if (st->n_words) memcpy(x->w, st->w, (size_t)st->n_words * sizeof *x->w);
-    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->mask = NULL, x->list = NULL;
+    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->list = NULL;
     for (int c = 0; c < d->n_classes; c++) x->next[c] = NEXT_UNKNOWN;
     d->ht[slot] = d->n_ds;
     return d->n_ds++;
@@ -310,32 +312,28 @@ static int compute(struct gdfa *d, int from, uint64_t *bits) {
 /* The mask of m's state, computed when no sequence has stood there yet */
 static const struct dstate *lookup(struct tllm_gmatch *m) {
     struct gdfa *d = m->d;
-    if (d->ds[m->cur].mask) {
+    if (d->ds[m->cur].list) {
         d->cached++;
         return &d->ds[m->cur];
     }
     if (bound_states(d)) return NULL;
     int n_ids = d->v->n_ids;
-    uint64_t *bits = calloc(((size_t)n_ids + 63) / 64, sizeof *bits);
-    if (!bits) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
+    size_t words = ((size_t)n_ids + 63) / 64;
+    if (!d->bits && !(d->bits = malloc(words * sizeof *d->bits))) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
+    uint64_t *bits = d->bits;
+    memset(bits, 0, words * sizeof *bits);
     double t0 = tllm_now();
-    if (compute(d, m->cur, bits)) {
-        free(bits);
-        return NULL;
-    }
+    if (compute(d, m->cur, bits)) return NULL;
     int n_allowed = 0;
     for (int i = 0; i < n_ids; i++) n_allowed += (int)(bits[i >> 6] >> (i & 63) & 1);
     int allows = n_allowed <= n_ids / 2, n = allows ? n_allowed : n_ids - n_allowed, k = 0;
     int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
-    if (!list) {
-        free(bits);
-        return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
-    }
+    if (!list) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
     for (int i = 0; i < n_ids; i++)
         if ((int)(bits[i >> 6] >> (i & 63) & 1) == allows) list[k++] = i;
     d->secs += tllm_now() - t0;
     struct dstate *x = &d->ds[m->cur];
-    x->mask = bits, x->list = list, x->n_list = n, x->list_allows = allows;
+    x->list = list, x->n_list = n, x->list_allows = allows;
     d->n_masks++;
     d->computed++;
     return x;
@@ -349,21 +347,17 @@ const int32_t *tllm_gmatch_list(struct tllm_gmatch *m, int *n, int *allows) {
 }
 
 int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n) {
-    const struct dstate *x = lookup(m);
-    if (!x) return -1;
-    const uint64_t *bits = x->mask;
-    int allowed = 0, n_ids = m->d->v->n_ids;
-    for (int i = 0; i < n; i++) {
-        if (i < n_ids && bits[i >> 6] >> (i & 63) & 1) allowed++;
+    int k, allows;
+    const int32_t *list = tllm_gmatch_list(m, &k, &allows);
+    if (!list) return -1;
+    int allowed = 0, n_ids = m->d->v->n_ids, j = 0;
+    for (int i = 0; i < n; i++) { /* list is ascending: walk it beside the ids */
+        int listed = j < k && list[j] == i;
+        j += listed;
+        if (i < n_ids && listed == allows) allowed++;
         else logits[i] = -INFINITY;
     }
     return allowed;
-}
-
-int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id) {
-    const struct dstate *x = lookup(m);
-    if (!x || id < 0 || id >= m->d->v->n_ids) return 0;
-    return (int)(x->mask[id >> 6] >> (id & 63) & 1);
 }
 
 int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id) {

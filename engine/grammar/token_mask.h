@@ -17,7 +17,7 @@
 #include "engine/grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
-/* Masks kept per sequence (each n_ids bits: 19 KB for Qwen's vocabulary) and grammar states with
+/* Masks kept per sequence (each the shorter of its allowed or refused ids) and grammar states with
  * their byte transitions (1 KB each and their stacks); past either, they start over from the
  * sequence's current state */
 #ifndef TLLM_GMATCH_CACHE
@@ -51,8 +51,6 @@ int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n);
  * that may; 0: every id below the index's n_ids may but ids[0..*n). Valid until m (or a sequence
  * sharing its automaton) moves. NULL on an error. */
 const int32_t *tllm_gmatch_list(struct tllm_gmatch *m, int *n, int *allows);
-/* 1 when id may come next */
-int tllm_gmatch_allows(struct tllm_gmatch *m, int32_t id);
 /* Move past a token (an EOS id: nothing to do). TLLM_ERR_ARG when the grammar does not allow it. */
 int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id);
 /* The first EOS id given (-1: none): what a sampler ends with when nothing may come */

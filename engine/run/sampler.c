@@ -164,10 +164,9 @@ static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, 
     /* softmax weights over the n candidates (not normalized yet) */
     float mx = c[0].logit;
     for (int i = 1; i < n; i++) mx = c[i].logit > mx ? c[i].logit : mx;
-    double total = 0;
-    if (p->top_p < 1.0f)
-        for (int i = 0; i < n; i++) total += expf(c[i].logit - mx);
     if (p->top_p < 1.0f) {
+        double total = 0;
+        for (int i = 0; i < n; i++) total += expf(c[i].logit - mx);
         /* widen a sorted prefix until it holds top_p of the mass */
         int k = sorted ? n : (n < 64 ? n : 64);
         for (;;) {
