@@ -190,6 +190,7 @@ int tllm_session_open(struct tllm_engine *e, const struct tllm_session_params *p
         free(s);
         return rc;
     }
+    s->kv_type = kv_type;
     if ((rc = tllm_ctx_init_kv(&s->ctx, e->m, n_ctx, 0, kv_type))) {
         free(s);
         return rc;

@@ -27,6 +27,7 @@ struct tllm_session {
     struct tllm_backend *dev;      /* the device decoding, or NULL (the CPU) */
     struct tllm_ids cached;        /* the tokens in the KV cache, in order (a prefix of them may be short) */
     struct tllm_backend_info info; /* the device's, made with it: tllm_session_device's name */
+    enum tllm_dtype kv_type;       /* of the cache, and of a batch's (tllm_session_generate_batch) */
 };
 
 /* tllm_engine_open's work once the directory is known (e->dir is not touched) */

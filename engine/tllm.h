@@ -185,6 +185,51 @@ int tllm_session_chat(struct tllm_session *s, const struct tllm_chat_msg *msgs, 
                       const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
                       struct tllm_stats *stats);
 
+/* ---- raw logits ---- */
+
+/* The logits after each of ids: row p (vocab floats) is the next token's distribution after ids[0..p],
+ * so out holds n_ids x tllm_engine_vocab_size floats, or with last_only only the last row. The session's
+ * cache is emptied first and holds ids afterwards. */
+int tllm_session_logits(struct tllm_session *s, const int32_t *ids, size_t n_ids, int last_only, float *out);
+
+/* ---- many prompts at once ---- */
+
+/* One prompt of a batch: the whole text (special tokens parsed), or its ids, or a conversation rendered
+ * with the template (and the assistant's turn begun), whichever is given, in that order. */
+struct tllm_batch_item {
+    const char *prompt;
+    const int32_t *prompt_ids;
+    size_t n_prompt_ids;
+    const struct tllm_chat_msg *msgs;
+    int n_msgs;
+    const struct tllm_generate_params *params; /* NULL: tllm_generate_params_default's */
+};
+/* What became of one item; it lasts until the callback returns. */
+struct tllm_batch_result {
+    int status;             /* TLLM_OK, or why this item could not run (the others do): */
+    const char *error;      /* its message ("" when TLLM_OK) */
+    const char *text;       /* the generated text (NUL-terminated) */
+    size_t len;
+    const int32_t *ids;     /* the generated ids */
+    size_t n_ids;
+    struct tllm_stats stats; /* finish TLLM_FINISH_INTERRUPTED: the run was stopped before it ended */
+};
+/* Called once for every item, as each finishes (not in order); non-zero stops the run: the items not
+ * finished are then reported as interrupted, with what they had generated. */
+typedef int (*tllm_batch_cb)(size_t index, const struct tllm_batch_result *r, void *user);
+struct tllm_batch_params {
+    int n_parallel; /* sequences at once; 0: 16 on the CPU, 64 on a GPU (as tllm generate --prompts) */
+    int n_batch;    /* tokens in one forward step at most (generated tokens plus prompt chunks); 0: 512 */
+    int kv_tokens;  /* positions of the paged KV cache the sequences share; 0: 1024 a sequence, >= 4096 */
+};
+/* Generate for n items at once through the continuous batcher (a paged KV cache shared by up to
+ * n_parallel sequences, prompts' common beginnings computed once), on the session's device when it runs
+ * many sequences (else the CPU threads). A sequence's tokens do not depend on what runs beside it. Each
+ * sequence may reach the session's n_ctx; the session's own cache is emptied. Fails only when the engine
+ * does (or bp is bad); each item's own failure (an empty prompt, a bad schema) is its result's status. */
+int tllm_session_generate_batch(struct tllm_session *s, const struct tllm_batch_item *items, size_t n,
+                                const struct tllm_batch_params *bp, tllm_batch_cb cb, void *user);
+
 #ifdef __cplusplus
 }
 #endif

@@ -49,9 +49,117 @@ static void test_reference_ids(const char *dir) {
     CHECK(st.n_reused == r.n_prompt + r.n_greedy - 1, "a continued prompt reused %d of %d cached tokens", st.n_reused,
           r.n_prompt + r.n_greedy - 1);
     free(longer);
+    /* raw logits: the reference's rows (float32 activations and cache: transformers' numbers), and the
+     * last row alone equal to the last of all */
+    tllm_session_free(s);
+    struct tllm_session_params sp32 = {.n_ctx = 64, .device = "cpu", .kv_type = "f32"};
+    CHECK(tllm_session_open(e, &sp32, &s) == TLLM_OK, "session: %s", tllm_errmsg());
+    int vocab = tllm_engine_vocab_size(e);
+    float *all = malloc((size_t)r.n_seq * (size_t)vocab * sizeof *all), *last = malloc((size_t)vocab * sizeof *last);
+    CHECK(tllm_session_logits(s, r.sequence, (size_t)r.n_seq, 0, all) == TLLM_OK, "logits: %s", tllm_errmsg());
+    CHECK(tllm_session_n_cached(s) == r.n_seq, "the cache holds the %d ids after logits (%d)", r.n_seq, tllm_session_n_cached(s));
+    for (int i = 0; i < r.n_logits_rows; i++) {
+        double rms, mx;
+        ref_compare_row(r.logits + (size_t)i * (size_t)r.vocab, all + (size_t)r.logits_rows[i] * (size_t)vocab, r.vocab, &rms, &mx);
+        CHECK(rms <= 1e-4, "logits row %d: relative RMS %.2e against the reference", r.logits_rows[i], rms);
+    }
+    CHECK(tllm_session_logits(s, r.sequence, (size_t)r.n_seq, 1, last) == TLLM_OK, "last logits: %s", tllm_errmsg());
+    CHECK(!memcmp(last, all + (size_t)(r.n_seq - 1) * (size_t)vocab, (size_t)vocab * sizeof *last),
+          "the last row alone differs from the last of all rows");
+    int32_t bad_id = vocab;
+    CHECK(tllm_session_logits(s, &bad_id, 1, 1, last) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "outside the vocabulary"),
+          "an id past the vocabulary: %s", tllm_errmsg());
+    free(all);
+    free(last);
     tllm_session_free(s);
     tllm_engine_free(e);
     ref_free(&r);
+}
+
+/* What a batch callback saw, by item */
+struct batch_seen {
+    int n_calls[8], status[8], finish[8], stop_at;
+    char *text[8], error[8][160];
+    int calls;
+};
+
+static int on_item(size_t i, const struct tllm_batch_result *r, void *user) {
+    struct batch_seen *b = user;
+    if (i >= 8) return 1;
+    b->n_calls[i]++, b->status[i] = r->status, b->finish[i] = (int)r->stats.finish;
+    free(b->text[i]);
+    b->text[i] = strdup(r->text);
+    CHECK(strlen(r->text) == r->len, "item %zu: text length %zu, len %zu", i, strlen(r->text), r->len);
+    snprintf(b->error[i], sizeof b->error[i], "%s", r->error);
+    return ++b->calls == b->stop_at;
+}
+
+/* many prompts through the continuous batcher: each item reported once, its text equal to the same
+ * prompt completed alone, bad items failing alone, and a stop reporting the rest as interrupted */
+static void test_batch(const char *demo) {
+    struct tllm_engine *e;
+    struct tllm_session *s;
+    struct tllm_engine_params ep = {.threads = 2};
+    CHECK(tllm_engine_open(demo, &ep, &e) == TLLM_OK, "open %s: %s", demo, tllm_errmsg());
+    struct tllm_session_params sp = {.device = "cpu"};
+    CHECK(tllm_session_open(e, &sp, &s) == TLLM_OK, "session: %s", tllm_errmsg());
+    struct tllm_generate_params p, pj;
+    tllm_generate_params_default(e, &p);
+    p.sampling = tllm_sampler_defaults();
+    p.max_tokens = 12;
+    pj = p;
+    pj.json_schema = "{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"integer\"}}, \"required\": [\"n\"]}";
+    struct tllm_generate_params pbad = p;
+    pbad.json_schema = "{\"type\": \"integer\", \"multipleOf\": 2}";
+    struct tllm_chat_msg msg = {"user", "What does grep do?"};
+    int32_t ids[] = {9707, 11, 1879}; /* "Hello, world" in Qwen's vocabulary */
+    struct tllm_batch_item items[] = {
+        {.prompt = "The tar command", .params = &p},
+        {.msgs = &msg, .n_msgs = 1, .params = &p},
+        {.prompt = "", .params = &p},
+        {.prompt_ids = ids, .n_prompt_ids = 3, .params = &p},
+        {.msgs = &msg, .n_msgs = 1, .params = &pj},
+        {.prompt = "x", .params = &pbad},
+    };
+    enum { N = sizeof items / sizeof items[0] };
+    struct batch_seen b = {.stop_at = -1};
+    struct tllm_batch_params bp = {.n_parallel = 3};
+    CHECK(tllm_session_generate_batch(s, items, N, &bp, on_item, &b) == TLLM_OK, "generate_batch: %s", tllm_errmsg());
+    for (int i = 0; i < N; i++) CHECK(b.n_calls[i] == 1, "item %d reported %d times", i, b.n_calls[i]);
+    CHECK(b.status[2] == TLLM_ERR_ARG && strstr(b.error[2], "empty"), "the empty prompt: %d %s", b.status[2], b.error[2]);
+    CHECK(b.status[5] == TLLM_ERR_UNSUPPORTED && strstr(b.error[5], "multipleOf"), "the bad schema: %d %s", b.status[5], b.error[5]);
+    struct json_object *o = b.text[4] ? json_tokener_parse(b.text[4]) : NULL;
+    CHECK(b.status[4] == TLLM_OK && o && json_object_is_type(o, json_type_object), "the schema's answer: '%s'", b.text[4]);
+    json_object_put(o);
+    /* each text equals its prompt completed alone (the session's single-sequence path) */
+    for (int i = 0; i < 4; i++) {
+        if (i == 2) continue;
+        char *alone = NULL;
+        int rc = items[i].prompt ? tllm_session_complete(s, items[i].prompt, &p, NULL, NULL, &alone, NULL)
+                 : items[i].msgs ? tllm_session_chat(s, &msg, 1, &p, NULL, NULL, &alone, NULL)
+                                 : tllm_session_complete_ids(s, ids, 3, &p, NULL, NULL, &alone, NULL, NULL, NULL);
+        CHECK(rc == TLLM_OK && b.status[i] == TLLM_OK && b.text[i] && alone && !strcmp(alone, b.text[i]),
+              "item %d: batch '%s', alone '%s'", i, b.text[i] ? b.text[i] : "", alone ? alone : "");
+        tllm_free(alone);
+    }
+    for (int i = 0; i < N; i++) free(b.text[i]);
+    /* the callback stops the run after the first answer: every item is still reported, once */
+    struct batch_seen c = {.stop_at = 1};
+    struct tllm_batch_item many[8];
+    for (int i = 0; i < 8; i++) many[i] = (struct tllm_batch_item){.prompt = "The tar command", .params = &p};
+    bp.n_parallel = 2;
+    CHECK(tllm_session_generate_batch(s, many, 8, &bp, on_item, &c) == TLLM_OK, "a stopped batch: %s", tllm_errmsg());
+    int interrupted = 0;
+    for (int i = 0; i < 8; i++) {
+        CHECK(c.n_calls[i] == 1, "stopped: item %d reported %d times", i, c.n_calls[i]);
+        interrupted += c.finish[i] == TLLM_FINISH_INTERRUPTED;
+        free(c.text[i]);
+    }
+    CHECK(interrupted >= 6, "a stop after the first answer left %d of 8 interrupted", interrupted);
+    bp.n_parallel = -1;
+    CHECK(tllm_session_generate_batch(s, many, 8, &bp, on_item, &c) == TLLM_ERR_ARG, "negative n_parallel");
+    tllm_session_free(s);
+    tllm_engine_free(e);
 }
 
 struct pieces {
@@ -187,5 +295,6 @@ int main(int argc, char **argv) {
     }
     test_reference_ids(argv[1]);
     test_text(argv[2]);
+    test_batch(argv[2]);
     return check_done();
 }
