@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,8 @@
 #define DEFAULT_N_CTX 4096
 
 void tllm_free(void *p) { free(p); }
+
+const char *tllm_version(void) { return TLLM_VERSION; }
 
 int tllm_engine_open(const char *model, const struct tllm_engine_params *params, struct tllm_engine **out) {
     static const struct tllm_engine_params defaults = {0};
@@ -67,10 +70,33 @@ static int gguf_stop_ids(struct tllm_engine *e) {
     return TLLM_OK;
 }
 
+/* The CPU thread pool is the process's, shared by its engines: the first starts it, the last stops it
+ * (a context's scratch is sized for the pool, so it is never restarted under an open engine) */
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static int pool_engines;
+
+static int pool_join(int threads) {
+    int rc = TLLM_OK;
+    pthread_mutex_lock(&pool_lock);
+    if (pool_engines == 0) rc = tllm_threadpool_start(threads);
+    else if (threads > 0 && threads != tllm_threadpool_size())
+        rc = tllm_fail(TLLM_ERR_ARG, "threads %d: another engine of this process runs on %d (the CPU thread pool is the "
+                                     "process's; give 0 to share it)", threads, tllm_threadpool_size());
+    if (!rc) pool_engines++;
+    pthread_mutex_unlock(&pool_lock);
+    return rc;
+}
+
+static void pool_leave(void) {
+    pthread_mutex_lock(&pool_lock);
+    if (--pool_engines == 0) tllm_threadpool_stop();
+    pthread_mutex_unlock(&pool_lock);
+}
+
 int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_engine_params *p) {
     int rc;
     if ((rc = tllm_cpu_select())) return rc; /* TLLM_CPU names a kernel path this CPU runs */
-    if ((rc = tllm_threadpool_start(p->threads))) return rc;
+    if ((rc = pool_join(p->threads))) return rc;
     e->pool = 1;
     if ((rc = tllm_model_load(dir, &e->m))) return rc;
     if (p->quantize_bits && (rc = tllm_model_quantize(e->m, p->quantize_bits, p->group_size ? p->group_size : 64))) return rc;
@@ -109,7 +135,7 @@ void tllm_engine_free(struct tllm_engine *e) {
     tllm_chat_template_free(&e->tpl);
     tllm_tok_free(e->tok);
     tllm_model_free(e->m);
-    if (e->pool) tllm_threadpool_stop();
+    if (e->pool) pool_leave();
     free(e->dir);
     free(e);
 }

@@ -18,7 +18,7 @@ struct tllm_engine {
     struct tllm_tok *tok;          /* NULL when the directory has no tokenizer.json */
     struct tllm_chat_template tpl; /* plain when there is none (or no_template) */
     struct tllm_gen_defaults gd;   /* generation_config.json */
-    int pool;                      /* this engine started the thread pool */
+    int pool;                      /* this engine holds a share of the thread pool */
 };
 
 struct tllm_session {

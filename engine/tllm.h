@@ -13,8 +13,8 @@
  *
  * Build with `pkg-config --cflags --libs tllm`. Every function that can fail returns a status
  * (TLLM_OK = 0) and leaves a one-line message for tllm_errmsg(); none exits the process. Strings and
- * arrays the library hands out are freed with tllm_free(). One engine at a time per process (the CPU
- * thread pool is the process's); an engine may have several sessions, used from one thread. */
+ * arrays the library hands out are freed with tllm_free(). The engines of a process share its CPU thread
+ * pool (the first one opened sizes it), so they and their sessions are used from one thread at a time. */
 #ifndef TLLM_H
 #define TLLM_H
 
@@ -26,6 +26,9 @@ extern "C" {
 #endif
 
 #define TLLM_VERSION "0.4.0"
+
+/* The library's version (TLLM_VERSION of the header it was built from) */
+const char *tllm_version(void);
 
 /* ---- errors ---- */
 
@@ -67,7 +70,7 @@ struct tllm_sampler_params tllm_sampler_defaults(void);
 struct tllm_engine;
 
 struct tllm_engine_params {
-    int threads;        /* CPU threads; 0: the physical cores */
+    int threads;        /* CPU threads; 0: the physical cores, or the pool of the engines already open */
     int quantize_bits;  /* quantize a bf16/f16 checkpoint as it loads: 2, 4 or 8; 0: as stored */
     int group_size;     /* of that quantization; 0: 64 */
     int exact;          /* float32 activations in every matmul (transformers' numbers; slower) */

@@ -158,8 +158,25 @@ static void test_batch(const char *demo) {
     CHECK(interrupted >= 6, "a stop after the first answer left %d of 8 interrupted", interrupted);
     bp.n_parallel = -1;
     CHECK(tllm_session_generate_batch(s, many, 8, &bp, on_item, &c) == TLLM_ERR_ARG, "negative n_parallel");
+    /* a second engine shares the process's thread pool (and runs alone once the first is freed); one
+     * asking for another pool size is refused */
+    char *t1 = NULL, *t2 = NULL;
+    CHECK(tllm_session_complete(s, "The tar command", &p, NULL, NULL, &t1, NULL) == TLLM_OK, "complete: %s", tllm_errmsg());
     tllm_session_free(s);
+    struct tllm_engine *e2 = NULL, *e3 = NULL;
+    struct tllm_engine_params ep0 = {0}, ep1 = {.threads = 1};
+    CHECK(tllm_engine_open(demo, &ep1, &e3) == TLLM_ERR_ARG && !e3 && strstr(tllm_errmsg(), "runs on 2"),
+          "an engine asking for another pool size: %s", tllm_errmsg());
+    CHECK(tllm_engine_open(demo, &ep0, &e2) == TLLM_OK, "a second engine: %s", tllm_errmsg());
     tllm_engine_free(e);
+    struct tllm_session *s2 = NULL;
+    CHECK(tllm_session_open(e2, &sp, &s2) == TLLM_OK && tllm_session_complete(s2, "The tar command", &p, NULL, NULL, &t2, NULL) == TLLM_OK,
+          "the second engine after the first is freed: %s", tllm_errmsg());
+    CHECK(t1 && t2 && !strcmp(t1, t2), "the second engine's text '%s', the first's '%s'", t2 ? t2 : "", t1 ? t1 : "");
+    tllm_free(t1);
+    tllm_free(t2);
+    tllm_session_free(s2);
+    tllm_engine_free(e2);
 }
 
 struct pieces {
