@@ -60,7 +60,6 @@ static void report(struct batch_run *b, size_t index, int status, const char *er
 static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_gen_result *r) {
     struct batch_run *b = arg;
     struct batch_job *j = user;
-    if (r && !r->text.data) tllm_buf_append(&r->text, "", 0); /* NUL-terminated even when empty */
     report(b, j->index, rc, rc ? (msg ? msg : tllm_errmsg()) : "", rc ? NULL : r);
     tllm_grammar_free(j->grammar);
     free(j);
@@ -69,7 +68,7 @@ static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_
 static int stream_cb(const char *text, size_t len, void *user) {
     (void)text, (void)len;
     struct batch_job *j = user;
-    return j->run->stopped; /* a stopped run ends its sequences at their next token */
+    return j->run->stopped; /* stopped inside a step: the sequences after the one that asked end too */
 }
 
 /* The item's prompt as ids (*ids owned by the caller) */
@@ -170,7 +169,7 @@ int tllm_session_generate_batch(struct tllm_session *s, const struct tllm_batch_
          * list of items costs no memory before its turn */
         while (!rc && !b.stopped && next < n && tllm_sched_waiting(sched) < sp.n_parallel)
             rc = submit(&b, sched, next++, &last_schema, &last_grammar);
-        if (rc || (!tllm_sched_waiting(sched) && !tllm_sched_running(sched) && (next == n || b.stopped))) break;
+        if (rc || b.stopped || (!tllm_sched_waiting(sched) && !tllm_sched_running(sched) && next == n)) break;
         rc = tllm_sched_step(sched);
     }
     tllm_grammar_free(last_grammar);

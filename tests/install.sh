@@ -11,7 +11,7 @@ ok() { echo "ok: $1"; }
 bad() { echo "FAIL: $1"; fails=$((fails + 1)); }
 
 cmake --install "$build" --prefix "$tmp/p" >"$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; bad "cmake --install"; }
-for f in bin/tllm lib/libtllm.a include/tllm.h lib/pkgconfig/tllm.pc share/tllm/models/tllm-man-demo/model.safetensors \
+for f in bin/tllm lib/libtllm.a lib/libtllm.so include/tllm.h lib/pkgconfig/tllm.pc share/tllm/models/tllm-man-demo/model.safetensors \
          share/tllm/models/tllm-man-demo/tokenizer.json share/man/man1/tllm.1; do
   [ -e "$tmp/p/$f" ] && ok "installed $f" || bad "not installed: $f"
 done
