@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake pkg-config libjson-c-dev libpcre2-dev libutf8proc-dev libreadline-dev
       ocl-icd-opencl-dev opencl-headers pocl-opencl-icd libmicrohttpd-dev python3 python3-venv
       clang libclang-rt-dev valgrind   # the test command's fuzzing (libFuzzer) and valgrind runs
-      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)  # the NEON kernel, cross-built and emulated
+      gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user   # the NEON kernel, cross-built and emulated
+      haproxy)  # the load-balancer recipe of docs/deploy.md (tests/deploy_haproxy.py)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

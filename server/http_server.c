@@ -273,8 +273,10 @@ static enum MHD_Result get_health(struct srv_server *s, struct MHD_Connection *c
 static enum MHD_Result get_metrics(struct srv_server *s, struct MHD_Connection *c) {
     struct srv_engine_stats st;
     srv_engine_stats(s->p.engine, &st);
-    char t[2048];
-    snprintf(t, sizeof t,
+    char t[4096];
+    double kv_used = st.kv_total ? (double)(st.kv_total - st.kv_free) / st.kv_total : 0;
+    int waiting = st.live - st.running;
+    int n = snprintf(t, sizeof t,
              "# HELP tllm_prompt_tokens_total Prompt tokens computed.\n# TYPE tllm_prompt_tokens_total counter\n"
              "tllm_prompt_tokens_total %lld\n"
              "# HELP tllm_prompt_tokens_cached_total Prompt tokens found in the KV cache, not computed.\n"
@@ -295,8 +297,28 @@ static enum MHD_Result get_metrics(struct srv_server *s, struct MHD_Connection *
              "tllm_kv_blocks_free %d\n"
              "# HELP tllm_kv_blocks_total KV cache blocks.\n# TYPE tllm_kv_blocks_total gauge\ntllm_kv_blocks_total %d\n",
              st.sched.prompt_tokens, st.sched.reused_tokens, st.sched.gen_tokens, st.sched.steps, st.sched.step_secs,
-             st.requests_done, st.requests_cancelled, st.requests_failed, st.running, st.live - st.running, st.kv_free,
+             st.requests_done, st.requests_cancelled, st.requests_failed, st.running, waiting, st.kv_free,
              st.kv_total);
+    /* the load gauges again under the names LLM-aware routers and autoscalers read: vLLM's (the Gateway API
+     * inference extension, llm-d, KServe) and llama-server's; vLLM's *_perc are ratios (0-1) despite the name */
+    snprintf(t + n, sizeof t - (size_t)n,
+             "# HELP tllm_kv_cache_usage_ratio KV cache blocks held by sequences, of all (0-1).\n"
+             "# TYPE tllm_kv_cache_usage_ratio gauge\ntllm_kv_cache_usage_ratio %.6f\n"
+             "# HELP vllm:num_requests_running tllm_requests_processing under vLLM's name.\n"
+             "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running %d\n"
+             "# HELP vllm:num_requests_waiting tllm_requests_waiting under vLLM's name.\n"
+             "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting %d\n"
+             "# HELP vllm:gpu_cache_usage_perc tllm_kv_cache_usage_ratio under vLLM's (older) name.\n"
+             "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc %.6f\n"
+             "# HELP vllm:kv_cache_usage_perc tllm_kv_cache_usage_ratio under vLLM's name.\n"
+             "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc %.6f\n"
+             "# HELP llamacpp:requests_processing tllm_requests_processing under llama-server's name.\n"
+             "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing %d\n"
+             "# HELP llamacpp:requests_deferred tllm_requests_waiting under llama-server's name.\n"
+             "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred %d\n"
+             "# HELP llamacpp:kv_cache_usage_ratio tllm_kv_cache_usage_ratio under llama-server's name.\n"
+             "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio %.6f\n",
+             kv_used, st.running, waiting, kv_used, kv_used, st.running, waiting, kv_used);
     return send_body(s, c, 200, "text/plain; version=0.0.4", t, strlen(t), 0);
 }
 

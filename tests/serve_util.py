@@ -70,7 +70,7 @@ class Server:
 
     def metrics(self):
         s, text = self.request("GET", "/metrics")
-        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(tllm_\S+) (\S+)$", text, re.M)}
+        return {m.group(1): float(m.group(2)) for m in re.finditer(r"^([a-z][^\s#]*) (\S+)$", text, re.M)}
 
     def idle(self, timeout=10):
         """/health once nothing runs and every KV block is free (its counts are as of the engine's last

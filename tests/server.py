@@ -181,6 +181,12 @@ try:
     sock = leave_after(False, 0)
     while srv.metrics()["tllm_requests_processing"] == 0:
         time.sleep(0.01)
+    mb = srv.metrics()  # the routers' names for the same gauges (vLLM's, llama-server's)
+    check(mb["vllm:num_requests_running"] == mb["llamacpp:requests_processing"] == mb["tllm_requests_processing"] >= 1 and
+          mb["vllm:num_requests_waiting"] == mb["llamacpp:requests_deferred"] == mb["tllm_requests_waiting"] and
+          mb["vllm:kv_cache_usage_perc"] == mb["vllm:gpu_cache_usage_perc"] == mb["tllm_kv_cache_usage_ratio"] > 0 and
+          abs(mb["tllm_kv_cache_usage_ratio"] - (1 - mb["tllm_kv_blocks_free"] / mb["tllm_kv_blocks_total"])) < 1e-5,
+          "busy gauges under every name: %s" % {k: v for k, v in mb.items() if ":" in k or "ratio" in k})
     sock.close()
     cancelled_soon(m0, "a non-streamed request whose client left")
 
