@@ -19,7 +19,7 @@ pytest.importorskip("ray.data")
 REPO = os.environ.get("TLLM_REPO", os.path.join(os.path.dirname(__file__), "..", ".."))
 DEMO = os.path.join(REPO, "models", "tllm-man-demo")
 CLI = os.environ.get("TLLM_CLI", os.path.join(REPO, "build", "tllm"))
-N_TOKENS = "48"
+N_TOKENS = "24"
 
 
 @pytest.fixture(scope="module")
