@@ -1,7 +1,7 @@
 """The C library (libtllm.so) and engine/tllm.h's declarations, for ctypes.
 
-Every structure here mirrors one in engine/tllm.h field by field; the library is found beside this file
-(an installed package), else at $TLLM_LIBRARY (a build tree: build/libtllm.so).
+Every structure here mirrors one in engine/tllm.h field by field; the library is $TLLM_LIBRARY when set
+(a build tree's build/libtllm.so), else the one installed beside this file.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def read_lines(path: str) -> Tuple[List[Tuple[Any, str]], bool, List[Dict[str, Any]]]:
@@ -73,7 +73,7 @@ def done_records(out_dir: str) -> Dict[str, Dict[str, Any]]:
     return done
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tllm.ray_batch", description=__doc__.split("\n\n")[0])
     ap.add_argument("--input", required=True, help="the prompt file (text lines or JSONL)")
     ap.add_argument("--output", required=True, help="the output folder (made if missing; a rerun resumes)")
