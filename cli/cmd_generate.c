@@ -40,12 +40,6 @@ static const char usage[] =
     "                         4096); on the device when one is in use, its blocks there\n"
     "  -b, --batch-size N     batch: tokens per step at most, prompt chunks included (default 512)\n";
 
-/* Prompts at once in batch mode: on 2 to 16 cores, 16 sequences read each weight once for 16 tokens
- * (docs/performance.md measures it) and their caches stay small; on a device, a step of 64 costs about
- * what one of 16 does (H100: 4.1 against 3.8 ms) */
-#define DEFAULT_PARALLEL 16
-#define DEFAULT_PARALLEL_DEVICE 64
-
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
     (void)sig;
@@ -369,7 +363,7 @@ int cmd_generate(int argc, char **argv) {
     if (prompts) {
         if (!mo.decode_levels) s.m->decode_levels = 1; /* a throughput job: --fast-decode unless told otherwise */
         struct tllm_backend *dev = cli_session_batch_device(&s);
-        if (!parallel) parallel = dev ? DEFAULT_PARALLEL_DEVICE : DEFAULT_PARALLEL;
+        if (!parallel) parallel = dev ? TLLM_SCHED_DEFAULT_PARALLEL_DEVICE : TLLM_SCHED_DEFAULT_PARALLEL;
         struct tllm_sched_params sp = {.n_parallel = parallel, .n_batch = n_batch, .kv_tokens = kv_size,
                                        .kv_type = cli_kv_dtype(&mo), .dev = dev};
         int rc = run_batch(&s, prompts, out, force, &cs, max_new, chat, system, grammar, ignore_eos, &sp);

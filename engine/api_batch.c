@@ -8,19 +8,23 @@
 #include "engine/grammar/json_schema.h"
 #include "engine/run/scheduler.h"
 
-#define DEFAULT_PARALLEL 16
-#define DEFAULT_PARALLEL_DEVICE 64
+/* Ids from the caller, each inside the model's vocabulary ("WHAT: id 9 at 0 is outside ...") */
+static int check_ids(const struct tllm_session *s, const int32_t *ids, size_t n, const char *what) {
+    int vocab = s->e->m->cfg.vocab_size;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return tllm_fail(TLLM_ERR_ARG, "%s: id %d at %zu is outside the vocabulary (%d)", what, ids[i], i, vocab);
+    return TLLM_OK;
+}
 
 int tllm_session_logits(struct tllm_session *s, const int32_t *ids, size_t n_ids, int last_only, float *out) {
     if (n_ids == 0) return tllm_fail(TLLM_ERR_ARG, "logits: no ids");
     if (n_ids > (size_t)s->ctx.n_ctx)
         return tllm_fail(TLLM_ERR_LIMIT, "logits: %zu ids do not fit in the context (%d tokens)", n_ids, s->ctx.n_ctx);
-    int vocab = s->e->m->cfg.vocab_size;
-    for (size_t i = 0; i < n_ids; i++)
-        if (ids[i] < 0 || ids[i] >= vocab)
-            return tllm_fail(TLLM_ERR_ARG, "logits: id %d at %zu is outside the vocabulary (%d)", ids[i], i, vocab);
+    int rc = check_ids(s, ids, n_ids, "logits");
+    if (rc) return rc;
     tllm_session_reset(s);
-    int rc = tllm_ctx_forward(&s->ctx, ids, (int)n_ids, out, last_only ? TLLM_LOGITS_LAST : TLLM_LOGITS_ALL);
+    rc = tllm_ctx_forward(&s->ctx, ids, (int)n_ids, out, last_only ? TLLM_LOGITS_LAST : TLLM_LOGITS_ALL);
     if (!rc) rc = tllm_ids_append(&s->cached, ids, n_ids);
     if (rc) tllm_session_reset(s);
     return rc;
@@ -32,8 +36,8 @@ struct batch_run {
     const struct tllm_batch_item *items;
     tllm_batch_cb cb;
     void *user;
+    struct tllm_generate_params defaults; /* for items without params */
     int stopped;          /* the callback asked to stop: the rest are reported interrupted */
-    size_t reported;
 };
 
 /* The item a request came from, until it is reported */
@@ -53,8 +57,7 @@ static void report(struct batch_run *b, size_t index, int status, const char *er
                                         .prompt_secs = r->prompt_secs, .gen_secs = r->gen_secs, .finish = r->finish};
     }
     if (status) res.stats.finish = TLLM_FINISH_STOP;
-    b->reported++;
-    if (b->cb(index, &res, b->user) && !b->stopped) b->stopped = 1;
+    if (b->cb(index, &res, b->user)) b->stopped = 1;
 }
 
 static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_gen_result *r) {
@@ -83,10 +86,8 @@ static int item_prompt(const struct tllm_session *s, const struct tllm_batch_ite
         free(text);
         if (rc) return rc;
     } else if (it->prompt_ids) {
-        int vocab = e->m->cfg.vocab_size;
-        for (size_t i = 0; i < it->n_prompt_ids; i++)
-            if (it->prompt_ids[i] < 0 || it->prompt_ids[i] >= vocab)
-                return tllm_fail(TLLM_ERR_ARG, "prompt id %d at %zu is outside the vocabulary (%d)", it->prompt_ids[i], i, vocab);
+        int rc = check_ids(s, it->prompt_ids, it->n_prompt_ids, "prompt");
+        if (rc) return rc;
         if (tllm_ids_append(ids, it->prompt_ids, it->n_prompt_ids)) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     if (ids->len == 0) return tllm_fail(TLLM_ERR_ARG, "the prompt is empty");
@@ -99,9 +100,7 @@ static int submit(struct batch_run *b, struct tllm_sched *sched, size_t i, const
                   struct tllm_grammar **last_grammar) {
     struct tllm_session *s = b->s;
     const struct tllm_batch_item *it = &b->items[i];
-    struct tllm_generate_params defaults;
-    tllm_generate_params_default(s->e, &defaults);
-    const struct tllm_generate_params *p = it->params ? it->params : &defaults;
+    const struct tllm_generate_params *p = it->params ? it->params : &b->defaults;
     struct tllm_ids prompt = {0};
     struct tllm_grammar *g = NULL;
     int rc = item_prompt(s, it, &prompt);
@@ -154,10 +153,11 @@ int tllm_session_generate_batch(struct tllm_session *s, const struct tllm_batch_
     struct tllm_backend *dev = s->dev;
     if (dev && (!dev->ops->use_kv || s->info.prefill < 0)) dev = NULL;
     tllm_session_reset(s); /* the device's cache of one sequence is the batch's to overwrite */
-    struct tllm_sched_params sp = {.n_parallel = bp->n_parallel ? bp->n_parallel : dev ? DEFAULT_PARALLEL_DEVICE : DEFAULT_PARALLEL,
+    struct tllm_sched_params sp = {.n_parallel = bp->n_parallel ? bp->n_parallel : dev ? TLLM_SCHED_DEFAULT_PARALLEL_DEVICE : TLLM_SCHED_DEFAULT_PARALLEL,
                                    .n_batch = bp->n_batch, .kv_tokens = bp->kv_tokens, .kv_type = s->kv_type,
                                    .n_ctx = s->ctx.n_ctx, .dev = dev};
     struct batch_run b = {.s = s, .items = items, .cb = cb, .user = user};
+    tllm_generate_params_default(s->e, &b.defaults);
     struct tllm_sched *sched;
     int rc = tllm_sched_init(&sched, s->e->m, s->e->tok, &sp, on_done, &b);
     if (rc) return rc;

@@ -10,6 +10,7 @@ Imported only when Ray is installed (``import tllm`` does not import it). Record
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any, Dict, List, Optional
@@ -130,7 +131,6 @@ class Generator:
 
 def part_name(recs: List[Dict[str, Any]]) -> str:
     """A batch's file: named by its ids, so the same batch done twice is the same file."""
-    import hashlib
     h = hashlib.sha1("\n".join(json.dumps(r["id"]) for r in recs).encode()).hexdigest()[:20]
     return f"part-{h}.jsonl"
 
