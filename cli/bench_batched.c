@@ -50,7 +50,7 @@ static void run_once(const struct tllm_model *m, struct tllm_backend *dev, enum 
             n_out += out[n];
             n++;
             if (n == n_batch || (s == b - 1 && p == pp - 1)) {
-                struct tllm_batch bt = {n, ids, pos, sq, out, 0};
+                struct tllm_batch bt = {.n = n, .id = ids, .pos = pos, .seq = sq, .out = out, .n_gen = 0};
                 if (run->ops->step(run, &bt, NULL, next + s0)) cli_die_lib();
                 for (int t = 0; t < n;) { /* commit each sequence's run */
                     int t1 = t;
@@ -67,7 +67,7 @@ static void run_once(const struct tllm_model *m, struct tllm_backend *dev, enum 
     t0 = tllm_now();
     for (int k = 0; k < tg; k++) {
         for (int s = 0; s < b; s++) ids[s] = next[s], pos[s] = pp + k, sq[s] = s, out[s] = 1;
-        struct tllm_batch bt = {b, ids, pos, sq, out, b};
+        struct tllm_batch bt = {.n = b, .id = ids, .pos = pos, .seq = sq, .out = out, .n_gen = b};
         if (run->ops->step(run, &bt, NULL, next)) cli_die_lib();
         for (int s = 0; s < b; s++)
             if (tllm_kv_seq_commit(kv, s, ids + s, 1)) cli_die_lib();

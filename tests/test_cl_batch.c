@@ -3,7 +3,8 @@
  * alone and among others (prompt chunks of some beside decode tokens of others, steps of any size,
  * split-K forced too); they match the transformers reference and the CPU's batched steps; greedy ids
  * agree with the CPU's; the device's argmaxes are the host's; a shared block written after a
- * truncation is copied on the device (copy on write); malformed steps get messages. */
+ * truncation is copied on the device (copy on write); per-row outputs (logits of some rows, masked
+ * argmaxes of others) are those of a step of logits; malformed steps get messages. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -95,7 +96,7 @@ static int run_plan(struct tllm_backend *b, const struct tllm_model *m, enum tll
         }
         if (n == 0) break;
         for (int t = 0; t < n; t++) n_out += out[t];
-        struct tllm_batch bt = {n, ids, pos, sq, out, 0};
+        struct tllm_batch bt = {.n = n, .id = ids, .pos = pos, .seq = sq, .out = out, .n_gen = 0};
         if ((rc = run->ops->step(run, &bt, lg, use_argmax ? amax : NULL))) break;
         int r = 0;
         for (int t = 0; t < n; t++) {
@@ -157,7 +158,7 @@ static void test_copy_on_write(struct tllm_backend *cl, const struct tllm_model 
     tllm_kv_seq_open(kv, &a);
     tllm_kv_seq_reserve(kv, a, n + 1);
     for (int t = 0; t < n; t++) pos[t] = t, sq[t] = a, out[t] = t == n - 1;
-    struct tllm_batch ba = {n, r->sequence, pos, sq, out, 0};
+    struct tllm_batch ba = {.n = n, .id = r->sequence, .pos = pos, .seq = sq, .out = out, .n_gen = 0};
     CHECK(cl->ops->step(cl, &ba, la, NULL) == TLLM_OK, "a: %s", tllm_errmsg());
     tllm_kv_seq_commit(kv, a, r->sequence, n);
     tllm_kv_seq_open(kv, &b);
@@ -167,7 +168,7 @@ static void test_copy_on_write(struct tllm_backend *cl, const struct tllm_model 
           kv->n_copies);
     int32_t other[4];
     for (int t = 0; t < 4; t++) other[t] = (r->sequence[t] + 7) % c->vocab_size, pos[t] = keep + t, sq[t] = b, out[t] = t == 3;
-    struct tllm_batch bb = {4, other, pos, sq, out, 0};
+    struct tllm_batch bb = {.n = 4, .id = other, .pos = pos, .seq = sq, .out = out, .n_gen = 0};
     CHECK(cl->ops->step(cl, &bb, lb, amax) == TLLM_OK, "b: %s", tllm_errmsg());
     CHECK(kv->n_copies == 0, "the device took the copy");
     tllm_kv_seq_commit(kv, b, other, 4);
@@ -178,13 +179,13 @@ static void test_copy_on_write(struct tllm_backend *cl, const struct tllm_model 
     tllm_kv_seq_open(kv, &f);
     tllm_kv_seq_reserve(kv, f, keep + 4);
     for (int t = 0; t < keep + 4; t++) pos[t] = t, sq[t] = f, out[t] = t == keep + 3;
-    struct tllm_batch bf = {keep + 4, fresh, pos, sq, out, 0};
+    struct tllm_batch bf = {.n = keep + 4, .id = fresh, .pos = pos, .seq = sq, .out = out, .n_gen = 0};
     CHECK(cl->ops->step(cl, &bf, lf, NULL) == TLLM_OK, "f: %s", tllm_errmsg());
     CHECK(!memcmp(lb, lf, vocab * sizeof(float)), "after copy on write: the writer's logits are not a fresh run's");
     /* a's next token still sees its own block */
     int32_t nx = r->sequence[0];
     pos[0] = n, sq[0] = a, out[0] = 1;
-    struct tllm_batch ba2 = {1, &nx, pos, sq, out, 0};
+    struct tllm_batch ba2 = {.n = 1, .id = &nx, .pos = pos, .seq = sq, .out = out, .n_gen = 0};
     CHECK(cl->ops->step(cl, &ba2, la + vocab, NULL) == TLLM_OK, "a again: %s", tllm_errmsg());
     tllm_kv_seq_commit(kv, a, &nx, 1);
     /* malformed steps: messages, no crash */
@@ -197,6 +198,72 @@ static void test_copy_on_write(struct tllm_backend *cl, const struct tllm_model 
     free(la), free(lb), free(lf);
     cl->ops->use_kv(cl, NULL);
     tllm_kv_free(kv);
+}
+
+/* One step of N_ROWS sequences' prompts on a fresh cache through b (NULL: the CPU backend) */
+#define N_ROWS 6
+static int one_step(struct tllm_backend *b, const struct tllm_model *m, const struct ref_fixture *r, const int8_t *want,
+                    const int32_t *mask, const uint32_t *allow, float *lg, int32_t *amax) {
+    const struct tllm_config *c = &m->cfg;
+    struct tllm_kv *kv;
+    struct tllm_backend *cpu = NULL, *run = b;
+    int32_t ids[64], pos[64], sq[64];
+    int8_t out[64];
+    int n = 0, rc = tllm_kv_init(&kv, c->n_layers, c->n_kv_heads, c->head_dim, 256, TLLM_DT_F16, N_ROWS);
+    if (rc) return rc;
+    rc = b ? b->ops->use_kv(b, kv) : tllm_backend_cpu_init(&cpu, m, kv, 64);
+    run = b ? b : cpu;
+    for (int i = 0; i < N_ROWS && !rc; i++) {
+        int s, len = 2 + i;
+        if ((rc = tllm_kv_seq_open(kv, &s)) || (rc = tllm_kv_seq_reserve(kv, s, len))) break;
+        for (int t = 0; t < len; t++, n++)
+            ids[n] = r->sequence[(i + t) % r->n_seq], pos[n] = t, sq[n] = s, out[n] = t == len - 1;
+    }
+    struct tllm_batch bt = {.n = n, .id = ids, .pos = pos, .seq = sq, .out = out, .want_logits = want, .mask = mask, .allow = allow};
+    if (!rc) rc = run->ops->step(run, &bt, lg, amax);
+    if (b && !cpu) b->ops->use_kv(b, NULL);
+    tllm_backend_free(cpu);
+    tllm_kv_free(kv);
+    return rc;
+}
+
+/* The oracle of a masked argmax: the first largest allowed logit (-1: none allowed) */
+static int32_t allowed_argmax(const float *x, int n, const uint32_t *bits) {
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if ((bits[i / 32] >> (i % 32) & 1) && (best < 0 || x[i] > x[best])) best = i;
+    return best;
+}
+
+/* Per-row outputs of a step (the scheduler's: greedy rows bring back their argmax, under a grammar's
+ * mask, sampling rows their logits): the wanted rows' logits are those of a step that brings back
+ * every row's, bit for bit; each argmax is the oracle's on those logits; a row with nothing allowed
+ * gets an id outside the vocabulary */
+static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m, const struct ref_fixture *r) {
+    int vocab = m->cfg.vocab_size, n_cand = m->n_sample < vocab ? m->n_sample : vocab, words = TLLM_MASK_WORDS(vocab);
+    float *all = malloc((size_t)N_ROWS * vocab * sizeof(float)), *lg = malloc((size_t)N_ROWS * vocab * sizeof(float));
+    uint32_t *allow = calloc(3 * (size_t)words, sizeof *allow);
+    int32_t amax[N_ROWS];
+    CHECK(one_step(b, m, r, NULL, NULL, NULL, all, NULL) == TLLM_OK, "every row's logits: %s", tllm_errmsg());
+    /* row 3: every third id but the row's own argmax; row 4: none; row 5: id 5 alone */
+    int32_t top3 = argmax_f32(all + 3 * (size_t)vocab, n_cand);
+    for (int i = 1; i < vocab; i += 3)
+        if (i != top3) allow[i / 32] |= 1u << (i % 32);
+    allow[2 * words + 5 / 32] |= 1u << (5 % 32);
+    int8_t want[N_ROWS] = {1, 0, 1, 0, 0, 0};
+    int32_t mask[N_ROWS] = {-1, -1, -1, 0, 1, 2};
+    for (size_t i = 0; i < (size_t)N_ROWS * vocab; i++) lg[i] = -1.0f;
+    CHECK(one_step(b, m, r, want, mask, allow, lg, amax) == TLLM_OK, "per-row outputs: %s", tllm_errmsg());
+    for (int j = 0; j < N_ROWS; j++) {
+        const float *row = all + (size_t)j * vocab;
+        if (want[j]) CHECK(!memcmp(lg + (size_t)j * vocab, row, vocab * sizeof(float)), "row %d's logits differ from a step of all rows'", j);
+        int32_t expect = mask[j] < 0 ? argmax_f32(row, n_cand) : allowed_argmax(row, n_cand, allow + (size_t)mask[j] * words);
+        if (expect < 0) CHECK(amax[j] < 0 || amax[j] >= vocab, "row %d allows nothing, yet its argmax is %d", j, amax[j]);
+        else CHECK(amax[j] == expect, "row %d: argmax %d, the oracle's %d", j, amax[j], expect);
+    }
+    CHECK(amax[3] != top3 && amax[5] == 5, "the masks were not applied (%d, %d)", amax[3], amax[5]);
+    printf("  per-row outputs (%s): wanted logits bit for bit, masked argmaxes the oracle's\n", b ? "device" : "CPU");
+    free(all), free(lg), free(allow);
 }
 
 static void test_fixture(const char *dir, int device, int packed, int levels) {
@@ -278,6 +345,8 @@ static void test_fixture(const char *dir, int device, int packed, int levels) {
         outcome_free(&all), outcome_free(&cpu);
     }
     test_copy_on_write(cl, m, &r);
+    test_row_outputs(cl, m, &r);
+    test_row_outputs(NULL, m, &r);
     tllm_backend_free(cl);
 out:
     tllm_model_free(m);

@@ -27,7 +27,19 @@ struct tllm_batch {
     const int32_t *seq; /* [n] each token's sequence (its id in the KV cache) */
     const int8_t *out;  /* [n] 1 where the token's logits (or argmax) are wanted, NULL for none */
     int n_gen;          /* tokens [0, n_gen) are generated tokens */
+    /* Optional, per out row (the tokens out marks, in order). With both logits and argmax asked:
+     * want_logits[j] 1 where row j's logits are wanted (written at logits + j x vocab), 0 where its
+     * argmax is enough (NULL: every row's logits); every row's argmax is written. mask[j] >= 0: row j's
+     * argmax is over the ids whose bit is set in allow + mask[j] x TLLM_MASK_WORDS(vocab) (a grammar's
+     * tokens, picked where the logits are: 4 bytes a row back from a device, not the row); an id
+     * outside [0, vocab) when no allowed id has a logit above -inf. */
+    const int8_t *want_logits;
+    const int32_t *mask;
+    const uint32_t *allow;
 };
+
+/* 32-bit words of a bitset of n ids (bit i of word i / 32: id i) */
+#define TLLM_MASK_WORDS(n) (((n) + 31) / 32)
 
 /* For reports (tllm bench, tllm info) */
 struct tllm_backend_info {

@@ -152,7 +152,7 @@ static int dev_sync(struct tllm_ctx *ctx) {
  * which want logits */
 static struct tllm_batch batch_of(struct tllm_ctx *ctx, const int32_t *ids, int n, int n_gen) {
     for (int t = 0; t < n; t++) ctx->step_pos[t] = ctx->pos + t;
-    struct tllm_batch b = {n, ids, ctx->step_pos, ctx->step_seq, ctx->step_out, n_gen};
+    struct tllm_batch b = {.n = n, .id = ids, .pos = ctx->step_pos, .seq = ctx->step_seq, .out = ctx->step_out, .n_gen = n_gen};
     return b;
 }
 

@@ -114,10 +114,32 @@ void tllm_sampler_constrain(struct tllm_sampler *s, struct tllm_gmatch *gm) {
     s->gm = gm;
 }
 
-int tllm_sampler_is_greedy(const struct tllm_sampler *s) {
+int tllm_sampler_is_masked_greedy(const struct tllm_sampler *s) {
     const struct tllm_sampler_params *p = &s->p;
-    return !s->gm && (p->temperature <= 0.0f || p->top_k == 1) && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
+    return (p->temperature <= 0.0f || p->top_k == 1) && p->repeat_penalty == 1.0f && p->presence_penalty == 0.0f &&
            p->frequency_penalty == 0.0f;
+}
+
+int tllm_sampler_is_greedy(const struct tllm_sampler *s) { return !s->gm && tllm_sampler_is_masked_greedy(s); }
+
+int tllm_sampler_allowed(struct tllm_sampler *s, uint32_t *words, int n_words) {
+    if (!s->gm) return 0;
+    int n, allows;
+    const int32_t *list = tllm_gmatch_list(s->gm, &n, &allows);
+    if (!list) n = 0, allows = 1;
+    memset(words, allows ? 0 : 0xff, (size_t)n_words * sizeof *words);
+    for (int i = 0; i < n && list[i] < 32 * n_words; i++) {
+        uint32_t bit = 1u << (list[i] & 31);
+        if (allows) words[list[i] >> 5] |= bit;
+        else words[list[i] >> 5] &= ~bit;
+    }
+    return 1;
+}
+
+int32_t tllm_sampler_take(struct tllm_sampler *s, int32_t id) {
+    if (!s->gm) return id;
+    if (id < 0 || id >= s->vocab || tllm_gmatch_accept(s->gm, id)) return tllm_gmatch_eos(s->gm);
+    return id;
 }
 
 static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, int n_only);

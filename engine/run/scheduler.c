@@ -66,7 +66,11 @@ struct tllm_sched {
     int *row_slot;             /* [n_parallel] the slot of each logits row */
     int *tok_slot;             /* [n_batch] the slot of each token */
     float *logits;             /* [n_parallel x vocab] */
-    int32_t *next;             /* [n_parallel] each row's argmax, when every row is greedy */
+    int32_t *next;             /* [n_parallel] each row's argmax (rows whose pick it is) */
+    int8_t *want;              /* [n_parallel] 1 where a row's logits come back (it samples, or logprobs are asked) */
+    int32_t *mask;             /* [n_parallel] a greedy row's bitset in allow (under a grammar), else -1 */
+    uint32_t *allow;           /* [cap_allow][TLLM_MASK_WORDS(vocab)] the step's grammar masks */
+    int cap_allow;
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
     struct tllm_sched_stats st;
     int bound;                 /* p.dev holds the cache (use_kv): let go of it at the end */
@@ -114,7 +118,10 @@ int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct 
         s->tok_slot = malloc(nb * sizeof *s->tok_slot);
         s->logits = malloc(np * (size_t)c->vocab_size * sizeof *s->logits);
         s->next = malloc(np * sizeof *s->next);
-        if (!s->seqs || !s->order || !s->ids || !s->pos || !s->sq || !s->out || !s->row_slot || !s->tok_slot || !s->logits || !s->next)
+        s->want = malloc(np);
+        s->mask = malloc(np * sizeof *s->mask);
+        if (!s->seqs || !s->order || !s->ids || !s->pos || !s->sq || !s->out || !s->row_slot || !s->tok_slot || !s->logits || !s->next ||
+            !s->want || !s->mask)
             rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     if (rc) {
@@ -194,6 +201,9 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->tok_slot);
     free(s->logits);
     free(s->next);
+    free(s->want);
+    free(s->mask);
+    free(s->allow);
     tllm_vocab_index_free(s->vi);
     free(s->raw);
     free(s);
@@ -371,7 +381,7 @@ static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best)
         }
         memcpy(s->raw, logits, (size_t)n_vocab * sizeof *s->raw);
     }
-    int32_t id = logits ? tllm_sampler_sample(&q->smp, logits) : best;
+    int32_t id = logits ? tllm_sampler_sample(&q->smp, logits) : tllm_sampler_take(&q->smp, best);
     size_t kept = q->r.ids.len;
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
@@ -390,6 +400,37 @@ static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best)
         retire(s, slot, TLLM_OK, NULL, 0);
     } else
         q->next = id;
+}
+
+/* What the step brings back for each row: a row whose pick is the argmax of its logits (greedy, under
+ * its grammar's mask if it has one) only its argmax (from a device, 4 bytes, not the row's 600 KB),
+ * the others their logits. Each row's choice is its own: what comes back for a row never depends on
+ * its neighbours. Sets b's per-row outputs and which of logits and argmax the step fills. */
+static int pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, float **logits, int32_t **argmax) {
+    int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_logits = 0;
+    for (int j = 0; j < n_rows; j++) {
+        const struct seq *q = &s->seqs[s->row_slot[j]];
+        s->want[j] = !tllm_sampler_is_masked_greedy(&q->smp) || q->rq->on_token;
+        n_logits += s->want[j];
+        n_masks += !s->want[j] && q->smp.gm;
+    }
+    if (n_masks > s->cap_allow) {
+        uint32_t *a = realloc(s->allow, (size_t)n_masks * n_words * sizeof *a);
+        if (!a) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        s->allow = a, s->cap_allow = n_masks;
+    }
+    n_masks = 0;
+    for (int j = 0; j < n_rows; j++) {
+        struct seq *q = &s->seqs[s->row_slot[j]];
+        s->mask[j] = -1;
+        if (!s->want[j] && tllm_sampler_allowed(&q->smp, s->allow + (size_t)n_masks * n_words, n_words)) s->mask[j] = n_masks++;
+    }
+    b->want_logits = n_logits > 0 && n_logits < n_rows ? s->want : NULL;
+    b->mask = n_masks ? s->mask : NULL;
+    b->allow = n_masks ? s->allow : NULL;
+    *logits = n_logits > 0 ? s->logits : NULL;
+    *argmax = n_logits < n_rows ? s->next : NULL;
+    return TLLM_OK;
 }
 
 int tllm_sched_step(struct tllm_sched *s) {
@@ -424,14 +465,12 @@ int tllm_sched_step(struct tllm_sched *s) {
         }
     }
     if (n == 0) return TLLM_OK;
-    struct tllm_batch b = {n, s->ids, s->pos, s->sq, s->out, n_gen};
-    int greedy = 1; /* every row's pick is its argmax: only the ids come back (from a device, 4 bytes a row) */
-    for (int j = 0; j < n_rows && greedy; j++) {
-        const struct seq *q = &s->seqs[s->row_slot[j]];
-        greedy = tllm_sampler_is_greedy(&q->smp) && !q->rq->on_token;
-    }
+    struct tllm_batch b = {.n = n, .id = s->ids, .pos = s->pos, .seq = s->sq, .out = s->out, .n_gen = n_gen};
+    float *logits = NULL;
+    int32_t *argmax = NULL;
+    int rc = pick_outputs(s, n_rows, &b, &logits, &argmax);
     double t0 = tllm_now();
-    int rc = s->run->ops->step(s->run, &b, greedy ? NULL : s->logits, greedy ? s->next : NULL);
+    if (!rc) rc = s->run->ops->step(s->run, &b, logits, argmax);
     s->st.step_secs += tllm_now() - t0;
     if (rc) {
         char msg[512];
@@ -453,7 +492,7 @@ int tllm_sched_step(struct tllm_sched *s) {
         t = t1;
     }
     for (int j = 0; j < n_rows; j++)
-        advance(s, s->row_slot[j], greedy ? NULL : s->logits + (size_t)j * s->m->cfg.vocab_size, greedy ? s->next[j] : 0);
+        advance(s, s->row_slot[j], s->want[j] ? s->logits + (size_t)j * s->m->cfg.vocab_size : NULL, s->want[j] ? 0 : s->next[j]);
     return TLLM_OK;
 }
 

@@ -122,6 +122,18 @@ int tllm_argmax(const float *x, int n) {
     return tllm_cpu_has_avx512() ? tllm_argmax_avx512(x, n) : tllm_argmax_ref(x, n);
 }
 
+int tllm_argmax_allowed(const float *x, int n, const uint32_t *allow) {
+    int best = -1;
+    float bv = -INFINITY;
+    for (int w = 0; w < (n + 31) / 32; w++) /* a grammar's bits are mostly all clear or all set: whole words at a time */
+        for (uint32_t bits = allow[w]; bits; bits &= bits - 1) {
+            int i = w * 32 + __builtin_ctz(bits);
+            if (i >= n) break;
+            if (x[i] > bv || (best < 0 && x[i] == bv)) bv = x[i], best = i;
+        }
+    return best;
+}
+
 void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n) {
     if (tllm_cpu_has_avx512()) tllm_f16_to_f32_row_avx512(src, dst, n);
     else

@@ -41,6 +41,9 @@ void tllm_swiglu(float *gate, const float *up, int n);
 
 /* The index of the first maximum of x[0..n) (NaN never wins; n >= 1): greedy sampling of a logits row. */
 int tllm_argmax(const float *x, int n);
+/* tllm_argmax over the ids whose bit is set in allow (bit i of word i / 32), as a device's
+ * rows_argmax_allowed picks (an allowed -inf counts, NaN never wins); -1 when none is. */
+int tllm_argmax_allowed(const float *x, int n, const uint32_t *allow);
 
 /* log(sum_i exp(x[i])) in double, the max taken out first (n >= 1): log-softmax's normalizer, for
  * log probabilities and perplexity. */

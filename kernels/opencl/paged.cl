@@ -50,8 +50,7 @@ __kernel void paged_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, __global co
 }
 
 /* out[out_off + t] = the column of the largest of the first n_cand of row t of logits ([n][ld]), the
- * first on ties (as tllm_argmax); INT_MAX when the row has no number above -inf. One work-group of
- * MV_LWS a row. */
+ * first on ties (as tllm_argmax); INT_MAX when the row has only NaNs. One work-group of MV_LWS a row. */
 __kernel __attribute__((reqd_work_group_size(MV_LWS, 1, 1))) void
 rows_argmax(__global const float *logits, int ld, int n_cand, __global int *out, int out_off) {
     __local float2 red[MV_LWS];
@@ -61,6 +60,25 @@ rows_argmax(__global const float *logits, int ld, int n_cand, __global int *out,
     for (int j = get_local_id(0); j < n_cand; j += MV_LWS) {
         float2 v = (float2)(row[j], as_float(j));
         if (beats(v, b)) b = v;
+    }
+    b = wg_best(b, red);
+    if (get_local_id(0) == 0) out[out_off + t] = as_int(b.y);
+}
+
+/* rows_argmax over the ids a grammar allows: row t's bitset is allow + mask[out_off + t] * words (bit j
+ * of word j / 32 set: id j may come), or none (every id) where that is < 0. INT_MAX when no id is
+ * allowed. */
+__kernel __attribute__((reqd_work_group_size(MV_LWS, 1, 1))) void
+rows_argmax_allowed(__global const float *logits, int ld, int n_cand, __global int *out, int out_off, __global const uint *allow,
+                    __global const int *mask, int words) {
+    __local float2 red[MV_LWS];
+    int t = get_group_id(1), m = mask[out_off + t];
+    __global const float *row = logits + (size_t)t * ld;
+    __global const uint *bits = allow + (size_t)(m < 0 ? 0 : m) * words;
+    float2 b = (float2)(-INFINITY, as_float(0x7fffffff));
+    for (int j = get_local_id(0); j < n_cand; j += MV_LWS) {
+        float2 v = (float2)(row[j], as_float(j));
+        if ((m < 0 || (bits[j >> 5] >> (j & 31) & 1u)) && beats(v, b)) b = v;
     }
     b = wg_best(b, red);
     if (get_local_id(0) == 0) out[out_off + t] = as_int(b.y);

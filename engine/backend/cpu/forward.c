@@ -525,6 +525,8 @@ struct argmax_args {
     const float *logits; /* [n x vocab] */
     int32_t *ids;
     int n, vocab, n_sample;
+    const int32_t *mask;   /* [n] or NULL: the batch's */
+    const uint32_t *allow;
 };
 
 /* Greedy ids of a step's rows, rows shared out: 16 rows of a 151,936-word vocabulary are 9.7 MB to read */
@@ -532,7 +534,12 @@ static void argmax_task(void *arg, int ith, int nth) {
     const struct argmax_args *a = arg;
     int t0, t1;
     token_range(a->n, ith, nth, &t0, &t1);
-    for (int j = t0; j < t1; j++) a->ids[j] = tllm_argmax(a->logits + (size_t)j * a->vocab, a->n_sample);
+    for (int j = t0; j < t1; j++) {
+        const float *row = a->logits + (size_t)j * a->vocab;
+        int m = a->mask ? a->mask[j] : -1;
+        a->ids[j] = m < 0 ? tllm_argmax(row, a->n_sample)
+                          : tllm_argmax_allowed(row, a->n_sample, a->allow + (size_t)m * TLLM_MASK_WORDS(a->vocab));
+    }
 }
 
 static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
@@ -552,7 +559,7 @@ static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *
     forward_step(cpu, n_out, out);
     cpu->bt = NULL;
     if (argmax) {
-        struct argmax_args aa = {out, argmax, n_out, vocab, cpu->m->n_sample};
+        struct argmax_args aa = {out, argmax, n_out, vocab, cpu->m->n_sample, bt->mask, bt->allow};
         if (n_out > 1) tllm_parallel(argmax_task, &aa);
         else argmax_task(&aa, 0, 1);
     }

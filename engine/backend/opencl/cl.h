@@ -39,10 +39,10 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
 struct tllm_kv;
 int tllm_cl_use_kv(struct tllm_cl *cl, struct tllm_kv *kv);
 /* One step of tokens of kv's sequences, as the CPU backend's (engine/backend/backend.h: each sequence's
- * tokens together, from where its cache ends, positions reserved): K/V into the pool; for each token
- * out marks, in order, logits[vocab] and/or its argmax. */
-int tllm_cl_batch(struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, const int8_t *out,
-                  float *logits, int32_t *argmax);
+ * tokens together, from where its cache ends, positions reserved; per row logits, argmax, or a masked
+ * argmax): K/V into the pool; for each token bt->out marks, in order, logits[vocab] and/or its argmax. */
+struct tllm_batch;
+int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits, int32_t *argmax);
 /* 1 if prompts run faster here than on the CPU threads (a GPU; what --prefill auto takes), 0 if they
  * can run here but slower (a CPU device), -1 if they cannot (tllm_cl_prefill says why) */
 int tllm_cl_prefill_auto(const struct tllm_cl *cl);

@@ -217,6 +217,11 @@ struct cl_tokens {
     int rows_off, n_out;
     float *logits;
     int32_t *argmax;
+    /* [n_out] or NULL, as struct tllm_batch's: which rows' logits come back when argmax is asked too;
+     * each row's bitset of allowed ids in allow (-1: none) */
+    const int8_t *want_logits;
+    const int32_t *mask;
+    const uint32_t *allow;
 };
 int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk);
 /* Query rows of a flash_prefill work-group (a run's tokens x the heads of a KV head); 0 when the

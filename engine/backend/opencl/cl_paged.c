@@ -5,6 +5,7 @@
  * go through tllm_cl_tokens (cl_prefill.c) with their positions, slots, attention runs and block
  * tables in one upload; the host's copies on write become device copies before the step. */
 #include "engine/backend/opencl/cl_internal.h"
+#include "engine/backend/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -88,8 +89,10 @@ static int meta_room(struct cl_paged *g, size_t n) {
     return TLLM_OK;
 }
 
-int tllm_cl_batch(struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *pos, const int32_t *seq, const int8_t *out,
-                  float *logits, int32_t *argmax) {
+int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
+    int n = bt->n;
+    const int32_t *ids = bt->id, *pos = bt->pos, *seq = bt->seq;
+    const int8_t *out = bt->out;
     struct cl_paged *g = cl->pg;
     if (!g) return tllm_fail(TLLM_ERR_ARG, "opencl: a step of many sequences with no KV cache bound");
     if (n < 1) return tllm_fail(TLLM_ERR_ARG, "opencl: an empty step");
@@ -130,6 +133,7 @@ int tllm_cl_batch(struct tllm_cl *cl, int n, const int32_t *ids, const int32_t *
         if (out[t]) m[rows_off + n_out++] = t;
     if ((rc = copy_blocks(cl))) return rc;
     struct cl_tokens tk = {.n = n, .n_meta = rows_off + n_out, .meta = m, .pages = &pg, .rows_off = rows_off, .n_out = n_out,
-                           .logits = logits, .argmax = argmax};
+                           .logits = logits, .argmax = argmax, .want_logits = logits && argmax ? bt->want_logits : NULL,
+                           .mask = argmax ? bt->mask : NULL, .allow = bt->allow};
     return tllm_cl_tokens(cl, &tk);
 }

@@ -4,6 +4,7 @@
  * (or the block pool). The kernels and the buffers are made at the first step and grow with the
  * largest one. */
 #include "engine/backend/opencl/cl_internal.h"
+#include "engine/backend/backend.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,9 @@ struct cl_prefill {
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    cl_kernel reduce, embed, norm, swiglu, rope, flash, paged_rope, argmax;
+    cl_kernel reduce, embed, norm, swiglu, rope, flash, paged_rope, argmax, argmax_allowed;
+    cl_mem allow, mask;         /* a step's bitsets of allowed ids and each wanted row's (struct cl_tokens) */
+    size_t cap_allow, cap_mask; /* their sizes in 32-bit words */
     cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
     size_t cap_meta;
     cl_mem amax;                /* [cap] the argmax of each wanted row */
@@ -94,10 +97,10 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash, p->paged_rope, p->argmax};
+    cl_kernel ks[] = {p->mm.k, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash, p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->meta, p->amax, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits};
+    cl_mem bs[] = {p->meta, p->amax, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits, p->allow, p->mask};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -147,6 +150,7 @@ static int make(struct tllm_cl *cl) {
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->rope, "pf_rope");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->paged_rope, "paged_rope");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->argmax, "rows_argmax");
+    if (!rc) rc = tllm_cl_make_kernel(cl, &p->argmax_allowed, "rows_argmax_allowed");
     if (!rc && tllm_cl_make_kernel(cl, &p->flash, "flash_prefill"))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
@@ -508,18 +512,30 @@ static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
         e = mm_input(cl, &p->mm, p->x, 0, tk->rows_off + w0, nw, c->dim, (int)(cl->m->final_norm - cl->m->vectors), 0);
         if (!e) e = gemm(cl, &cl->lm_head, nw, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
         if (!e && tk->argmax) {
-            struct args a = {p->argmax, 0, CL_SUCCESS};
+            cl_kernel k = tk->mask ? p->argmax_allowed : p->argmax;
+            struct args a = {k, 0, CL_SUCCESS};
             ARG_MEM(&a, p->logits);
             ARG_INT(&a, c->vocab_size);
             ARG_INT(&a, cl->m->n_sample < c->vocab_size ? cl->m->n_sample : c->vocab_size);
             ARG_MEM(&a, p->amax);
             ARG_INT(&a, w0);
-            e = a.err ? a.err : run2(cl, p->argmax, (size_t)cl->t.mv_lws, (size_t)nw, (size_t)cl->t.mv_lws, 1, P_LM_HEAD);
+            if (tk->mask) {
+                ARG_MEM(&a, p->allow);
+                ARG_MEM(&a, p->mask);
+                ARG_INT(&a, TLLM_MASK_WORDS(c->vocab_size));
+            }
+            e = a.err ? a.err : run2(cl, k, (size_t)cl->t.mv_lws, (size_t)nw, (size_t)cl->t.mv_lws, 1, P_LM_HEAD);
         }
-        if (!e && tk->logits)
-            e = clEnqueueReadBuffer(cl->q, p->logits, CL_TRUE, 0, (size_t)nw * vocab * 4, tk->logits + (size_t)w0 * vocab, 0, NULL, NULL);
+        /* the rows wanted, in runs of consecutive rows (queued: the step's clFinish waits for them) */
+        for (int j0 = 0, j1; tk->logits && j0 < nw && !e; j0 = j1) {
+            int want = !tk->want_logits || tk->want_logits[w0 + j0];
+            for (j1 = j0 + 1; j1 < nw && (!tk->want_logits || tk->want_logits[w0 + j1]) == want; j1++) {}
+            if (want)
+                e = clEnqueueReadBuffer(cl->q, p->logits, CL_FALSE, (size_t)j0 * vocab * 4, (size_t)(j1 - j0) * vocab * 4,
+                                        tk->logits + (size_t)(w0 + j0) * vocab, 0, NULL, NULL);
+        }
     }
-    if (!e && tk->argmax) e = clEnqueueReadBuffer(cl->q, p->amax, CL_TRUE, 0, (size_t)tk->n_out * 4, tk->argmax, 0, NULL, NULL);
+    if (!e && tk->argmax) e = clEnqueueReadBuffer(cl->q, p->amax, CL_FALSE, 0, (size_t)tk->n_out * 4, tk->argmax, 0, NULL, NULL);
     return e;
 }
 
@@ -528,16 +544,31 @@ int tllm_cl_flash_rows(struct tllm_cl *cl) {
     return cl->pf->fl_qb;
 }
 
-/* meta's room on the device */
-static int meta_room(struct tllm_cl *cl, size_t n_ints) {
-    struct cl_prefill *p = cl->pf;
-    if (n_ints <= p->cap_meta) return TLLM_OK;
-    if (p->meta) clReleaseMemObject(p->meta), p->meta = NULL;
-    p->cap_meta = 0;
-    size_t cap = n_ints < 4096 ? 4096 : n_ints + n_ints / 2;
-    int rc = tllm_cl_device_buffer(cl, &p->meta, cap * 4, "a step's tables");
-    if (!rc) p->cap_meta = cap;
+/* A buffer of a step's data with room for n_ints 32-bit words (*cap: what it holds) */
+static int room(struct tllm_cl *cl, cl_mem *b, size_t *cap, size_t n_ints, const char *what) {
+    if (n_ints <= *cap) return TLLM_OK;
+    if (*b) clReleaseMemObject(*b), *b = NULL;
+    *cap = 0;
+    size_t n = n_ints < 4096 ? 4096 : n_ints + n_ints / 2;
+    int rc = tllm_cl_device_buffer(cl, b, n * 4, what);
+    if (!rc) *cap = n;
     return rc;
+}
+
+/* The wanted rows' mask indexes and their bitsets onto the device (queued; the step's clFinish comes
+ * before the caller's arrays change) */
+static int upload_masks(struct tllm_cl *cl, const struct cl_tokens *tk) {
+    struct cl_prefill *p = cl->pf;
+    int n_masks = 0;
+    for (int j = 0; j < tk->n_out; j++)
+        if (tk->mask[j] >= n_masks) n_masks = tk->mask[j] + 1;
+    size_t words = (size_t)n_masks * TLLM_MASK_WORDS(cl->m->cfg.vocab_size);
+    int rc = room(cl, &p->mask, &p->cap_mask, (size_t)tk->n_out, "a step's masks");
+    if (!rc) rc = room(cl, &p->allow, &p->cap_allow, words, "a step's allowed ids");
+    if (rc) return rc;
+    cl_int e = clEnqueueWriteBuffer(cl->q, p->mask, CL_FALSE, 0, (size_t)tk->n_out * 4, tk->mask, 0, NULL, NULL);
+    if (!e && words) e = clEnqueueWriteBuffer(cl->q, p->allow, CL_FALSE, 0, words * 4, tk->allow, 0, NULL, NULL);
+    return e ? tllm_fail(TLLM_ERR_IO, "opencl: a step's masks on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e) : TLLM_OK;
 }
 
 int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
@@ -551,7 +582,8 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
     if (lv != p->mm.int8 && (rc = mm_kernel(cl, &p->mm, lv))) return rc;
     p->mm.split = split_asked();
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
-    if ((rc = reserve(cl, tk->n)) || (rc = meta_room(cl, (size_t)tk->n_meta))) return rc;
+    if ((rc = reserve(cl, tk->n)) || (rc = room(cl, &p->meta, &p->cap_meta, (size_t)tk->n_meta, "a step's tables"))) return rc;
+    if (tk->mask && tk->argmax && tk->n_out && (rc = upload_masks(cl, tk))) return rc;
     double t0 = cl->profile ? tllm_now() : 0;
     cl_int e = clEnqueueWriteBuffer(cl->q, p->meta, CL_FALSE, 0, (size_t)tk->n_meta * 4, tk->meta, 0, NULL, NULL);
     if (!e) {
@@ -575,7 +607,7 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
     }
     if (e) return tllm_fail(TLLM_ERR_IO, "opencl: a step of %d tokens on %s: %s (%d)", tk->n, cl->name, tllm_cl_err_name(e), e);
     for (int j = 0; tk->argmax && j < tk->n_out; j++)
-        if (tk->argmax[j] < 0 || tk->argmax[j] >= c->vocab_size)
+        if ((tk->argmax[j] < 0 || tk->argmax[j] >= c->vocab_size) && !(tk->mask && tk->mask[j] >= 0))
             return tllm_fail(TLLM_ERR_FORMAT, "opencl: no finite logit for token %d of the step", tk->meta[tk->rows_off + j]);
     return TLLM_OK;
 }
