@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What constrained decoding costs: the same batch of prompts through `tllm generate --prompts`, free
 # and under a JSON schema, alternating, ROUNDS times; prints the generated tokens per second of each
-# run and the grammar's own counts (masks computed, their time, masks found in the cache).
+# run and the grammar's own counts (the vocabulary's byte-order index, built once a process; masks
+# computed, their time, masks found in the cache).
 #   bash scripts/bench_structured.sh TLLM MODEL NP [ROUNDS=2] [-- extra generate flags, e.g. --device opencl]
 # Every sequence runs the whole -n 96 tokens in both runs (the same work but for the masks): the free
 # run with --ignore-eos, the constrained one under a schema of one string of at least 1000 characters
@@ -27,7 +28,7 @@ run() { # name, flags...
     "$@" 2> "$dir/err.txt" > /dev/null
   local line masks
   line=$(grep -a "in forward steps" "$dir/err.txt" | tail -1)
-  masks=$(grep -a "^grammar:" "$dir/err.txt" | tail -1 || true)
+  masks=$(grep -a "^grammar" "$dir/err.txt" | sed 's/^grammar: //; s/^grammar index: /index: /' | paste -sd ";" - | sed "s/;/; /" || true)
   # tokens, tok/s, and the time outside the forward steps (sampling, masks, bookkeeping) per token
   echo "$line" | sed -n 's/.*generated \([0-9]*\) (\([0-9.]*\) tok\/s); \([0-9.]*\) s of \([0-9.]*\) s in forward steps.*/\1 \2 \3 \4/p' |
     awk -v name="$name" -v masks="$masks" '{ printf "%-8s %6d tokens %9.1f tok/s   outside the forward steps: %.3f ms a token%s\n",

@@ -242,16 +242,19 @@ static int32_t allowed_argmax(const float *x, int n, const uint32_t *bits) {
 static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m, const struct ref_fixture *r) {
     int vocab = m->cfg.vocab_size, n_cand = m->n_sample < vocab ? m->n_sample : vocab, words = TLLM_MASK_WORDS(vocab);
     float *all = malloc((size_t)N_ROWS * vocab * sizeof(float)), *lg = malloc((size_t)N_ROWS * vocab * sizeof(float));
-    uint32_t *allow = calloc(3 * (size_t)words, sizeof *allow);
+    uint32_t *allow = calloc(4 * (size_t)words, sizeof *allow);
     int32_t amax[N_ROWS];
     CHECK(one_step(b, m, r, NULL, NULL, NULL, all, NULL) == TLLM_OK, "every row's logits: %s", tllm_errmsg());
-    /* row 3: every third id but the row's own argmax; row 4: none; row 5: id 5 alone */
-    int32_t top3 = argmax_f32(all + 3 * (size_t)vocab, n_cand);
+    /* row 3: every third id but the row's own argmax; row 4: none; row 5: id 5 alone; row 1: all but its
+     * own argmax (whole words) */
+    int32_t top3 = argmax_f32(all + 3 * (size_t)vocab, n_cand), top1 = argmax_f32(all + (size_t)vocab, n_cand);
     for (int i = 1; i < vocab; i += 3)
         if (i != top3) allow[i / 32] |= 1u << (i % 32);
     allow[2 * words + 5 / 32] |= 1u << (5 % 32);
+    for (int i = 0; i < vocab; i++)
+        if (i != top1) allow[3 * words + i / 32] |= 1u << (i % 32);
     int8_t want[N_ROWS] = {1, 0, 1, 0, 0, 0};
-    int32_t mask[N_ROWS] = {-1, -1, -1, 0, 1, 2};
+    int32_t mask[N_ROWS] = {-1, 3, -1, 0, 1, 2};
     for (size_t i = 0; i < (size_t)N_ROWS * vocab; i++) lg[i] = -1.0f;
     CHECK(one_step(b, m, r, want, mask, allow, lg, amax) == TLLM_OK, "per-row outputs: %s", tllm_errmsg());
     for (int j = 0; j < N_ROWS; j++) {
@@ -261,7 +264,7 @@ static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m,
         if (expect < 0) CHECK(amax[j] < 0 || amax[j] >= vocab, "row %d allows nothing, yet its argmax is %d", j, amax[j]);
         else CHECK(amax[j] == expect, "row %d: argmax %d, the oracle's %d", j, amax[j], expect);
     }
-    CHECK(amax[3] != top3 && amax[5] == 5, "the masks were not applied (%d, %d)", amax[3], amax[5]);
+    CHECK(amax[1] != top1 && amax[3] != top3 && amax[5] == 5, "the masks were not applied (%d, %d, %d)", amax[1], amax[3], amax[5]);
     printf("  per-row outputs (%s): wanted logits bit for bit, masked argmaxes the oracle's\n", b ? "device" : "CPU");
     free(all), free(lg), free(allow);
 }

@@ -166,6 +166,34 @@ static void test_argmax(void) {
         }
 }
 
+/* The first maximum over the ids a bitset allows, as a loop over the allowed ids finds it: whole words
+ * allowed (the fast path) and words partly allowed, ties, NaN, -inf, nothing allowed, lengths that end
+ * mid-word */
+static void test_argmax_allowed(void) {
+    enum { N = 200 };
+    float x[N];
+    uint32_t bits[(N + 31) / 32];
+    unsigned seed = 9;
+    for (int n = 1; n <= N; n++)
+        for (int trial = 0; trial < 6; trial++) {
+            for (int i = 0; i < n; i++) x[i] = (float)(int)(8.0f * frand(&seed));
+            if (trial == 1) x[n / 2] = NAN, x[0] = NAN;
+            if (trial == 2)
+                for (int i = 0; i < n; i++) x[i] = i % 3 ? -INFINITY : NAN;
+            for (int w = 0; w < (N + 31) / 32; w++) {
+                unsigned r = (unsigned)(frand(&seed) * 4.0f + 4.0f) % 4; /* all, none, random, one bit */
+                bits[w] = r == 0 ? 0xffffffffu : r == 1 ? 0 : r == 2 ? (uint32_t)(frand(&seed) * 4e9f) : 1u << (w % 32);
+                if (trial == 5) bits[w] = 0;
+            }
+            int want = -1;
+            for (int i = 0; i < n; i++)
+                if ((bits[i / 32] >> (i % 32) & 1) && (x[i] > (want < 0 ? -INFINITY : x[want]) || (want < 0 && x[i] == -INFINITY)))
+                    want = i;
+            int got = tllm_argmax_allowed(x, n, bits);
+            CHECK(got == want, "argmax_allowed n %d trial %d: %d, not %d", n, trial, got, want);
+        }
+}
+
 /* The KV cache's AVX-512 row conversion = the scalar tllm_f32_to_f16, bit for bit: halfway cases both ways,
  * subnormals, overflow to infinity, infinities, NaNs with payloads, zeros of both signs, and every
  * f16 value widened and converted back; lengths that end mid-vector */
@@ -206,6 +234,7 @@ static void test_f32_to_f16_row(void) {
 int main(void) {
     test_attention("portable", tllm_attention_portable);
     test_attention("dispatch", tllm_attention);
+    test_argmax_allowed();
     if (tllm_cpu_has_avx512()) {
         test_attention_blocks();
         test_f32_to_f16_row();

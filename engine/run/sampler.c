@@ -122,17 +122,11 @@ int tllm_sampler_is_masked_greedy(const struct tllm_sampler *s) {
 
 int tllm_sampler_is_greedy(const struct tllm_sampler *s) { return !s->gm && tllm_sampler_is_masked_greedy(s); }
 
-int tllm_sampler_allowed(struct tllm_sampler *s, uint32_t *words, int n_words) {
+int tllm_sampler_allowed(struct tllm_sampler *s, const int32_t **list, int *n, int *allows) {
     if (!s->gm) return 0;
-    int n, allows;
-    const int32_t *list = tllm_gmatch_list(s->gm, &n, &allows);
-    if (!list) n = 0, allows = 1;
-    memset(words, allows ? 0 : 0xff, (size_t)n_words * sizeof *words);
-    for (int i = 0; i < n && list[i] < 32 * n_words; i++) {
-        uint32_t bit = 1u << (list[i] & 31);
-        if (allows) words[list[i] >> 5] |= bit;
-        else words[list[i] >> 5] &= ~bit;
-    }
+    *list = tllm_gmatch_list(s->gm, n, allows);
+    static const int32_t none[1];
+    if (!*list) *list = none, *n = 0, *allows = 1;
     return 1;
 }
 

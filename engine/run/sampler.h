@@ -39,10 +39,10 @@ int tllm_sampler_is_greedy(const struct tllm_sampler *s);
 /* 1 when sample() is the argmax of the logits over the ids the grammar allows, or all when there is
  * none (greedy, no penalties): a backend may pick it given tllm_sampler_allowed's bits, and take() it. */
 int tllm_sampler_is_masked_greedy(const struct tllm_sampler *s);
-/* Under a grammar: the ids that may come next as bits (bit i of words[i / 32]) over n_words words; none
- * set when none may, or when the grammar failed (take() then ends the text as sample() does).
- * Returns 0 with words untouched when there is no grammar (every id may). */
-int tllm_sampler_allowed(struct tllm_sampler *s, uint32_t *words, int n_words);
+/* Under a grammar: the ids that may come next as tllm_gmatch_list gives them (*allows 1: only
+ * (*list)[0..*n); 0: every id but those), valid until the grammar moves; none when the grammar failed
+ * (take() then ends the text as sample() does). Returns 0 when there is no grammar (every id may). */
+int tllm_sampler_allowed(struct tllm_sampler *s, const int32_t **list, int *n, int *allows);
 /* What sample() returns when the argmax over the allowed ids is id: under a grammar, it moves past id,
  * and an id outside the vocabulary (none allowed) gives the grammar's EOS id as sample() does. */
 int32_t tllm_sampler_take(struct tllm_sampler *s, int32_t id);

@@ -70,8 +70,11 @@ struct tllm_sched {
     int32_t *next;             /* [n_parallel] each row's argmax (rows whose pick it is) */
     int8_t *want;              /* [n_parallel] 1 where a row's logits come back (it samples, or logprobs are asked) */
     int32_t *mask;             /* [n_parallel] a greedy row's bitset in allow (under a grammar), else -1 */
-    uint32_t *allow;           /* [cap_allow][TLLM_MASK_WORDS(vocab)] the step's grammar masks */
+    uint32_t *allow;           /* [cap_allow][TLLM_MASK_WORDS(vocab)] the step's distinct grammar masks */
     int cap_allow;
+    struct mask_key { size_t off; int n, allows; } *keys; /* [cap_allow] each one's list, copied into lists */
+    int32_t *lists;
+    size_t cap_lists;
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
     struct tllm_sched_stats st;
     int bound;                 /* p.dev holds the cache (use_kv): let go of it at the end */
@@ -205,6 +208,8 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->want);
     free(s->mask);
     free(s->allow);
+    free(s->keys);
+    free(s->lists);
     tllm_vocab_index_free(s->vi);
     free(s->raw);
     free(s);
@@ -409,22 +414,45 @@ static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best)
  * its neighbours. Sets b's per-row outputs and which of logits and argmax the step fills. */
 static int pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, float **logits, int32_t **argmax) {
     int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_logits = 0;
-    for (int j = 0; j < n_rows; j++) {
-        const struct seq *q = &s->seqs[s->row_slot[j]];
-        s->want[j] = !tllm_sampler_is_masked_greedy(&q->smp) || q->rq->on_token;
-        n_logits += s->want[j];
-        n_masks += !s->want[j] && q->smp.gm;
-    }
-    if (n_masks > s->cap_allow) {
-        uint32_t *a = realloc(s->allow, (size_t)n_masks * n_words * sizeof *a);
-        if (!a) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-        s->allow = a, s->cap_allow = n_masks;
-    }
-    n_masks = 0;
+    size_t used = 0;
     for (int j = 0; j < n_rows; j++) {
         struct seq *q = &s->seqs[s->row_slot[j]];
+        s->want[j] = !tllm_sampler_is_masked_greedy(&q->smp) || q->rq->on_token;
+        n_logits += s->want[j];
         s->mask[j] = -1;
-        if (!s->want[j] && tllm_sampler_allowed(&q->smp, s->allow + (size_t)n_masks * n_words, n_words)) s->mask[j] = n_masks++;
+        const int32_t *list;
+        int n, allows, k = 0;
+        if (s->want[j] || !tllm_sampler_allowed(&q->smp, &list, &n, &allows)) continue;
+        /* rows in one grammar state (all of a batch inside a JSON string) share one bitset */
+        while (k < n_masks && (s->keys[k].n != n || s->keys[k].allows != allows || memcmp(s->lists + s->keys[k].off, list, (size_t)n * sizeof *list)))
+            k++;
+        if (k == n_masks) {
+            if (n_masks == s->cap_allow) {
+                int cap = 2 * n_masks + 4;
+                uint32_t *a = realloc(s->allow, (size_t)cap * n_words * sizeof *a);
+                if (a) s->allow = a;
+                struct mask_key *ks = a ? realloc(s->keys, (size_t)cap * sizeof *ks) : NULL;
+                if (!ks) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+                s->keys = ks, s->cap_allow = cap;
+            }
+            if (used + (size_t)n > s->cap_lists) {
+                size_t cap = 2 * (used + (size_t)n);
+                int32_t *l = realloc(s->lists, cap * sizeof *l);
+                if (!l) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+                s->lists = l, s->cap_lists = cap;
+            }
+            memcpy(s->lists + used, list, (size_t)n * sizeof *list);
+            s->keys[k] = (struct mask_key){used, n, allows};
+            used += (size_t)n;
+            uint32_t *w = s->allow + (size_t)k * n_words;
+            memset(w, allows ? 0 : 0xff, (size_t)n_words * sizeof *w);
+            for (int i = 0; i < n && list[i] < 32 * n_words; i++) {
+                if (allows) w[list[i] >> 5] |= 1u << (list[i] & 31);
+                else w[list[i] >> 5] &= ~(1u << (list[i] & 31));
+            }
+            n_masks++;
+        }
+        s->mask[j] = k;
     }
     b->want_logits = n_logits > 0 && n_logits < n_rows ? s->want : NULL;
     b->mask = n_masks ? s->mask : NULL;
