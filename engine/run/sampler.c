@@ -139,17 +139,23 @@ int32_t tllm_sampler_take(struct tllm_sampler *s, int32_t id) {
 static int32_t pick(struct tllm_sampler *s, float *logits, const int32_t *only, int n_only);
 
 int32_t tllm_sampler_sample(struct tllm_sampler *s, float *logits) {
-    apply_penalties(s, logits);
-    if (!s->gm) return pick(s, logits, NULL, 0);
+    if (!s->gm) {
+        apply_penalties(s, logits);
+        return pick(s, logits, NULL, 0);
+    }
     /* under a grammar: among the tokens it allows (a short list), or all but those it refuses */
     int n, allows;
     const int32_t *list = tllm_gmatch_list(s->gm, &n, &allows);
-    if (!list || (allows && n == 0)) return tllm_gmatch_eos(s->gm);
+    if (!list) return tllm_gmatch_eos(s->gm);
+    return tllm_sampler_take(s, tllm_sampler_sample_allowed(s, logits, list, n, allows));
+}
+
+int32_t tllm_sampler_sample_allowed(struct tllm_sampler *s, float *logits, const int32_t *list, int n, int allows) {
+    apply_penalties(s, logits);
+    if (allows && n == 0) return -1;
     if (!allows)
         for (int i = 0; i < n && list[i] < s->vocab; i++) logits[list[i]] = -INFINITY;
-    int32_t id = allows ? pick(s, logits, list, n) : pick(s, logits, NULL, 0);
-    if (tllm_gmatch_accept(s->gm, id)) return tllm_gmatch_eos(s->gm); /* out of memory: the text ends */
-    return id;
+    return allows ? pick(s, logits, list, n) : pick(s, logits, NULL, 0);
 }
 
 /* The sample from logits, over ids only[0..n_only) (ascending) when given, else every id */

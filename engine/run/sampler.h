@@ -46,6 +46,10 @@ int tllm_sampler_allowed(struct tllm_sampler *s, const int32_t **list, int *n, i
 /* What sample() returns when the argmax over the allowed ids is id: under a grammar, it moves past id,
  * and an id outside the vocabulary (none allowed) gives the grammar's EOS id as sample() does. */
 int32_t tllm_sampler_take(struct tllm_sampler *s, int32_t id);
+/* sample()'s pick among the ids tllm_sampler_allowed gave (-1 when none may come), without moving
+ * the grammar (take() does): it touches only s and logits, so rows sharing a grammar's automaton can
+ * pick on several threads once their lists are copied. */
+int32_t tllm_sampler_sample_allowed(struct tllm_sampler *s, float *logits, const int32_t *list, int n, int allows);
 /* From the next sample on, only tokens the grammar allows (gm: taken, freed with the sampler; NULL
  * drops the one set). Each sampled token moves it on, so set it after the prompt, before sampling. */
 void tllm_sampler_constrain(struct tllm_sampler *s, struct tllm_gmatch *gm);

@@ -72,7 +72,8 @@ struct tllm_sched {
     int32_t *mask;             /* [n_parallel] a greedy row's bitset in allow (under a grammar), else -1 */
     uint32_t *allow;           /* [cap_allow][TLLM_MASK_WORDS(vocab)] the step's distinct grammar masks */
     int cap_allow;
-    struct mask_key { size_t off; int n, allows; } *keys; /* [cap_allow] each one's list, copied into lists */
+    struct mask_key { size_t off; int n, allows; } *keys; /* [cap_keys] the step's distinct grammar lists, copied into lists */
+    int cap_keys;
     int32_t *lists;
     size_t cap_lists;
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
@@ -408,10 +409,39 @@ static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best)
         q->next = id;
 }
 
+/* The key of a grammar's list of ids (tllm_sampler_allowed's) among the *n_keys of this step: lists
+ * equal to one met before share its key; a new one is copied (the grammar's own list is valid only until
+ * another sequence on its automaton moves). Sets *fresh when it is new; -1: out of memory. */
+static int list_key(struct tllm_sched *s, int *n_keys, size_t *used, const int32_t *list, int n, int allows, int *fresh) {
+    int k = 0;
+    while (k < *n_keys && (s->keys[k].n != n || s->keys[k].allows != allows || memcmp(s->lists + s->keys[k].off, list, (size_t)n * sizeof *list)))
+        k++;
+    *fresh = k == *n_keys;
+    if (!*fresh) return k;
+    if (k == s->cap_keys) {
+        int cap = 2 * k + 4;
+        struct mask_key *ks = realloc(s->keys, (size_t)cap * sizeof *ks);
+        if (!ks) return -1;
+        s->keys = ks, s->cap_keys = cap;
+    }
+    if (*used + (size_t)n > s->cap_lists) {
+        size_t cap = 2 * (*used + (size_t)n);
+        int32_t *l = realloc(s->lists, cap * sizeof *l);
+        if (!l) return -1;
+        s->lists = l, s->cap_lists = cap;
+    }
+    memcpy(s->lists + *used, list, (size_t)n * sizeof *list);
+    s->keys[k] = (struct mask_key){*used, n, allows};
+    *used += (size_t)n;
+    (*n_keys)++;
+    return k;
+}
+
 /* What the step brings back for each row: a row whose pick is the argmax of its logits (greedy, under
  * its grammar's mask if it has one) only its argmax (from a device, 4 bytes, not the row's 600 KB),
  * the others their logits. Each row's choice is its own: what comes back for a row never depends on
- * its neighbours. Sets b's per-row outputs and which of logits and argmax the step fills. */
+ * its neighbours. Rows in one grammar state (all of a batch inside a JSON string) share one bitset.
+ * Sets b's per-row outputs and which of logits and argmax the step fills. */
 static int pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, float **logits, int32_t **argmax) {
     int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_logits = 0;
     size_t used = 0;
@@ -421,36 +451,22 @@ static int pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, 
         n_logits += s->want[j];
         s->mask[j] = -1;
         const int32_t *list;
-        int n, allows, k = 0;
+        int n, allows, fresh;
         if (s->want[j] || !tllm_sampler_allowed(&q->smp, &list, &n, &allows)) continue;
-        /* rows in one grammar state (all of a batch inside a JSON string) share one bitset */
-        while (k < n_masks && (s->keys[k].n != n || s->keys[k].allows != allows || memcmp(s->lists + s->keys[k].off, list, (size_t)n * sizeof *list)))
-            k++;
-        if (k == n_masks) {
-            if (n_masks == s->cap_allow) {
-                int cap = 2 * n_masks + 4;
-                uint32_t *a = realloc(s->allow, (size_t)cap * n_words * sizeof *a);
-                if (a) s->allow = a;
-                struct mask_key *ks = a ? realloc(s->keys, (size_t)cap * sizeof *ks) : NULL;
-                if (!ks) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-                s->keys = ks, s->cap_allow = cap;
+        int k = list_key(s, &n_masks, &used, list, n, allows, &fresh);
+        if (k < 0) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        if (fresh) {
+            if (n_masks > s->cap_allow) {
+                uint32_t *a = realloc(s->allow, (size_t)s->cap_keys * n_words * sizeof *a);
+                if (!a) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+                s->allow = a, s->cap_allow = s->cap_keys;
             }
-            if (used + (size_t)n > s->cap_lists) {
-                size_t cap = 2 * (used + (size_t)n);
-                int32_t *l = realloc(s->lists, cap * sizeof *l);
-                if (!l) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-                s->lists = l, s->cap_lists = cap;
-            }
-            memcpy(s->lists + used, list, (size_t)n * sizeof *list);
-            s->keys[k] = (struct mask_key){used, n, allows};
-            used += (size_t)n;
             uint32_t *w = s->allow + (size_t)k * n_words;
             memset(w, allows ? 0 : 0xff, (size_t)n_words * sizeof *w);
             for (int i = 0; i < n && list[i] < 32 * n_words; i++) {
                 if (allows) w[list[i] >> 5] |= 1u << (list[i] & 31);
                 else w[list[i] >> 5] &= ~(1u << (list[i] & 31));
             }
-            n_masks++;
         }
         s->mask[j] = k;
     }
@@ -467,19 +483,47 @@ struct sample_args {
     int n_rows;
 };
 
-/* The rows that sample from their logits (no grammar: masks share automata across sequences, used from
- * one thread), shared out: temperature sampling over Qwen's vocabulary is ~1.7 ms a row, 64 rows a
- * step are 30x a device's forward step. Each row's sampler is its own (its rng, its history): the
- * same picks in any order on any thread. A row sampled here becomes a row with its pick in next. */
+/* The rows that sample from their logits, shared out: temperature sampling over Qwen's vocabulary is
+ * ~1.7 ms a row, 64 rows a step are 30x a device's forward step. Each row's sampler is its own (its rng,
+ * its history): the same picks in any order on any thread. A row under a grammar picks among its list
+ * as copied by sample_rows (mask[j]); its grammar moves later, on the scheduler's thread (take). A row
+ * sampled here becomes a row with its pick in next. */
 static void sample_task(void *arg, int ith, int nth) {
     struct sample_args *a = arg;
     struct tllm_sched *s = a->s;
     for (int j = ith; j < a->n_rows; j += nth) {
         struct seq *q = &s->seqs[s->row_slot[j]];
-        if (!s->want[j] || q->smp.gm || q->rq->on_token) continue;
-        s->next[j] = tllm_sampler_sample(&q->smp, s->logits + (size_t)j * s->m->cfg.vocab_size);
+        if (!s->want[j] || q->rq->on_token) continue;
+        float *row = s->logits + (size_t)j * s->m->cfg.vocab_size;
+        if (q->smp.gm) {
+            const struct mask_key *k = &s->keys[s->mask[j]];
+            s->next[j] = tllm_sampler_sample_allowed(&q->smp, row, s->lists + k->off, k->n, k->allows);
+        } else
+            s->next[j] = tllm_sampler_sample(&q->smp, row);
         s->want[j] = 0;
     }
+}
+
+/* Sample the rows that brought back logits on the thread pool (where it has threads and two rows or
+ * more would use them): their grammars' lists are fetched here first, one thread at a time. */
+static int sample_rows(struct tllm_sched *s, int n_rows) {
+    int n_sampled = 0, n_keys = 0, fresh;
+    size_t used = 0;
+    for (int j = 0; j < n_rows; j++) {
+        struct seq *q = &s->seqs[s->row_slot[j]];
+        n_sampled += s->want[j] && !q->rq->on_token;
+    }
+    if (n_sampled < 2 || tllm_threadpool_size() < 2) return TLLM_OK;
+    for (int j = 0; j < n_rows; j++) {
+        struct seq *q = &s->seqs[s->row_slot[j]];
+        const int32_t *list;
+        int n, allows;
+        if (!s->want[j] || q->rq->on_token || !tllm_sampler_allowed(&q->smp, &list, &n, &allows)) continue;
+        if ((s->mask[j] = list_key(s, &n_keys, &used, list, n, allows, &fresh)) < 0) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
+    struct sample_args sa = {s, n_rows};
+    tllm_parallel(sample_task, &sa);
+    return TLLM_OK;
 }
 
 int tllm_sched_step(struct tllm_sched *s) {
@@ -540,10 +584,10 @@ int tllm_sched_step(struct tllm_sched *s) {
         q->n_done += t1 - t;
         t = t1;
     }
-    struct sample_args sa = {s, n_rows};
-    int n_sampled = 0;
-    for (int j = 0; j < n_rows; j++) n_sampled += s->want[j] && !s->seqs[s->row_slot[j]].smp.gm && !s->seqs[s->row_slot[j]].rq->on_token;
-    if (n_sampled > 1 && tllm_threadpool_size() > 1) tllm_parallel(sample_task, &sa);
+    if ((rc = sample_rows(s, n_rows))) {
+        tllm_sched_drop_all(s);
+        return rc;
+    }
     for (int j = 0; j < n_rows; j++)
         advance(s, s->row_slot[j], s->want[j] ? s->logits + (size_t)j * s->m->cfg.vocab_size : NULL, s->want[j] ? 0 : s->next[j]);
     return TLLM_OK;
