@@ -206,7 +206,7 @@ static int one_step(struct tllm_backend *b, const struct tllm_model *m, const st
                     const int32_t *mask, const uint32_t *allow, float *lg, int32_t *amax) {
     const struct tllm_config *c = &m->cfg;
     struct tllm_kv *kv;
-    struct tllm_backend *cpu = NULL, *run = b;
+    struct tllm_backend *cpu = NULL, *run;
     int32_t ids[64], pos[64], sq[64];
     int8_t out[64];
     int n = 0, rc = tllm_kv_init(&kv, c->n_layers, c->n_kv_heads, c->head_dim, 256, TLLM_DT_F16, N_ROWS);
@@ -221,7 +221,7 @@ static int one_step(struct tllm_backend *b, const struct tllm_model *m, const st
     }
     struct tllm_batch bt = {.n = n, .id = ids, .pos = pos, .seq = sq, .out = out, .want_logits = want, .mask = mask, .allow = allow};
     if (!rc) rc = run->ops->step(run, &bt, lg, amax);
-    if (b && !cpu) b->ops->use_kv(b, NULL);
+    if (b) b->ops->use_kv(b, NULL);
     tllm_backend_free(cpu);
     tllm_kv_free(kv);
     return rc;

@@ -182,7 +182,8 @@ static void test_argmax_allowed(void) {
                 for (int i = 0; i < n; i++) x[i] = i % 3 ? -INFINITY : NAN;
             for (int w = 0; w < (N + 31) / 32; w++) {
                 unsigned r = (unsigned)(frand(&seed) * 4.0f + 4.0f) % 4; /* all, none, random, one bit */
-                bits[w] = r == 0 ? 0xffffffffu : r == 1 ? 0 : r == 2 ? (uint32_t)(frand(&seed) * 4e9f) : 1u << (w % 32);
+                seed = seed * 1664525u + 1013904223u; /* random bits straight from the generator */
+                bits[w] = r == 0 ? 0xffffffffu : r == 1 ? 0 : r == 2 ? seed : 1u << (w % 32);
                 if (trial == 5) bits[w] = 0;
             }
             int want = -1;
