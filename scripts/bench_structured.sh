@@ -10,6 +10,9 @@
 # in the environment replaces it (a schema whose answers end early measures fewer tokens). Synthetic weights
 # (tllm synth --tokenizer tests/data/tokenizer) measure it as well as trained ones: the grammar's work
 # depends on the states the text passes, not on what it says.
+# A third run, "same", is free again but each prompt stops where its constrained answer stopped
+# (per-line max_tokens, --ignore-eos): the same tokens in the same batch shapes, so schema / same is what
+# the grammar costs in throughput even when the answers end early (the last column).
 set -euo pipefail
 TLLM=$1 MODEL=$2 NP=$3 ROUNDS=${4:-2}
 shift $(($# < 4 ? $# : 4))
@@ -20,21 +23,32 @@ for i in $(seq 1 "$NP"); do
   printf '{"id": %d, "prompt": "Record %d of the archive, as JSON: {\\"text\\": \\""}\n' "$i" "$i"
 done > "$dir/prompts.jsonl"
 schema=${SCHEMA:-'{"type": "object", "properties": {"text": {"type": "string", "minLength": 1000}}, "required": ["text"]}'}
-run() { # name, flags...
-  local name=$1
-  shift
+run() { # name, prompts, flags...
+  local name=$1 prompts=$2
+  shift 2
   rm -f "$dir/out.jsonl"
-  TLLM_GRAMMAR_STATS=1 "$TLLM" generate -m "$MODEL" --prompts "$dir/prompts.jsonl" -o "$dir/out.jsonl" -n 96 -np "$NP" \
+  TLLM_GRAMMAR_STATS=1 "$TLLM" generate -m "$MODEL" --prompts "$prompts" -o "$dir/out.jsonl" -n 96 -np "$NP" \
     "$@" 2> "$dir/err.txt" > /dev/null
   local line masks
   line=$(grep -a "in forward steps" "$dir/err.txt" | tail -1)
   masks=$(grep -a "^grammar" "$dir/err.txt" | sed 's/^grammar: //; s/^grammar index: /index: /' | paste -sd ";" - | sed "s/;/; /" || true)
   # tokens, tok/s, and the time outside the forward steps (sampling, masks, bookkeeping) per token
   echo "$line" | sed -n 's/.*generated \([0-9]*\) (\([0-9.]*\) tok\/s); \([0-9.]*\) s of \([0-9.]*\) s in forward steps.*/\1 \2 \3 \4/p' |
-    awk -v name="$name" -v masks="$masks" '{ printf "%-8s %6d tokens %9.1f tok/s   outside the forward steps: %.3f ms a token%s\n",
-      name, $1, $2, ($4 - $3) * 1000 / $1, masks != "" ? "   | " masks : "" }'
+    awk -v name="$name" -v masks="$masks" -v ref="${ref:-}" '{ printf "%-8s %6d tokens %9.1f tok/s   outside the forward steps: %.3f ms a token%s%s\n",
+      name, $1, $2, ($4 - $3) * 1000 / $1, masks != "" ? "   | " masks : "", ref != "" ? sprintf("   | schema / same: %.3f", ref / $2) : "" }'
 }
+tps() { grep -a "in forward steps" "$dir/err.txt" | tail -1 | sed -n 's/.*generated [0-9]* (\([0-9.]*\) tok\/s).*/\1/p'; }
 for r in $(seq 1 "$ROUNDS"); do
-  run free --ignore-eos "$@"
-  run schema --json-schema "$schema" "$@"
+  ref= run free "$dir/prompts.jsonl" --ignore-eos "$@"
+  ref= run schema "$dir/prompts.jsonl" --json-schema "$schema" "$@"
+  schema_tps=$(tps)
+  python3 - "$dir/out.jsonl" "$dir/prompts.jsonl" > "$dir/same.jsonl" << 'EOF'
+import json, sys
+n = {r["id"]: r["completion_tokens"] for r in map(json.loads, open(sys.argv[1]))}
+for line in open(sys.argv[2]):
+    p = json.loads(line)
+    p["max_tokens"] = max(1, n[p["id"]])
+    print(json.dumps(p))
+EOF
+  ref=$schema_tps run same "$dir/same.jsonl" --ignore-eos "$@"
 done

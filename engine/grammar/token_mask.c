@@ -29,6 +29,45 @@ static int cmp_tokens(const void *a, const void *b, void *tok) {
     return c ? c : la < lb ? -1 : la > lb ? 1 : *(const int32_t *)a - *(const int32_t *)b;
 }
 
+/* id[0..n) in byte order (cmp_tokens'): a radix sort on each token's first 8 bytes (most tokens differ
+ * there), then each run of equal leading bytes by comparison. qsort over the whole vocabulary took
+ * 50-100 ms, most of a short batch's grammar work. */
+static int sort_tokens(const struct tllm_tok *tok, int32_t *id, int n) {
+    if (n < 2) return 0;
+    uint64_t *key = malloc(2 * (size_t)n * sizeof *key);
+    int32_t *tid = malloc((size_t)n * sizeof *tid);
+    if (!key || !tid) {
+        free(key), free(tid);
+        return -1;
+    }
+    uint64_t *tkey = key + n;
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        const unsigned char *b = (const unsigned char *)tllm_tok_bytes(tok, id[i], &len);
+        uint64_t k = 0;
+        for (size_t j = 0; j < 8; j++) k = k << 8 | (j < len ? b[j] : 0);
+        key[i] = k;
+    }
+    for (int shift = 0; shift < 64; shift += 8) { /* least significant byte first, each pass stable */
+        size_t count[257] = {0};
+        for (int i = 0; i < n; i++) count[(key[i] >> shift & 255) + 1]++;
+        if (count[(key[0] >> shift & 255) + 1] == (size_t)n) continue; /* every key has this byte */
+        for (int c = 0; c < 256; c++) count[c + 1] += count[c];
+        for (int i = 0; i < n; i++) {
+            size_t at = count[key[i] >> shift & 255]++;
+            tkey[at] = key[i], tid[at] = id[i];
+        }
+        memcpy(key, tkey, (size_t)n * sizeof *key);
+        memcpy(id, tid, (size_t)n * sizeof *id);
+    }
+    for (int i = 0, j; i < n; i = j) { /* ties: longer tokens, or a shorter one beside one with zero bytes */
+        for (j = i + 1; j < n && key[j] == key[i]; j++) {}
+        if (j - i > 1) qsort_r(id + i, (size_t)(j - i), sizeof *id, cmp_tokens, (void *)tok);
+    }
+    free(key), free(tid);
+    return 0;
+}
+
 void tllm_vocab_index_free(struct tllm_vocab_index *v) {
     if (!v) return;
     free(v->id);
@@ -62,7 +101,10 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
         tllm_vocab_index_free(v);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
-    qsort_r(v->id, (size_t)v->n, sizeof *v->id, cmp_tokens, (void *)tok);
+    if (sort_tokens(tok, v->id, v->n)) {
+        tllm_vocab_index_free(v);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    }
     uint32_t at = 0;
     for (int i = 0; i < v->n; i++) {
         size_t len;
