@@ -200,10 +200,25 @@ static void test_copy_on_write(struct tllm_backend *cl, const struct tllm_model 
     tllm_kv_free(kv);
 }
 
-/* One step of N_ROWS sequences' prompts on a fresh cache through b (NULL: the CPU backend) */
+/* Masks given late, through a batch's fill_masks (as the scheduler gives a grammar's): these, or a failure */
+struct late_masks {
+    const int32_t *mask;
+    const uint32_t *allow;
+    int fail, calls;
+};
+static int give_masks(void *user, const int32_t **mask, const uint32_t **allow) {
+    struct late_masks *lm = user;
+    lm->calls++;
+    if (lm->fail) return tllm_fail(TLLM_ERR_NOMEM, "test: no masks this time");
+    *mask = lm->mask, *allow = lm->allow;
+    return TLLM_OK;
+}
+
+/* One step of N_ROWS sequences' prompts on a fresh cache through b (NULL: the CPU backend); late:
+ * the masks come through fill_masks instead of mask and allow */
 #define N_ROWS 6
 static int one_step(struct tllm_backend *b, const struct tllm_model *m, const struct ref_fixture *r, const int8_t *want,
-                    const int32_t *mask, const uint32_t *allow, float *lg, int32_t *amax) {
+                    const int32_t *mask, const uint32_t *allow, struct late_masks *late, float *lg, int32_t *amax) {
     const struct tllm_config *c = &m->cfg;
     struct tllm_kv *kv;
     struct tllm_backend *cpu = NULL, *run;
@@ -219,7 +234,8 @@ static int one_step(struct tllm_backend *b, const struct tllm_model *m, const st
         for (int t = 0; t < len; t++, n++)
             ids[n] = r->sequence[(i + t) % r->n_seq], pos[n] = t, sq[n] = s, out[n] = t == len - 1;
     }
-    struct tllm_batch bt = {.n = n, .id = ids, .pos = pos, .seq = sq, .out = out, .want_logits = want, .mask = mask, .allow = allow};
+    struct tllm_batch bt = {.n = n, .id = ids, .pos = pos, .seq = sq, .out = out, .want_logits = want, .mask = mask, .allow = allow,
+                            .fill_masks = late ? give_masks : NULL, .user = late};
     if (!rc) rc = run->ops->step(run, &bt, lg, amax);
     if (b) b->ops->use_kv(b, NULL);
     tllm_backend_free(cpu);
@@ -244,7 +260,7 @@ static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m,
     float *all = malloc((size_t)N_ROWS * vocab * sizeof(float)), *lg = malloc((size_t)N_ROWS * vocab * sizeof(float));
     uint32_t *allow = calloc(4 * (size_t)words, sizeof *allow);
     int32_t amax[N_ROWS];
-    CHECK(one_step(b, m, r, NULL, NULL, NULL, all, NULL) == TLLM_OK, "every row's logits: %s", tllm_errmsg());
+    CHECK(one_step(b, m, r, NULL, NULL, NULL, NULL, all, NULL) == TLLM_OK, "every row's logits: %s", tllm_errmsg());
     /* row 3: every third id but the row's own argmax; row 4: none; row 5: id 5 alone; row 1: all but its
      * own argmax (whole words) */
     int32_t top3 = argmax_f32(all + 3 * (size_t)vocab, n_cand), top1 = argmax_f32(all + (size_t)vocab, n_cand);
@@ -256,7 +272,7 @@ static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m,
     int8_t want[N_ROWS] = {1, 0, 1, 0, 0, 0};
     int32_t mask[N_ROWS] = {-1, 3, -1, 0, 1, 2};
     for (size_t i = 0; i < (size_t)N_ROWS * vocab; i++) lg[i] = -1.0f;
-    CHECK(one_step(b, m, r, want, mask, allow, lg, amax) == TLLM_OK, "per-row outputs: %s", tllm_errmsg());
+    CHECK(one_step(b, m, r, want, mask, allow, NULL, lg, amax) == TLLM_OK, "per-row outputs: %s", tllm_errmsg());
     for (int j = 0; j < N_ROWS; j++) {
         const float *row = all + (size_t)j * vocab;
         if (want[j]) CHECK(!memcmp(lg + (size_t)j * vocab, row, vocab * sizeof(float)), "row %d's logits differ from a step of all rows'", j);
@@ -265,6 +281,18 @@ static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m,
         else CHECK(amax[j] == expect, "row %d: argmax %d, the oracle's %d", j, amax[j], expect);
     }
     CHECK(amax[1] != top1 && amax[3] != top3 && amax[5] == 5, "the masks were not applied (%d, %d, %d)", amax[1], amax[3], amax[5]);
+    /* the same masks given once the layers are queued: the same picks; a failure there fails the step
+     * with its message, and the next step runs */
+    struct late_masks late = {mask, allow, 0, 0};
+    int32_t amax2[N_ROWS];
+    CHECK(one_step(b, m, r, want, NULL, NULL, &late, lg, amax2) == TLLM_OK && late.calls == 1, "late masks: %s (%d calls)",
+          tllm_errmsg(), late.calls);
+    CHECK(!memcmp(amax, amax2, sizeof amax), "masks given late pick other ids than the same masks given with the step");
+    late.fail = 1;
+    CHECK(one_step(b, m, r, want, NULL, NULL, &late, lg, amax2) != TLLM_OK && strstr(tllm_errmsg(), "no masks this time"),
+          "a failing fill_masks: %s", tllm_errmsg());
+    CHECK(one_step(b, m, r, NULL, NULL, NULL, NULL, lg, NULL) == TLLM_OK && !memcmp(lg, all, (size_t)N_ROWS * vocab * sizeof(float)),
+          "the step after a failed one: %s", tllm_errmsg());
     printf("  per-row outputs (%s): wanted logits bit for bit, masked argmaxes the oracle's\n", b ? "device" : "CPU");
     free(all), free(lg), free(allow);
 }

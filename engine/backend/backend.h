@@ -36,6 +36,12 @@ struct tllm_batch {
     const int8_t *want_logits;
     const int32_t *mask;
     const uint32_t *allow;
+    /* Optional, in place of mask and allow: gives them (NULL for none) once the step's layers are
+     * queued and before its outputs are taken, so that a device computes while the host makes the
+     * masks (a grammar's walks over the vocabulary: ~1-3 ms for a state not met before). A status:
+     * the step fails with it. */
+    int (*fill_masks)(void *user, const int32_t **mask, const uint32_t **allow);
+    void *user;
 };
 
 /* 32-bit words of a bitset of n ids (bit i of word i / 32: id i) */

@@ -74,6 +74,7 @@ struct tllm_sched {
     int cap_allow;
     struct mask_key { size_t off; int n, allows; } *keys; /* [cap_keys] the step's distinct grammar lists, copied into lists */
     int cap_keys;
+    int n_rows; /* the step's rows, for fill_masks */
     int32_t *lists;
     size_t cap_lists;
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
@@ -437,18 +438,15 @@ static int list_key(struct tllm_sched *s, int *n_keys, size_t *used, const int32
     return k;
 }
 
-/* What the step brings back for each row: a row whose pick is the argmax of its logits (greedy, under
- * its grammar's mask if it has one) only its argmax (from a device, 4 bytes, not the row's 600 KB),
- * the others their logits. Each row's choice is its own: what comes back for a row never depends on
- * its neighbours. Rows in one grammar state (all of a batch inside a JSON string) share one bitset.
- * Sets b's per-row outputs and which of logits and argmax the step fills. */
-static int pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, float **logits, int32_t **argmax) {
-    int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_logits = 0;
+/* The masks of the step's greedy rows under a grammar (struct tllm_batch's fill_masks: called by the
+ * backend once the step's layers are queued, so a device computes while the grammars' lists are found
+ * or walked here). Rows in one grammar state (all of a batch inside a JSON string) share one bitset. */
+static int fill_masks(void *user, const int32_t **mask, const uint32_t **allow) {
+    struct tllm_sched *s = user;
+    int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0;
     size_t used = 0;
-    for (int j = 0; j < n_rows; j++) {
+    for (int j = 0; j < s->n_rows; j++) {
         struct seq *q = &s->seqs[s->row_slot[j]];
-        s->want[j] = !tllm_sampler_is_masked_greedy(&q->smp) || q->rq->on_token;
-        n_logits += s->want[j];
         s->mask[j] = -1;
         const int32_t *list;
         int n, allows, fresh;
@@ -470,12 +468,30 @@ static int pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, 
         }
         s->mask[j] = k;
     }
+    *mask = n_masks ? s->mask : NULL;
+    *allow = n_masks ? s->allow : NULL;
+    return TLLM_OK;
+}
+
+/* What the step brings back for each row: a row whose pick is the argmax of its logits (greedy, under
+ * its grammar's mask if it has one) only its argmax (from a device, 4 bytes, not the row's 600 KB),
+ * the others their logits. Each row's choice is its own: what comes back for a row never depends on
+ * its neighbours. Sets b's per-row outputs (the masks come from fill_masks) and which of logits and
+ * argmax the step fills. */
+static void pick_outputs(struct tllm_sched *s, int n_rows, struct tllm_batch *b, float **logits, int32_t **argmax) {
+    int n_logits = 0, n_masked = 0;
+    for (int j = 0; j < n_rows; j++) {
+        struct seq *q = &s->seqs[s->row_slot[j]];
+        s->want[j] = !tllm_sampler_is_masked_greedy(&q->smp) || q->rq->on_token;
+        n_logits += s->want[j];
+        n_masked += !s->want[j] && q->smp.gm;
+    }
+    s->n_rows = n_rows;
     b->want_logits = n_logits > 0 && n_logits < n_rows ? s->want : NULL;
-    b->mask = n_masks ? s->mask : NULL;
-    b->allow = n_masks ? s->allow : NULL;
+    b->fill_masks = n_masked ? fill_masks : NULL;
+    b->user = s;
     *logits = n_logits > 0 ? s->logits : NULL;
     *argmax = n_logits < n_rows ? s->next : NULL;
-    return TLLM_OK;
 }
 
 struct sample_args {
@@ -561,9 +577,9 @@ int tllm_sched_step(struct tllm_sched *s) {
     struct tllm_batch b = {.n = n, .id = s->ids, .pos = s->pos, .seq = s->sq, .out = s->out, .n_gen = n_gen};
     float *logits = NULL;
     int32_t *argmax = NULL;
-    int rc = pick_outputs(s, n_rows, &b, &logits, &argmax);
+    pick_outputs(s, n_rows, &b, &logits, &argmax);
     double t0 = tllm_now();
-    if (!rc) rc = s->run->ops->step(s->run, &b, logits, argmax);
+    int rc = s->run->ops->step(s->run, &b, logits, argmax);
     s->st.step_secs += tllm_now() - t0;
     if (rc) {
         char msg[512];

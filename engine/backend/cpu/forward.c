@@ -560,6 +560,7 @@ static int cpu_step(struct tllm_backend *b, const struct tllm_batch *bt, float *
     cpu->bt = NULL;
     if (argmax) {
         struct argmax_args aa = {out, argmax, n_out, vocab, cpu->m->n_sample, bt->mask, bt->allow};
+        if (bt->fill_masks && (rc = bt->fill_masks(bt->user, &aa.mask, &aa.allow))) return rc;
         if (n_out > 1) tllm_parallel(argmax_task, &aa);
         else argmax_task(&aa, 0, 1);
     }

@@ -34,7 +34,7 @@ static int prompt_step(struct tllm_cl *cl, const struct tllm_batch *bt, float *l
 
 static int ocl_step(struct tllm_backend *b, const struct tllm_batch *bt, float *logits, int32_t *argmax) {
     if (((struct cl_backend *)b)->kv) return tllm_cl_batch(cl_of(b), bt, logits, argmax);
-    if (bt->want_logits || bt->mask) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: per-row outputs of a step need the paged cache (use_kv)");
+    if (bt->want_logits || bt->mask || bt->fill_masks) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: per-row outputs of a step need the paged cache (use_kv)");
     if (bt->n > 1 || bt->n_gen == 0) return prompt_step(cl_of(b), bt, logits, argmax);
     int want = bt->out && bt->out[0];
     return tllm_cl_step(cl_of(b), bt->id[0], bt->pos[0], want ? logits : NULL, want ? argmax : NULL);

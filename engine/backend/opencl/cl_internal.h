@@ -222,6 +222,8 @@ struct cl_tokens {
     const int8_t *want_logits;
     const int32_t *mask;
     const uint32_t *allow;
+    int (*fill_masks)(void *user, const int32_t **mask, const uint32_t **allow); /* struct tllm_batch's */
+    void *user;
 };
 int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk);
 /* Query rows of a flash_prefill work-group (a run's tokens x the heads of a KV head); 0 when the

@@ -134,6 +134,7 @@ int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits
     if ((rc = copy_blocks(cl))) return rc;
     struct cl_tokens tk = {.n = n, .n_meta = rows_off + n_out, .meta = m, .pages = &pg, .rows_off = rows_off, .n_out = n_out,
                            .logits = logits, .argmax = argmax, .want_logits = logits && argmax ? bt->want_logits : NULL,
-                           .mask = argmax ? bt->mask : NULL, .allow = bt->allow};
+                           .mask = argmax ? bt->mask : NULL, .allow = bt->allow, .fill_masks = argmax ? bt->fill_masks : NULL,
+                           .user = bt->user};
     return tllm_cl_tokens(cl, &tk);
 }

@@ -571,7 +571,9 @@ static int upload_masks(struct tllm_cl *cl, const struct cl_tokens *tk) {
     return e ? tllm_fail(TLLM_ERR_IO, "opencl: a step's masks on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e) : TLLM_OK;
 }
 
-int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
+int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
+    struct cl_tokens t = *tk0; /* its masks may come once the layers are queued */
+    const struct cl_tokens *tk = &t;
     const struct tllm_config *c = &cl->m->cfg;
     const char *why = tllm_cl_prefill_refusal(cl);
     if (why) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: steps of many tokens cannot run on %s: %s", cl->name, why);
@@ -598,6 +600,15 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk) {
     }
     int pending = 0;
     for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, tk, &pending);
+    if (!e && tk->fill_masks && tk->argmax && tk->n_out) { /* the device runs the layers meanwhile */
+        e = clFlush(cl->q);
+        if (!e && !(rc = tk->fill_masks(tk->user, &t.mask, &t.allow)) && t.mask) rc = upload_masks(cl, tk);
+        if (rc) {
+            clFinish(cl->q); /* nothing queued may outlive the step's buffers */
+            p->fixed_n = 0;
+            return rc;
+        }
+    }
     if (!e && tk->n_out) e = outputs(cl, tk);
     if (!e) e = clFinish(cl->q); /* also: meta's host copy is read */
     p->fixed_n = 0;
