@@ -4,6 +4,9 @@
 # run and the grammar's own counts (the vocabulary's byte-order index, built once a process; masks
 # computed, their time, masks found in the cache).
 #   bash scripts/bench_structured.sh TLLM MODEL NP [ROUNDS=2] [-- extra generate flags, e.g. --device opencl]
+# PROMPTS in the environment: how many prompts (default NP, one batch); more keep the batch full by
+# continuous batching and spread what a process pays once (the vocabulary's index, each state's first mask)
+# over more tokens, as a server running a while does.
 # Every sequence runs the whole -n 96 tokens in both runs (the same work but for the masks): the free
 # run with --ignore-eos, the constrained one under a schema of one string of at least 1000 characters
 # (a counted string: every token meets a grammar state not seen before, the masks' worst case). SCHEMA
@@ -19,7 +22,7 @@ shift $(($# < 4 ? $# : 4))
 [ "${1:-}" = "--" ] && shift
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-for i in $(seq 1 "$NP"); do
+for i in $(seq 1 "${PROMPTS:-$NP}"); do
   printf '{"id": %d, "prompt": "Record %d of the archive, as JSON: {\\"text\\": \\""}\n' "$i" "$i"
 done > "$dir/prompts.jsonl"
 schema=${SCHEMA:-'{"type": "object", "properties": {"text": {"type": "string", "minLength": 1000}}, "required": ["text"]}'}
