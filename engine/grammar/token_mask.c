@@ -427,6 +427,8 @@ int32_t tllm_gmatch_eos(const struct tllm_gmatch *m) { return m->d->n_eos > 0 ? 
 
 const struct tllm_grammar *tllm_gmatch_grammar(const struct tllm_gmatch *m) { return m->d->g; }
 
+int tllm_gmatch_shares(const struct tllm_gmatch *a, const struct tllm_gmatch *b) { return a->d == b->d; }
+
 void tllm_gmatch_counts(const struct tllm_gmatch *m, long *computed, long *cached) {
     *computed = m->d->computed;
     *cached = m->d->cached;

@@ -55,6 +55,8 @@ const int32_t *tllm_gmatch_list(struct tllm_gmatch *m, int *n, int *allows);
 int tllm_gmatch_accept(struct tllm_gmatch *m, int32_t id);
 /* The first EOS id given (-1: none): what a sampler ends with when nothing may come */
 int32_t tllm_gmatch_eos(const struct tllm_gmatch *m);
+/* 1 when a and b share an automaton (and so their masks) */
+int tllm_gmatch_shares(const struct tllm_gmatch *a, const struct tllm_gmatch *b);
 /* Masks computed and found in the cache so far (by every sequence sharing m's automaton) */
 void tllm_gmatch_counts(const struct tllm_gmatch *m, long *computed, long *cached);
 

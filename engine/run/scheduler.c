@@ -12,6 +12,13 @@
 #include "engine/run/kv_cache.h"
 #include "kernels/cpu/ops.h"
 
+/* Grammars whose automata (and masks) stay made after their last sequence ends. An automaton keeps at
+ * most TLLM_GMATCH_CACHE masks (each the shorter of a state's allowed or refused ids) and
+ * TLLM_GMATCH_STATES states; typical schemas hold well under a megabyte. */
+#ifndef TLLM_SCHED_KEPT_GRAMMARS
+#define TLLM_SCHED_KEPT_GRAMMARS 4
+#endif
+
 /* A request as queued: its own copies of everything it points to */
 struct req {
     int32_t *prompt;
@@ -75,6 +82,12 @@ struct tllm_sched {
     struct mask_key { size_t off; int n, allows; } *keys; /* [cap_keys] the step's distinct grammar lists, copied into lists */
     int cap_keys;
     int n_rows; /* the step's rows, for fill_masks */
+    /* The automata (states, masks) of the last grammars admitted, kept past their sequences: a request
+     * on a schema whose sequences have all ended (a server's next request, the next prompts of a batch
+     * after a lull) finds its masks made. Each holds a reference to its grammar. */
+    struct tllm_gmatch *kept[TLLM_SCHED_KEPT_GRAMMARS];
+    struct tllm_grammar *kept_g[TLLM_SCHED_KEPT_GRAMMARS];
+    int kept_next;
     int32_t *lists;
     size_t cap_lists;
     float *raw;                /* [vocab] a row before sampling changes it (logprobs), made when first asked */
@@ -212,7 +225,8 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->allow);
     free(s->keys);
     free(s->lists);
-    tllm_vocab_index_free(s->vi);
+    for (int i = 0; i < TLLM_SCHED_KEPT_GRAMMARS; i++) tllm_gmatch_free(s->kept[i]), tllm_grammar_free(s->kept_g[i]);
+    tllm_vocab_index_free(s->vi); /* after the automata, which walk it */
     free(s->raw);
     free(s);
 }
@@ -271,13 +285,41 @@ static void find_lead(struct tllm_sched *s, int slot) {
     }
 }
 
-/* A running sequence under grammar g (its masks serve a new one on g too), or NULL */
+/* A running sequence under grammar g, or a kept automaton of g (its masks serve a new sequence on g
+ * too), or NULL */
 static struct tllm_gmatch *same_grammar(struct tllm_sched *s, const struct tllm_grammar *g) {
     for (int i = 0; i < s->n_running; i++) {
         struct tllm_gmatch *gm = s->seqs[s->order[i]].smp.gm;
         if (gm && tllm_gmatch_grammar(gm) == g) return gm;
     }
+    for (int i = 0; i < TLLM_SCHED_KEPT_GRAMMARS; i++)
+        if (s->kept[i] && tllm_gmatch_grammar(s->kept[i]) == g) return s->kept[i];
     return NULL;
+}
+
+/* Keep gm's automaton (a sequence of its own at the grammar's start, which never moves), in place of
+ * the one kept longest. Only a cache: when it cannot be made, nothing is lost but its masks. */
+static void keep_grammar(struct tllm_sched *s, const struct req *rq, struct tllm_gmatch *gm) {
+    for (int i = 0; i < TLLM_SCHED_KEPT_GRAMMARS; i++)
+        if (s->kept[i] && tllm_gmatch_shares(s->kept[i], gm)) return;
+    struct tllm_gmatch *k;
+    if (tllm_gmatch_init(&k, rq->gp.grammar, s->vi, rq->gp.eos, rq->gp.n_eos, gm)) return;
+    int i = s->kept_next;
+    s->kept_next = (i + 1) % TLLM_SCHED_KEPT_GRAMMARS;
+    tllm_gmatch_free(s->kept[i]);
+    tllm_grammar_free(s->kept_g[i]);
+    s->kept[i] = k;
+    s->kept_g[i] = tllm_grammar_ref((struct tllm_grammar *)rq->gp.grammar); /* grammars are shared by count */
+}
+
+/* tllm_sampler_allowed, counting the walks it made (an automaton's counts are its sequences') */
+static int row_list(struct tllm_sched *s, struct seq *q, const int32_t **list, int *n, int *allows) {
+    long c0 = 0, c1 = 0, cached;
+    if (q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c0, &cached);
+    int r = tllm_sampler_allowed(&q->smp, list, n, allows);
+    if (q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c1, &cached);
+    s->st.grammar_walks += c1 - c0;
+    return r;
 }
 
 static void admit(struct tllm_sched *s) {
@@ -318,7 +360,8 @@ static void admit(struct tllm_sched *s) {
                 if (rq->gp.grammar && tllm_gen_constrain(&q->smp, s->tok, &rq->gp, &s->vi, same_grammar(s, rq->gp.grammar))) {
                     snprintf(msg, sizeof msg, "%s", tllm_errmsg()), erc = TLLM_ERR_ARG;
                     tllm_sampler_free(&q->smp);
-                }
+                } else if (rq->gp.grammar)
+                    keep_grammar(s, rq, q->smp.gm);
             }
             if (msg[0]) tllm_kv_seq_close(s->kv, kvs);
             else {
@@ -389,7 +432,10 @@ static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best)
         }
         memcpy(s->raw, logits, (size_t)n_vocab * sizeof *s->raw);
     }
+    long c0 = 0, c1 = 0, cached;
+    if (logits && q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c0, &cached);
     int32_t id = logits ? tllm_sampler_sample(&q->smp, logits) : tllm_sampler_take(&q->smp, best);
+    if (logits && q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c1, &cached), s->st.grammar_walks += c1 - c0;
     size_t kept = q->r.ids.len;
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
@@ -450,7 +496,7 @@ static int fill_masks(void *user, const int32_t **mask, const uint32_t **allow) 
         s->mask[j] = -1;
         const int32_t *list;
         int n, allows, fresh;
-        if (s->want[j] || !tllm_sampler_allowed(&q->smp, &list, &n, &allows)) continue;
+        if (s->want[j] || !row_list(s, q, &list, &n, &allows)) continue;
         int k = list_key(s, &n_masks, &used, list, n, allows, &fresh);
         if (k < 0) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
         if (fresh) {
@@ -534,7 +580,7 @@ static int sample_rows(struct tllm_sched *s, int n_rows) {
         struct seq *q = &s->seqs[s->row_slot[j]];
         const int32_t *list;
         int n, allows;
-        if (!s->want[j] || q->rq->on_token || !tllm_sampler_allowed(&q->smp, &list, &n, &allows)) continue;
+        if (!s->want[j] || q->rq->on_token || !row_list(s, q, &list, &n, &allows)) continue;
         if ((s->mask[j] = list_key(s, &n_keys, &used, list, n, allows, &fresh)) < 0) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     struct sample_args sa = {s, n_rows};

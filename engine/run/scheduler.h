@@ -68,6 +68,8 @@ struct tllm_sched_stats {
     long long reused_tokens;   /* prompt positions found in the cache instead */
     long long gen_tokens;      /* tokens generated */
     double step_secs;          /* time inside forward steps */
+    long long grammar_walks;   /* token masks walked over the vocabulary (the others came from an
+                                * automaton's cache) */
 };
 
 struct tllm_sched;
