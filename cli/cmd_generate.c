@@ -166,11 +166,31 @@ struct batch {
     struct batch_out out;
     struct tllm_sched *sched; /* on the CPU threads, or on the device when one is in use */
     const struct tllm_grammar *grammar; /* --json-schema's, for lines without their own */
+    char *rf_text;                      /* the last line's "response_format" as JSON text, and its grammar */
+    struct tllm_grammar *rf_grammar;
     int ignore_eos;
     long answered, skipped, errors;
     size_t gen_tokens;
     double t_start, gen_time;
 };
+
+/* A line whose "response_format" is the one before's (as JSON text) takes that line's grammar: the
+ * scheduler pairs sequences by grammar, so lines on one schema share its token masks. */
+static void share_schema(struct batch *b, struct cli_prompt_line *bl) {
+    struct json_object *v;
+    if (!bl->grammar || !json_object_object_get_ex(bl->obj, "response_format", &v)) return;
+    const char *text = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
+    if (b->rf_text && !strcmp(b->rf_text, text)) {
+        tllm_grammar_free(bl->grammar);
+        bl->grammar = tllm_grammar_ref(b->rf_grammar);
+        return;
+    }
+    char *t = strdup(text);
+    if (!t) return; /* only a cache */
+    free(b->rf_text);
+    tllm_grammar_free(b->rf_grammar);
+    b->rf_text = t, b->rf_grammar = tllm_grammar_ref(bl->grammar);
+}
 
 /* The line a request came from, until its record is written */
 struct job {
@@ -262,6 +282,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
             struct cli_prompt_line bl;
             cli_prompt_line_parse(&bl, b.in.line, (size_t)n, b.in.jsonl == 1, lineno, &base, cs->stop, cs->n_stop, max_new);
             if (too_long) snprintf(bl.err, sizeof bl.err, "the line is longer than %u bytes", CLI_MAX_PROMPT_LINE);
+            share_schema(&b, &bl);
             struct tllm_ids prompt = {0};
             const char *key = json_object_to_json_string_ext(bl.id, JSON_C_TO_STRING_PLAIN);
             char id_err[320] = "", line_key[24];
@@ -312,6 +333,8 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
         if (n_free != n_total) cli_die("internal error: %d KV blocks still held after the run", n_total - n_free);
         tllm_sched_free(b.sched);
     }
+    free(b.rf_text);
+    tllm_grammar_free(b.rf_grammar);
     int stopped = b.in.stopped;
     batch_in_close(&b.in);
     batch_out_close(&b.out);

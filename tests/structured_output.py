@@ -183,17 +183,22 @@ with tempfile.TemporaryDirectory() as d:
     lines = [{"id": "own", "prompt": "A:", "seed": 1, "temperature": 1,
               "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMAS[1]}}},
              {"id": "cli", "prompt": "B:", "seed": 2, "temperature": 1},
+             {"id": "own2", "prompt": "D:", "seed": 3, "temperature": 1,
+              "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMAS[1]}}},
              {"id": "bad", "prompt": "C:", "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}]
     with open(os.path.join(d, "in.jsonl"), "w") as f:
         f.write("".join(json.dumps(x) + "\n" for x in lines))
     r = subprocess.run([TLLM, "generate", "-m", DEMO, "-t", "2", "--prompts", os.path.join(d, "in.jsonl"), "-n", "400",
                         "--json-schema", json.dumps(SCHEMAS[0]), "-o", os.path.join(d, "out.jsonl")],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, TLLM_GRAMMAR_STATS="1"))
     check(r.returncode == 0, f"generate --prompts: {r.stderr}")
+    # one automaton per schema: the two lines on SCHEMAS[1] share one (their masks), --json-schema's is the other
+    automata = [x for x in r.stderr.splitlines() if x.startswith("grammar: ")]
+    check(len(automata) == 2, f"lines with one response_format share its automaton: {automata}")
     recs = {}
     if os.path.exists(os.path.join(d, "out.jsonl")):
         recs = {x["id"]: x for x in map(json.loads, open(os.path.join(d, "out.jsonl")))}
-    for key, schema in (("own", SCHEMAS[1]), ("cli", SCHEMAS[0])):
+    for key, schema in (("own", SCHEMAS[1]), ("cli", SCHEMAS[0]), ("own2", SCHEMAS[1])):
         rec = recs.get(key, {})
         try:
             why = validate(schema, json.loads(rec.get("text", "")))
