@@ -312,13 +312,19 @@ static void keep_grammar(struct tllm_sched *s, const struct req *rq, struct tllm
     s->kept_g[i] = tllm_grammar_ref((struct tllm_grammar *)rq->gp.grammar); /* grammars are shared by count */
 }
 
-/* tllm_sampler_allowed, counting the walks it made (an automaton's counts are its sequences') */
+/* Masks walked so far by q's automaton (0 without a grammar): the difference across a call is the
+ * walks it made (an automaton's sequences are used from this one thread) */
+static long walks_of(const struct seq *q) {
+    long computed = 0, cached;
+    if (q->smp.gm) tllm_gmatch_counts(q->smp.gm, &computed, &cached);
+    return computed;
+}
+
+/* tllm_sampler_allowed, counting the walks it made */
 static int row_list(struct tllm_sched *s, struct seq *q, const int32_t **list, int *n, int *allows) {
-    long c0 = 0, c1 = 0, cached;
-    if (q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c0, &cached);
+    long w0 = walks_of(q);
     int r = tllm_sampler_allowed(&q->smp, list, n, allows);
-    if (q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c1, &cached);
-    s->st.grammar_walks += c1 - c0;
+    s->st.grammar_walks += walks_of(q) - w0;
     return r;
 }
 
@@ -432,10 +438,9 @@ static void advance(struct tllm_sched *s, int slot, float *logits, int32_t best)
         }
         memcpy(s->raw, logits, (size_t)n_vocab * sizeof *s->raw);
     }
-    long c0 = 0, c1 = 0, cached;
-    if (logits && q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c0, &cached);
+    long w0 = walks_of(q);
     int32_t id = logits ? tllm_sampler_sample(&q->smp, logits) : tllm_sampler_take(&q->smp, best);
-    if (logits && q->smp.gm) tllm_gmatch_counts(q->smp.gm, &c1, &cached), s->st.grammar_walks += c1 - c0;
+    s->st.grammar_walks += walks_of(q) - w0;
     size_t kept = q->r.ids.len;
     int done, rc = tllm_gen_stream_take(&q->g, id, &done);
     s->st.gen_tokens++;
