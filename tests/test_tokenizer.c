@@ -1,6 +1,7 @@
 /* The tokenizer against Hugging Face: llama.cpp's vectors, transformers' integration strings, edge
  * cases, chat templates, legacy merges, and hostile input. */
 #include <json-c/json.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -124,6 +125,58 @@ static void test_json_cases(struct tllm_tok *t, const char *file, const char *la
     json_object_put(root);
 }
 
+/* A server renders one template from many threads at once: the renders are the same as one alone, and
+ * the template's special tokens (bos_token, eos_token ...) are still held exactly once after them (json-c's
+ * reference counts are not atomic: a render that took references to them lost counts, which leaked them
+ * or freed them under another thread) */
+struct render_job {
+    const struct tllm_chat_template *tpl;
+    const struct tllm_chat_msg *msgs;
+    int n, differ;
+    const char *want;
+};
+
+static void *render_many(void *arg) {
+    struct render_job *r = arg;
+    for (int i = 0; i < 4000; i++) {
+        struct tllm_buf b = {0};
+        if (tllm_chat_render(r->tpl, r->msgs, r->n, 1, &b) || !b.data || strcmp(b.data, r->want)) r->differ++;
+        tllm_buf_free(&b);
+    }
+    return NULL;
+}
+
+static void test_chat_threads(struct tllm_chat_template *tpl, const struct tllm_chat_msg *msgs, int n, const char *want) {
+    enum { NT = 4 };
+    pthread_t th[NT];
+    struct render_job jobs[NT];
+    for (int i = 0; i < NT; i++) {
+        jobs[i] = (struct render_job){tpl, msgs, n, 0, want};
+        CHECK(pthread_create(&th[i], NULL, render_many, &jobs[i]) == 0, "pthread_create");
+    }
+    int differ = 0;
+    for (int i = 0; i < NT; i++) pthread_join(th[i], NULL), differ += jobs[i].differ;
+    CHECK(differ == 0, "%d of %d renders from %d threads differ from one alone", differ, NT * 4000, NT);
+    CHECK(tpl->specials && json_object_object_length(tpl->specials) > 0, "the template has special tokens");
+    /* held once: taken out of the template (it lets go of its reference), the last put frees it. The
+     * template is freed next, so emptying it changes nothing after. */
+    char *keys[16];
+    int nk = 0, held_once = 1;
+    json_object_object_foreach(tpl->specials, k, v) {
+        (void)v;
+        if (nk < 16) keys[nk++] = strdup(k);
+    }
+    for (int i = 0; i < nk; i++) {
+        struct json_object *tok = NULL;
+        json_object_object_get_ex(tpl->specials, keys[i], &tok);
+        struct json_object *mine = json_object_get(tok);
+        json_object_object_del(tpl->specials, keys[i]);
+        held_once &= json_object_put(mine) == 1;
+        free(keys[i]);
+    }
+    CHECK(held_once, "the template's special tokens are held as before the threads");
+}
+
 static void test_chat(struct tllm_tok *t) {
     char path[1200];
     struct tllm_chat_template tpl;
@@ -170,6 +223,7 @@ static void test_chat(struct tllm_tok *t) {
                                     "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
                                     "Hello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"),
           "multi-turn render: %s", b.data);
+    test_chat_threads(&tpl, conv, 3, b.data);
     tllm_buf_free(&b);
     tllm_chat_template_free(&tpl);
 

@@ -185,8 +185,13 @@ int tllm_chat_render_json(const struct tllm_chat_template *t, struct json_object
     }
     struct json_object *vars = json_object_new_object();
     int nomem = !vars;
+    /* copies, not references: a server renders one template from many threads, and json-c's reference
+     * counts are not atomic (shared references lost counts: leaks, double frees) */
     if (t->specials) {
-        json_object_object_foreach(t->specials, k, v) nomem |= json_object_object_add(vars, k, json_object_get(v)) != 0;
+        json_object_object_foreach(t->specials, k, v) {
+            struct json_object *copy = json_object_new_string_len(json_object_get_string(v), json_object_get_string_len(v));
+            if (!copy || json_object_object_add(vars, k, copy)) nomem = 1, json_object_put(copy);
+        }
     }
     if (extra) {
         json_object_object_foreach(extra, k, v) nomem |= json_object_object_add(vars, k, json_object_get(v)) != 0;
