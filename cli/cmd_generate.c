@@ -11,6 +11,7 @@
 #include "engine/base/json_util.h"
 #include "cli/batch_io.h"
 #include "cli/session.h"
+#include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/run/scheduler.h"
 
@@ -166,30 +167,19 @@ struct batch {
     struct batch_out out;
     struct tllm_sched *sched; /* on the CPU threads, or on the device when one is in use */
     const struct tllm_grammar *grammar; /* --json-schema's, for lines without their own */
-    char *rf_text;                      /* the last line's "response_format" as JSON text, and its grammar */
-    struct tllm_grammar *rf_grammar;
+    struct tllm_grammar_cache grams;    /* recent lines' grammars by their "response_format" as JSON text */
     int ignore_eos;
     long answered, skipped, errors;
     size_t gen_tokens;
     double t_start, gen_time;
 };
 
-/* A line whose "response_format" is the one before's (as JSON text) takes that line's grammar: the
+/* A line whose "response_format" is a recent line's (as JSON text) takes that line's grammar: the
  * scheduler pairs sequences by grammar, so lines on one schema share its token masks. */
 static void share_schema(struct batch *b, struct cli_prompt_line *bl) {
     struct json_object *v;
     if (!bl->grammar || !json_object_object_get_ex(bl->obj, "response_format", &v)) return;
-    const char *text = json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN);
-    if (b->rf_text && !strcmp(b->rf_text, text)) {
-        tllm_grammar_free(bl->grammar);
-        bl->grammar = tllm_grammar_ref(b->rf_grammar);
-        return;
-    }
-    char *t = strdup(text);
-    if (!t) return; /* only a cache */
-    free(b->rf_text);
-    tllm_grammar_free(b->rf_grammar);
-    b->rf_text = t, b->rf_grammar = tllm_grammar_ref(bl->grammar);
+    bl->grammar = tllm_grammar_cache_share(&b->grams, json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN), bl->grammar);
 }
 
 /* The line a request came from, until its record is written */
@@ -333,8 +323,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
         if (n_free != n_total) cli_die("internal error: %d KV blocks still held after the run", n_total - n_free);
         tllm_sched_free(b.sched);
     }
-    free(b.rf_text);
-    tllm_grammar_free(b.rf_grammar);
+    tllm_grammar_cache_free(&b.grams);
     int stopped = b.in.stopped;
     batch_in_close(&b.in);
     batch_out_close(&b.out);

@@ -5,6 +5,7 @@
 
 #include "engine/api.h"
 #include "engine/base/error.h"
+#include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/run/scheduler.h"
 
@@ -94,10 +95,9 @@ static int item_prompt(const struct tllm_session *s, const struct tllm_batch_ite
     return TLLM_OK;
 }
 
-/* Queue item i, or report why it cannot run. A schema repeated from the item before shares its grammar
+/* Queue item i, or report why it cannot run. A schema repeated from a recent item shares its grammar
  * (and with it the automaton of allowed tokens the scheduler keeps for sequences on one grammar). */
-static int submit(struct batch_run *b, struct tllm_sched *sched, size_t i, const char **last_schema,
-                  struct tllm_grammar **last_grammar) {
+static int submit(struct batch_run *b, struct tllm_sched *sched, size_t i, struct tllm_grammar_cache *grams) {
     struct tllm_session *s = b->s;
     const struct tllm_batch_item *it = &b->items[i];
     const struct tllm_generate_params *p = it->params ? it->params : &b->defaults;
@@ -105,11 +105,9 @@ static int submit(struct batch_run *b, struct tllm_sched *sched, size_t i, const
     struct tllm_grammar *g = NULL;
     int rc = item_prompt(s, it, &prompt);
     if (!rc && p->json_schema) {
-        if (*last_schema && !strcmp(*last_schema, p->json_schema)) g = tllm_grammar_ref(*last_grammar);
-        else if (!(rc = tllm_schema_grammar_text(p->json_schema, "json_schema", &g))) {
-            tllm_grammar_free(*last_grammar);
-            *last_grammar = tllm_grammar_ref(g), *last_schema = p->json_schema;
-        }
+        if (!(g = tllm_grammar_cache_find(grams, p->json_schema)) &&
+            !(rc = tllm_schema_grammar_text(p->json_schema, "json_schema", &g)))
+            tllm_grammar_cache_put(grams, p->json_schema, g);
     }
     if (!rc && p->json_schema && !s->e->tok) rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "json_schema: the model has no tokenizer");
     if (rc) {
@@ -161,18 +159,17 @@ int tllm_session_generate_batch(struct tllm_session *s, const struct tllm_batch_
     struct tllm_sched *sched;
     int rc = tllm_sched_init(&sched, s->e->m, s->e->tok, &sp, on_done, &b);
     if (rc) return rc;
-    const char *last_schema = NULL;
-    struct tllm_grammar *last_grammar = NULL;
+    struct tllm_grammar_cache grams = {0};
     size_t next = 0;
     while (!rc) {
         /* a few items ahead of the running ones: the batcher fills freed slots at once, and a long
          * list of items costs no memory before its turn */
         while (!rc && !b.stopped && next < n && tllm_sched_waiting(sched) < sp.n_parallel)
-            rc = submit(&b, sched, next++, &last_schema, &last_grammar);
+            rc = submit(&b, sched, next++, &grams);
         if (rc || b.stopped || (!tllm_sched_waiting(sched) && !tllm_sched_running(sched) && next == n)) break;
         rc = tllm_sched_step(sched);
     }
-    tllm_grammar_free(last_grammar);
+    tllm_grammar_cache_free(&grams);
     tllm_sched_drop_all(sched); /* after a stop or an error: each in flight reported interrupted */
     tllm_sched_free(sched);
     int failed = rc;

@@ -19,6 +19,7 @@
 
 #include "engine/base/clock.h"
 #include "engine/base/error.h"
+#include "engine/grammar/grammar_cache.h"
 #include "engine/load/model.h"
 #include "server/conn_guard.h"
 #include "server/oai_request.h"
@@ -29,8 +30,6 @@
 #ifndef SRV_POLL_MS
 #define SRV_POLL_MS 100
 #endif
-
-#define SRV_GRAMMARS 16
 
 struct srv_server {
     struct srv_params p;
@@ -43,11 +42,7 @@ struct srv_server {
     pthread_mutex_t serial_lk;
     /* grammars of recent requests by what they were compiled from: requests that repeat a schema run
      * under one grammar, so the scheduler's sequences on it share their masks */
-    struct {
-        char *key;
-        struct tllm_grammar *g;
-    } grams[SRV_GRAMMARS];
-    int gram_next;
+    struct tllm_grammar_cache grams;
     pthread_mutex_t gram_lk;
 };
 
@@ -65,20 +60,7 @@ struct conn {
 static void share_grammar(struct srv_server *s, struct oai_request *rq) {
     if (!rq->grammar || !rq->grammar_key) return;
     pthread_mutex_lock(&s->gram_lk);
-    for (int i = 0; i < SRV_GRAMMARS; i++)
-        if (s->grams[i].key && !strcmp(s->grams[i].key, rq->grammar_key)) {
-            tllm_grammar_free(rq->grammar);
-            rq->grammar = tllm_grammar_ref(s->grams[i].g);
-            pthread_mutex_unlock(&s->gram_lk);
-            return;
-        }
-    char *key = strdup(rq->grammar_key);
-    if (key) {
-        int i = s->gram_next++ % SRV_GRAMMARS;
-        free(s->grams[i].key);
-        tllm_grammar_free(s->grams[i].g);
-        s->grams[i].key = key, s->grams[i].g = tllm_grammar_ref(rq->grammar);
-    }
+    rq->grammar = tllm_grammar_cache_share(&s->grams, rq->grammar_key, rq->grammar);
     pthread_mutex_unlock(&s->gram_lk);
 }
 
@@ -851,6 +833,6 @@ void srv_server_stop(struct srv_server *s, double wait_s) {
     pthread_mutex_destroy(&s->tok_lk);
     pthread_mutex_destroy(&s->serial_lk);
     pthread_mutex_destroy(&s->gram_lk);
-    for (int i = 0; i < SRV_GRAMMARS; i++) free(s->grams[i].key), tllm_grammar_free(s->grams[i].g);
+    tllm_grammar_cache_free(&s->grams);
     free(s);
 }

@@ -183,6 +183,8 @@ with tempfile.TemporaryDirectory() as d:
     lines = [{"id": "own", "prompt": "A:", "seed": 1, "temperature": 1,
               "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMAS[1]}}},
              {"id": "cli", "prompt": "B:", "seed": 2, "temperature": 1},
+             {"id": "third", "prompt": "E:", "seed": 4, "temperature": 1,
+              "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMAS[2]}}},
              {"id": "own2", "prompt": "D:", "seed": 3, "temperature": 1,
               "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMAS[1]}}},
              {"id": "bad", "prompt": "C:", "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}]
@@ -192,13 +194,14 @@ with tempfile.TemporaryDirectory() as d:
                         "--json-schema", json.dumps(SCHEMAS[0]), "-o", os.path.join(d, "out.jsonl")],
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, TLLM_GRAMMAR_STATS="1"))
     check(r.returncode == 0, f"generate --prompts: {r.stderr}")
-    # one automaton per schema: the two lines on SCHEMAS[1] share one (their masks), --json-schema's is the other
+    # one automaton per schema: the two lines on SCHEMAS[1] share one (their masks) though another schema's
+    # line comes between them; SCHEMAS[2]'s and --json-schema's are the others
     automata = [x for x in r.stderr.splitlines() if x.startswith("grammar: ")]
-    check(len(automata) == 2, f"lines with one response_format share its automaton: {automata}")
+    check(len(automata) == 3, f"lines with one response_format share its automaton: {automata}")
     recs = {}
     if os.path.exists(os.path.join(d, "out.jsonl")):
         recs = {x["id"]: x for x in map(json.loads, open(os.path.join(d, "out.jsonl")))}
-    for key, schema in (("own", SCHEMAS[1]), ("cli", SCHEMAS[0]), ("own2", SCHEMAS[1])):
+    for key, schema in (("own", SCHEMAS[1]), ("cli", SCHEMAS[0]), ("third", SCHEMAS[2]), ("own2", SCHEMAS[1])):
         rec = recs.get(key, {})
         try:
             why = validate(schema, json.loads(rec.get("text", "")))

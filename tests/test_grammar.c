@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/base/error.h"
+#include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex.h"
 #include "engine/grammar/token_mask.h"
@@ -104,6 +105,47 @@ static const char *const refused[][2] = {
     {"{\"$ref\":\"#\"}", "left recursion"},
     {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer fits"},
 };
+
+/* g still holds: it starts a parse (a grammar freed under its holder is a use after free under ASan) */
+static int usable(const struct tllm_grammar *g) {
+    struct tllm_gram_state st = {0};
+    int ok = tllm_gram_start(g, &st) == TLLM_OK && st.n_stacks > 0;
+    tllm_gram_state_free(&st);
+    return ok;
+}
+
+/* The grammar cache (server, batch files, the C API's batches): an equal key shares the grammar, the
+ * newest TLLM_GRAMMAR_CACHE_SIZE keys stay, every reference is let go once */
+static void check_grammar_cache(void) {
+    struct tllm_grammar_cache c = {0};
+    const char *key = "{\"type\":\"integer\"}";
+    struct tllm_grammar *a, *b;
+    CHECK(!tllm_schema_grammar_text(key, "a", &a) && !tllm_schema_grammar_text(key, "b", &b), "%s", tllm_errmsg());
+    CHECK(!tllm_grammar_cache_find(&c, key), "an empty cache finds nothing");
+    CHECK(tllm_grammar_cache_share(&c, key, a) == a, "the first of a key is kept as it is");
+    struct tllm_grammar *b2 = tllm_grammar_cache_share(&c, key, b); /* b is let go: a is shared */
+    CHECK(b2 == a, "an equal key takes the kept grammar");
+    struct tllm_grammar *f = tllm_grammar_cache_find(&c, key);
+    CHECK(f == a, "find gives the kept grammar");
+    tllm_grammar_free(f);
+    /* TLLM_GRAMMAR_CACHE_SIZE other keys: the first is let go, the newest stay */
+    char other[64];
+    for (int i = 0; i < TLLM_GRAMMAR_CACHE_SIZE; i++) {
+        struct tllm_grammar *g;
+        snprintf(other, sizeof other, "{\"type\":\"string\",\"maxLength\":%d}", i + 1);
+        CHECK(!tllm_schema_grammar_text(other, "other", &g), "%s", tllm_errmsg());
+        tllm_grammar_free(tllm_grammar_cache_share(&c, other, g));
+    }
+    CHECK(!tllm_grammar_cache_find(&c, key), "the oldest key is let go");
+    f = tllm_grammar_cache_find(&c, other);
+    CHECK(f && usable(f), "the newest key stays");
+    tllm_grammar_free(f);
+    CHECK(usable(a), "a grammar the cache let go lives on with its other holders");
+    tllm_grammar_free(a); /* from the first share */
+    tllm_grammar_free(b2);
+    tllm_grammar_cache_free(&c);
+    CHECK(!tllm_grammar_cache_find(&c, other) && c.next == 0, "a freed cache is empty");
+}
 
 static void check_schemas(void) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -314,6 +356,7 @@ static void check_sampling(const struct tllm_tok *tok) {
 
 int main(int argc, char **argv) {
     check_schemas();
+    check_grammar_cache();
     struct tllm_tok *tok = NULL;
     char path[4096];
     if (argc > 1) {
