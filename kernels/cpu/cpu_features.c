@@ -6,16 +6,19 @@
 
 #include "engine/base/error.h"
 
+/* A flag computed on first use and then read by any thread (the kernels ask from the pool's workers):
+ * atomic, so that two first uses at once are not a data race (both compute the same value) */
+static int flag_get(const int *f) { return __atomic_load_n(f, __ATOMIC_RELAXED); }
+static int flag_set(int *f, int v) { return __atomic_store_n(f, v, __ATOMIC_RELAXED), v; }
+
 /* The most TLLM_CPU lets the kernels use: 0 ref, 1 avx2, 2 avxvnni, 3 avx512, 4 amx (unset, "auto" or a
  * value that is not a path: no cap; tllm_cpu_select refuses the last) */
 static int cap(void) {
     static int c = -1;
-    if (c < 0) {
-        const char *e = getenv("TLLM_CPU");
-        c = !e ? 4 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") || !strcmp(e, "neon") ? 1 : !strcmp(e, "avxvnni") ? 2
-            : !strcmp(e, "avx512") ? 3 : 4;
-    }
-    return c;
+    if (flag_get(&c) >= 0) return flag_get(&c);
+    const char *e = getenv("TLLM_CPU");
+    return flag_set(&c, !e ? 4 : !strcmp(e, "ref") ? 0 : !strcmp(e, "avx2") || !strcmp(e, "neon") ? 1 : !strcmp(e, "avxvnni") ? 2
+                        : !strcmp(e, "avx512") ? 3 : 4);
 }
 
 #if defined(__x86_64__)
@@ -23,32 +26,26 @@ static int cap(void) {
 
 static int cpu_avx2(void) {
     static int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return has;
+    if (flag_get(&has) >= 0) return flag_get(&has);
+    __builtin_cpu_init();
+    return flag_set(&has, __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
 }
 
 static int cpu_avx512(void) {
     static int has = -1;
-    if (has < 0) {
-        __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-    }
-    return has;
+    if (flag_get(&has) >= 0) return flag_get(&has);
+    __builtin_cpu_init();
+    return flag_set(&has, __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"));
 }
 
 static int cpu_avx512vnni(void) { return cpu_avx512() && __builtin_cpu_supports("avx512vnni"); }
 /* CPUID leaf 7, subleaf 1, EAX bit 4 (clang's __builtin_cpu_supports has no name for it) */
 static int cpu_avxvnni(void) {
     static int has = -1;
-    if (has < 0) {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        has = cpu_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1);
-    }
-    return has;
+    if (flag_get(&has) >= 0) return flag_get(&has);
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return flag_set(&has, cpu_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1));
 }
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -58,12 +55,10 @@ static int cpu_avxvnni(void) {
  * process the tile state only when asked */
 static int cpu_amx(void) {
     static int has = -1;
-    if (has < 0) {
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        has = cpu_avx512vnni() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3 &&
-              syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-    }
-    return has;
+    if (flag_get(&has) >= 0) return flag_get(&has);
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return flag_set(&has, cpu_avx512vnni() && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 3) == 3 &&
+                              syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0);
 }
 #else
 static int cpu_amx(void) { return 0; }
