@@ -105,13 +105,16 @@ static void *engine_main(void *arg) {
             struct srv_job *j = in;
             in = j->next;
             struct tllm_gen_result r = {.finish = TLLM_FINISH_INTERRUPTED, .n_prompt = j->rq.n_prompt};
-            if (hard || j->cancelled) on_done(e, j, TLLM_OK, NULL, &r);
+            pthread_mutex_lock(&e->lk); /* an HTTP thread may cancel it now (it then also comes in `cancels`) */
+            int cancelled = j->cancelled;
+            pthread_mutex_unlock(&e->lk);
+            if (hard || cancelled) on_done(e, j, TLLM_OK, NULL, &r);
             else if (e->fatal[0]) on_done(e, j, TLLM_ERR_IO, e->fatal, NULL);
             else if (tllm_sched_submit(e->sched, &j->rq)) on_done(e, j, TLLM_ERR_NOMEM, "out of memory", NULL);
         }
         while (cancels) {
             struct srv_job *j = cancels;
-            cancels = j->next;
+            cancels = j->cancel_next;
             tllm_sched_cancel(e->sched, j);
             srv_job_release(e, j); /* the cancel list's reference */
         }
@@ -202,7 +205,7 @@ void srv_engine_cancel(struct srv_engine *e, struct srv_job *j) {
         j->cancelled = 1;
         if (!j->queued) { /* in the scheduler: the engine thread ends it (the inbox's are seen there) */
             j->refs++;
-            j->next = e->cancels;
+            j->cancel_next = e->cancels;
             e->cancels = j;
         }
         pthread_cond_signal(&e->wake);

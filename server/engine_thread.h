@@ -42,7 +42,9 @@ struct srv_job {
     /* the engine's */
     struct srv_engine *e;
     int refs;
-    struct srv_job *next;       /* in the inbox or the cancel list */
+    struct srv_job *next;       /* in the inbox (the engine thread walks it after taking it, unlocked) */
+    struct srv_job *cancel_next; /* in the cancel list: a link of its own, since a job taken from the inbox
+                                    may be cancelled while the engine thread still walks the inbox's links */
     int queued;                 /* in the inbox, not yet given to the scheduler */
 };
 

@@ -203,6 +203,40 @@ try:
     h = srv.idle()
     check(h["kv_blocks_free"] == h["kv_blocks_total"] and h["requests_processing"] == 0, "every block free: %s" % h)
 
+    # many clients that leave at once (before their first bytes or just after), beside clients that stay:
+    # each staying one gets its answer (or 503 busy) and nothing is left waiting. A cancel that came while
+    # the engine thread walked the requests it had just taken relinked their list (one link served both):
+    # the requests after it were lost, their clients waited forever and SIGTERM never ended the server
+    # (3 of 8 such rounds before the fix)
+    def leave_soon(i):
+        for k in range(6):
+            sk = socket.create_connection(("127.0.0.1", srv.port))
+            body = json.dumps(chat(user("q %d %d" % (i, k)), max_tokens=100, stream=True)).encode()
+            sk.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                       b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            if k % 2:
+                sk.recv(10)
+            sk.close()
+
+    stayed = []
+
+    def stay(i):
+        try:
+            s, r = srv.post("/v1/chat/completions", chat(user("hi %d" % i), max_tokens=4), timeout=60)
+            stayed.append((s == 200 and r["usage"]["completion_tokens"] > 0) or s == 503)
+        except Exception as e:
+            stayed.append(repr(e))
+
+    for _ in range(3):
+        ts = [threading.Thread(target=leave_soon, args=(i,)) for i in range(16)]
+        ts += [threading.Thread(target=stay, args=(i,)) for i in range(8)]
+        [t.start() for t in ts]
+        [t.join(120) for t in ts]
+    check(len(stayed) == 24 and all(x is True for x in stayed), "clients beside 96 that left: %s" % stayed)
+    h = srv.idle(30)
+    check(h["requests_processing"] == 0 and h["requests_waiting"] == 0 and h["kv_blocks_free"] == h["kv_blocks_total"],
+          "nothing left waiting after clients left at once: %s" % h)
+
     # ---- bad requests: their status and an OpenAI error object, never a crash ----
     def bad(path, body, status, param=None, key=KEY, method="POST", what=None):
         s, r = srv.request(method, path, body, key=key)
