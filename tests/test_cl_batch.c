@@ -4,7 +4,8 @@
  * split-K forced too); they match the transformers reference and the CPU's batched steps; greedy ids
  * agree with the CPU's; the device's argmaxes are the host's; a shared block written after a
  * truncation is copied on the device (copy on write); per-row outputs (logits of some rows, masked
- * argmaxes of others) are those of a step of logits; malformed steps get messages. */
+ * argmaxes of others) are those of a step of logits; malformed steps get messages. Attention split into
+ * spans of positions is checked with spans short enough for the fixtures. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -397,5 +398,16 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         for (int packed = 0; packed < 2; packed++)
             for (int levels = 2; levels >= 2 - packed; levels--) test_fixture(argv[i], dev ? atoi(dev) : -1, packed, levels);
+    /* attention split into spans (flash_prefill, flash_combine): the fixtures' sequences (~40 tokens) are
+     * shorter than a span (FL_SPAN, 64), so again with spans of 16 positions (staged 16 at a time) */
+    const char *opts = getenv("TLLM_CL_OPTS");
+    char o16[512];
+    snprintf(o16, sizeof o16, "%s -DFL_KB=16 -DFL_SPAN=16", opts ? opts : "");
+    char *saved = opts ? strdup(opts) : NULL;
+    setenv("TLLM_CL_OPTS", o16, 1);
+    printf("spans of 16 positions:\n");
+    for (int packed = 0; packed < 2; packed++) test_fixture(argv[1], dev ? atoi(dev) : -1, packed, 2);
+    if (saved) setenv("TLLM_CL_OPTS", saved, 1), free(saved);
+    else unsetenv("TLLM_CL_OPTS");
     return check_done();
 }

@@ -2,7 +2,9 @@
  * shapes that do not fill their tiles: rows and tokens past a multiple of 64, K of one group or with
  * a half-filled staging step, every code width (2, 4, 8 bits), group size (32, 64, 128), scale type
  * (bf16, f16, f32) and dense weights; int8 inputs in one and two levels (gemm_q8, and gemm_q8_mma on NVIDIA) and float
- * ones (gemm_f); unsplit and split along K. PoCL runs it in CI. */
+ * ones (gemm_f); unsplit and split along K. Steps of a few tokens (gemm_few: FEW_TN, 2 by default, and
+ * 8 compiled in with TLLM_CL_OPTS) must equal the tiled GEMM's outputs to the bit: a sequence's logits
+ * may not depend on the size of its step. PoCL runs it in CI. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +97,18 @@ static void one_case(struct tllm_backend *cl, int bits, int gs, enum tllm_dtype 
         }
     }
     CHECK(worst <= TOL_GEMM, "%s: error %.3g of sum |w x| (tolerance %.0e)", what, worst, TOL_GEMM);
+    if (int8 && n <= 8 && rc == TLLM_OK) { /* gemm_few took it (n <= FEW_TN): the tiled GEMM's bits */
+        float *yg = malloc((size_t)n * rows * sizeof(float));
+        setenv("TLLM_CL_NO_FEW", "1", 1);
+        if (split) setenv("TLLM_CL_SPLIT", split, 1);
+        rc = cl->ops->matmul(cl, &w, x, n, int8, yg, 0, NULL);
+        unsetenv("TLLM_CL_SPLIT"), unsetenv("TLLM_CL_NO_FEW");
+        CHECK(rc == TLLM_OK, "%s, tiled: %s", what, tllm_errmsg());
+        size_t diff = 0;
+        for (size_t i = 0; rc == TLLM_OK && i < (size_t)n * rows; i++) diff += memcmp(&y[i], &yg[i], sizeof *y) != 0;
+        CHECK(diff == 0, "%s: %zu of %zu outputs of gemm_few differ from the tiled GEMM's", what, diff, (size_t)n * rows);
+        free(yg);
+    }
     free(codes), free(sc), free(bi), free(x), free(xo), free(slack), free(y), free(wr);
 }
 
@@ -134,6 +148,11 @@ int main(int argc, char **argv) {
                     one_case(cl, bits[b], gss[g], dt, 130, 384, 70, int8, NULL); /* rows and tokens past the tiles */
                     one_case(cl, bits[b], gss[g], dt, 130, 384, 70, int8, "3");  /* split along K */
                 }
+                for (int lv = 1; lv <= 2; lv++) { /* steps of a few tokens (gemm_few): K of odd steps, split or not */
+                    one_case(cl, bits[b], gss[g], dt, 75, 640, 1, lv, NULL);
+                    one_case(cl, bits[b], gss[g], dt, 75, 640, 2, lv, "3");
+                    one_case(cl, bits[b], gss[g], dt, 33, 2304, 2, lv, NULL); /* more units than a work-group's threads */
+                }
                 if (gss[g] == 32 && bits[b] > 2) /* half a staging step */
                     for (int lv = 1; lv <= 2; lv++) one_case(cl, bits[b], 32, dt, 67, 96, 3, lv, NULL);
             }
@@ -141,6 +160,22 @@ int main(int argc, char **argv) {
             one_case(cl, 0, 0, dts[d], 67, 96, 70, 0, NULL);
             one_case(cl, 0, 0, dts[d], 130, 384, 9, 0, "2");
         }
+        /* gemm_few compiled for steps of up to 8 tokens (-DFEW_TN=8): the same bits as the tiled GEMM */
+        struct tllm_backend *cl8 = NULL;
+        const char *opts = getenv("TLLM_CL_OPTS");
+        char *saved = opts ? strdup(opts) : NULL, o8[512];
+        snprintf(o8, sizeof o8, "%s -DFEW_TN=8", opts ? opts : "");
+        setenv("TLLM_CL_OPTS", o8, 1);
+        rc = tllm_backend_device_init(&cl8, m, 16, dev ? atoi(dev) : -1);
+        CHECK(rc == TLLM_OK, "opencl, FEW_TN=8: %s", tllm_errmsg());
+        for (int b = 0; b < 3 && rc == TLLM_OK; b++)
+            for (int lv = 1; lv <= 2; lv++) {
+                one_case(cl8, bits[b], 64, dts[b], 75, 640, 5, lv, NULL);
+                one_case(cl8, bits[b], 32, dts[b], 33, 2304, 8, lv, "3");
+            }
+        tllm_backend_free(cl8);
+        if (saved) setenv("TLLM_CL_OPTS", saved, 1), free(saved);
+        else unsetenv("TLLM_CL_OPTS");
         /* a format the kernels do not read: refused, with that said */
         struct tllm_qweights w = {.name = "x", .rows = 1, .cols = 32, .format = TLLM_WF_AFFINE, .bits = 3, .group_size = 32};
         float x[32] = {0}, y[1];

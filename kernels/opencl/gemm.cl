@@ -43,6 +43,17 @@ inline uint codes4(__global const uchar *W, int bits, size_t row_words, int r, i
     return unpack4(((__global const uint *)W)[(size_t)r * row_words + (bit >> 5)] >> (bit & 31), bits);
 }
 
+/* A unit's share of an output's sum: a block of 32 inputs (gemm_term: the integer dot product ia of its
+ * codes and the input's, the row's group scale s and bias o, the input's scale d and code sum m), or a
+ * staging step of two blocks in one weight group (gemm_term2, gemm_q8_mma's groups of 64 or more). Every
+ * kernel that computes these sums (the GEMMs here, gemm_few in gemm_few.cl) adds the same terms in the
+ * same order from 0, so a token's output has the same bits whichever kernel its step took; the fma()s
+ * are written out so that no compiler contracts the products its own way. */
+inline float gemm_term(float s, float o, float d, int ia, float m) { return fma(s, d * (float)ia, o * m); }
+inline float gemm_term2(float s, float o, float d0, int p, float d1, int q, float m) {
+    return fma(s, fma(d0, (float)p, d1 * (float)q), o * m);
+}
+
 /* Split-K (the host's choice where a GEMM has too few tiles to fill the device): work-group z of
  * get_num_groups(2) takes inputs [z k_len, (z + 1) k_len) and leaves its sums in part[z][t][r];
  * gemm_reduce adds the slices in order (so the result does not depend on timing), then the bias and
@@ -187,7 +198,7 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
             for (int i = 0; i < GEMM_RM; i++) {
                 float s = Asc[b][tx + GEMM_T * i], o = Abi[b][tx + GEMM_T * i];
                 for (int j = 0; j < GEMM_RN; j++)
-                    acc[i][j] += s * (Bd[b][ty + GEMM_T * j] * (float)ia[i][j]) + o * Bsum[b][ty + GEMM_T * j];
+                    acc[i][j] += gemm_term(s, o, Bd[b][ty + GEMM_T * j], ia[i][j], Bsum[b][ty + GEMM_T * j]);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -391,19 +402,19 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
                 if (one_group) {
                     float s0 = Asc[0][r], o0 = Abi[0][r], s1 = Asc[0][r + 8], o1 = Abi[0][r + 8];
                     float m0 = Bsum[0][t] + Bsum[1][t], m1 = Bsum[0][t + 1] + Bsum[1][t + 1];
-                    acc[i][j][0] += s0 * (x0 * (float)p.x + y0 * (float)q.x) + o0 * m0;
-                    acc[i][j][1] += s0 * (x1 * (float)p.y + y1 * (float)q.y) + o0 * m1;
-                    acc[i][j][2] += s1 * (x0 * (float)p.z + y0 * (float)q.z) + o1 * m0;
-                    acc[i][j][3] += s1 * (x1 * (float)p.w + y1 * (float)q.w) + o1 * m1;
+                    acc[i][j][0] += gemm_term2(s0, o0, x0, p.x, y0, q.x, m0);
+                    acc[i][j][1] += gemm_term2(s0, o0, x1, p.y, y1, q.y, m1);
+                    acc[i][j][2] += gemm_term2(s1, o1, x0, p.z, y0, q.z, m0);
+                    acc[i][j][3] += gemm_term2(s1, o1, x1, p.w, y1, q.w, m1);
                 } else {
                     for (int b = 0; b < 2; b++) {
                         int4 d = b ? q : p;
                         float d0 = b ? y0 : x0, d1 = b ? y1 : x1, m0 = Bsum[b][t], m1 = Bsum[b][t + 1];
                         float s0 = Asc[b][r], o0 = Abi[b][r], s1 = Asc[b][r + 8], o1 = Abi[b][r + 8];
-                        acc[i][j][0] += s0 * (d0 * (float)d.x) + o0 * m0;
-                        acc[i][j][1] += s0 * (d1 * (float)d.y) + o0 * m1;
-                        acc[i][j][2] += s1 * (d0 * (float)d.z) + o1 * m0;
-                        acc[i][j][3] += s1 * (d1 * (float)d.w) + o1 * m1;
+                        acc[i][j][0] += gemm_term(s0, o0, d0, d.x, m0);
+                        acc[i][j][1] += gemm_term(s0, o0, d1, d.y, m1);
+                        acc[i][j][2] += gemm_term(s1, o1, d0, d.z, m0);
+                        acc[i][j][3] += gemm_term(s1, o1, d1, d.w, m1);
                     }
                 }
             }

@@ -21,6 +21,10 @@
 #ifndef FL_KB
 #define FL_KB 64 /* keys it stages at a time (a multiple of 16; H100: 64 gave pp2048 41.2-41.5k, 32 39.4-39.5k) */
 #endif
+#ifndef FL_SPAN
+#define FL_SPAN 64 /* positions of a span (a multiple of FL_KB): steps of many sequences split each row's
+                    * keys into spans from position 0, one work-group a span (flash_combine joins them) */
+#endif
 
 __kernel void prefill_tunables(__global int *out) {
     out[0] = GEMM_TM, out[1] = GEMM_TN, out[2] = GEMM_T, out[3] = PF_LWS, out[4] = FL_QB, out[5] = FL_LWS;
@@ -29,6 +33,8 @@ __kernel void prefill_tunables(__global int *out) {
 #else
     out[6] = out[7] = out[8] = 0;
 #endif
+    out[9] = FEW_TN; /* gemm_few's largest step */
+    out[10] = FL_SPAN;
 }
 
 /* Element j of token t (the work-item's), v, as a GEMM's input: a float (int8 0), or quantized with the 31
@@ -119,6 +125,9 @@ __kernel void pf_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, int pos0, __gl
 #if FL_QB % 16 || FL_KB % 16 || HEAD_DIM % 16
 #error "flash_prefill: FL_QB, FL_KB and HEAD_DIM must be multiples of 16"
 #endif
+#if FL_SPAN % FL_KB
+#error "flash_prefill: FL_SPAN must be a multiple of FL_KB"
+#endif
 #ifndef FL_ROW_SKIP
 #define FL_ROW_SKIP 1 /* a group whose rows fit in the first 16 (a decode token's heads) skips the others' work */
 #endif
@@ -164,21 +173,29 @@ __kernel void pf_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, int pos0, __gl
  * row's arithmetic does not depend on the other rows of its group or on where the group ends (keys
  * past a row's own position weigh exactly 0), so a token gets the same bits in any step.
  * The runs: paged == 0, tokens [t0, t0 + FL_QB / gq) of the n_tok of a chunk at positions pos0 + t;
- * paged, meta[grp_off + 4 i ..] = (first token, tokens, first position, offset of the block table). */
+ * paged, meta[grp_off + 4 (grp0 + i) ..] = (first token, tokens, first position, offset of the block table).
+ * spo_off >= 0 (steps of many sequences): a row's keys are split into spans of FL_SPAN positions from 0,
+ * work-group z of get_num_groups(2) taking span z of every row of its run (so a decode token's keys are
+ * read by several work-groups at once). A row whose position lies in span 0 is finished here as before;
+ * a later row leaves its span's output sums, max and sum of weights at part + ((meta[spo_off + t] -
+ * part_base + z) n_heads + head) (HEAD_DIM + 2), for flash_combine. A row's spans depend on its own
+ * position only, so its bits still do not depend on the step it comes in. */
 __kernel __attribute__((reqd_work_group_size(FL_LWS, 1, 1))) void
 flash_prefill(__global const float *q, __global const float *kc, __global const float *vc, int layer, int n_heads,
               int n_kv, int ctx_stride, int pos0, int n_tok, int paged, int kv_half, __global const int *meta, int grp_off,
-              __global float *out) {
+              int grp0, int spo_off, int part_base, __global float *part, __global float *out) {
     const int kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM, gq = n_heads / n_kv, tpg = FL_QB / gq;
     __local float Qs[FL_QB][HEAD_DIM + 1], KV[FL_KB][HEAD_DIM + 1], P[FL_QB][FL_KB + 1], red[FL_LWS];
     int lid = get_local_id(0), qi = lid / 16, ki = lid % 16, g = get_group_id(1);
     int t0 = get_group_id(0) * tpg, nq = min(tpg, n_tok - t0);
     __global const int *tab = meta;
     if (paged) {
-        __global const int *grp = meta + grp_off + 4 * get_group_id(0);
+        __global const int *grp = meta + grp_off + 4 * (grp0 + get_group_id(0));
         t0 = grp[0], nq = grp[1], pos0 = grp[2] - t0, tab = meta + grp[3];
     }
     int last = pos0 + t0 + nq - 1, rows = nq * gq, na = FL_ROW_SKIP && rows <= 16 ? 1 : FL_QA; /* row blocks with work */
+    int p_begin = spo_off >= 0 ? get_group_id(2) * FL_SPAN : 0, p_end = spo_off >= 0 ? min(last + 1, p_begin + FL_SPAN) : last + 1;
+    if (p_begin > last) return; /* no row of the run reaches this span */
     float scale = rsqrt((float)HEAD_DIM), m_row[FL_QA], l_row[FL_QA], acc[FL_QA][FL_DA];
     for (int i = lid; i < FL_QB * HEAD_DIM; i += FL_LWS) {
         int r = i / HEAD_DIM, d = i % HEAD_DIM;
@@ -188,7 +205,7 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
         m_row[a] = -INFINITY, l_row[a] = 0.0f;
         for (int c = 0; c < FL_DA; c++) acc[a][c] = 0.0f;
     }
-    for (int p0 = 0; p0 <= last; p0 += FL_KB) {
+    for (int p0 = p_begin; p0 < p_end; p0 += FL_KB) {
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
             int d = i / FL_KB, k = i % FL_KB;
@@ -228,10 +245,36 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
         if (na == FL_QA) FL_WEIGHTED(FL_QA) else FL_WEIGHTED(1)
     }
     for (int a = 0; a < FL_QA && a < na; a++) {
-        int r = qi + 16 * a;
-        if (r < rows)
-            for (int c = 0; c < FL_DA; c++)
-                out[(size_t)(t0 + r / gq) * q_dim + (g * gq + r % gq) * HEAD_DIM + ki + 16 * c] = acc[a][c] / l_row[a];
+        int r = qi + 16 * a, t = t0 + r / gq, h = g * gq + r % gq, pos = pos0 + t;
+        if (r >= rows || pos < p_begin) continue;
+        if (spo_off < 0 || pos < FL_SPAN) { /* the row's only span */
+            for (int c = 0; c < FL_DA; c++) out[(size_t)t * q_dim + h * HEAD_DIM + ki + 16 * c] = acc[a][c] / l_row[a];
+            continue;
+        }
+        __global float *pp = part + ((size_t)(meta[spo_off + t] - part_base + get_group_id(2)) * n_heads + h) * (HEAD_DIM + 2);
+        for (int c = 0; c < FL_DA; c++) pp[ki + 16 * c] = acc[a][c];
+        if (ki == 0) pp[HEAD_DIM] = m_row[a], pp[HEAD_DIM + 1] = l_row[a];
     }
+}
+
+/* The rows flash_prefill split into spans (position >= FL_SPAN), tokens [t_first, t_first + n_tok) of
+ * a step: output element d of head h = sum_z acc_z[d] e^(m_z - m) / sum_z l_z e^(m_z - m), m the largest
+ * m_z, the spans z = 0 .. position / FL_SPAN added in order. One work-item an element. */
+__kernel void flash_combine(__global const float *part, __global const int *meta, int pos_off, int spo_off, int part_base,
+                            int t_first, int n_tok, int n_heads, __global float *out) {
+    int e = get_global_id(0), t = t_first + get_global_id(1), h = e / HEAD_DIM, d = e % HEAD_DIM;
+    if (h >= n_heads || t >= t_first + n_tok) return;
+    int pos = meta[pos_off + t], n_sp = pos / FL_SPAN + 1;
+    if (n_sp == 1) return; /* flash_prefill finished it */
+    __global const float *pp = part + ((size_t)(meta[spo_off + t] - part_base) * n_heads + h) * (HEAD_DIM + 2);
+    size_t stride = (size_t)n_heads * (HEAD_DIM + 2);
+    float m = -INFINITY;
+    for (int z = 0; z < n_sp; z++) m = fmax(m, pp[z * stride + HEAD_DIM]);
+    float l = 0.0f, a = 0.0f;
+    for (int z = 0; z < n_sp; z++) {
+        float w = exp(pp[z * stride + HEAD_DIM] - m);
+        l = fma(pp[z * stride + HEAD_DIM + 1], w, l), a = fma(pp[z * stride + d], w, a);
+    }
+    out[(size_t)t * n_heads * HEAD_DIM + h * HEAD_DIM + d] = a / l;
 }
 #endif

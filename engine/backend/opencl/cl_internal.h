@@ -205,6 +205,8 @@ struct cl_pages {
     int pos_off, slot_off; /* each token's position, and slot (block x 16 + position % 16) */
     int grp_off, n_grp;    /* the attention runs: (first token, tokens, first position, block table offset) */
     int fixed_n;           /* split-K as for steps of this many tokens, whatever a step's size */
+    int spo_off;           /* [n + 1]: before each token, the spans of the tokens before it that flash_prefill splits */
+    int max_pos;           /* the step's last position */
 };
 /* A step's tokens through every layer (tllm_cl_tokens): a chunk of the one sequence's cache from pos0
  * (pages NULL), or tokens of many sequences in the pool. meta: the ids at [0, n), then what the pages
@@ -229,6 +231,8 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk);
 /* Query rows of a flash_prefill work-group (a run's tokens x the heads of a KV head); 0 when the
  * kernels could not be made (the message says why) */
 int tllm_cl_flash_rows(struct tllm_cl *cl);
+/* Positions of a span of flash_prefill in steps of many sequences (FL_SPAN); 0 when it cannot run */
+int tllm_cl_flash_span(struct tllm_cl *cl);
 
 /* cl_paged.c */
 void tllm_cl_paged_free(struct tllm_cl *cl);

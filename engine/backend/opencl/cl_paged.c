@@ -101,6 +101,7 @@ int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits
     const struct tllm_config *c = &cl->m->cfg;
     const struct tllm_kv *kv = g->kv;
     int per = tllm_cl_flash_rows(cl) / (c->n_heads / c->n_kv_heads); /* tokens of an attention run */
+    int span = tllm_cl_flash_span(cl);
     int t1, n_grp = 0;
     size_t n_tab = 0;
     for (int t = 0; t < n; t = t1) { /* each sequence's run: its attention runs, its table */
@@ -108,7 +109,7 @@ int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits
         n_grp += (t1 - t + per - 1) / per;
         n_tab += (size_t)pos[t1 - 1] / TLLM_KV_BLOCK + 1;
     }
-    if ((rc = meta_room(g, 4 * (size_t)n + 4 * (size_t)n_grp + n_tab))) return rc;
+    if ((rc = meta_room(g, 5 * (size_t)n + 1 + 4 * (size_t)n_grp + n_tab))) return rc;
     int32_t *m = g->meta;
     struct cl_pages pg = g->pages;
     pg.pos_off = n, pg.slot_off = 2 * n, pg.grp_off = 3 * n, pg.n_grp = 0;
@@ -128,7 +129,14 @@ int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits
         memcpy(m + tab, s->blocks, (size_t)nb * sizeof *m);
         tab += (size_t)nb;
     }
-    int rows_off = (int)tab, n_out = 0;
+    pg.spo_off = (int)tab, pg.max_pos = 0;
+    for (int t = 0, sum = 0; t <= n; t++) { /* the rows flash_prefill splits into spans, and their spans */
+        m[pg.spo_off + t] = sum;
+        if (t == n) break;
+        sum += pos[t] >= span ? pos[t] / span + 1 : 0;
+        pg.max_pos = pos[t] > pg.max_pos ? pos[t] : pg.max_pos;
+    }
+    int rows_off = pg.spo_off + n + 1, n_out = 0;
     for (int t = 0; out && (logits || argmax) && t < n; t++)
         if (out[t]) m[rows_off + n_out++] = t;
     if ((rc = copy_blocks(cl))) return rc;

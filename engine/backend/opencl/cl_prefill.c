@@ -18,7 +18,12 @@
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
                               * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
 #endif
+#define FEW_LWS 256 /* gemm_few's work-group (kernels/opencl/gemm_few.cl) */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
+#ifndef PF_SPAN_FLOATS
+#define PF_SPAN_FLOATS (16 << 20) /* flash_prefill's span sums a launch at most (64 MiB): a step's runs go in
+                                   * as many launches as they need */
+#endif
 
 /* What a chunk's launches do, for TLLM_CL_PROFILE */
 enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN, P_LM_HEAD, P_COUNT };
@@ -28,6 +33,7 @@ static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k
 /* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
 struct pf_mm {
     cl_kernel k;
+    cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
     int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
     int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
@@ -42,7 +48,11 @@ struct cl_prefill {
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    cl_kernel reduce, embed, norm, swiglu, rope, flash, paged_rope, argmax, argmax_allowed;
+    int few_tn;                         /* gemm_few's largest step (FEW_TN) */
+    int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
+    cl_kernel reduce, embed, norm, swiglu, rope, flash, combine, paged_rope, argmax, argmax_allowed;
+    cl_mem spans;               /* [cap_spans] flash_prefill's sums of the spans of split rows */
+    size_t cap_spans;
     cl_mem allow, mask;         /* a step's bitsets of allowed ids and each wanted row's (struct cl_tokens) */
     size_t cap_allow, cap_mask; /* their sizes in 32-bit words */
     cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
@@ -97,10 +107,11 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k, p->reduce, p->embed, p->norm, p->swiglu, p->rope, p->flash, p->paged_rope, p->argmax, p->argmax_allowed};
+    cl_kernel ks[] = {p->mm.k,  p->mm.few,     p->reduce, p->embed,  p->norm,           p->swiglu,
+                      p->rope, p->flash, p->combine, p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->meta, p->amax, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits, p->allow, p->mask};
+    cl_mem bs[] = {p->spans, p->meta, p->amax, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits, p->allow, p->mask};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -136,7 +147,10 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     mm->tm = mm->mma ? p->mma_tm : p->tm, mm->tn = mm->mma ? p->mma_tn : p->tn, mm->gt = mm->mma ? p->mma_lws : p->gt;
     const char *name = mm->mma ? (int8 == 2 ? "gemm_q8_mma_2" : "gemm_q8_mma") : int8 == 2 ? "gemm_q8_2" : int8 ? "gemm_q8" : "gemm_f";
     if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
-    return tllm_cl_make_kernel(cl, &mm->k, name);
+    if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
+    int rc = tllm_cl_make_kernel(cl, &mm->k, name);
+    if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
+    return rc;
 }
 
 static int make(struct tllm_cl *cl) {
@@ -151,15 +165,17 @@ static int make(struct tllm_cl *cl) {
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->paged_rope, "paged_rope");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->argmax, "rows_argmax");
     if (!rc) rc = tllm_cl_make_kernel(cl, &p->argmax_allowed, "rows_argmax_allowed");
-    if (!rc && tllm_cl_make_kernel(cl, &p->flash, "flash_prefill"))
+    if (!rc && (tllm_cl_make_kernel(cl, &p->flash, "flash_prefill") || tllm_cl_make_kernel(cl, &p->combine, "flash_combine")))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
-    cl_int v[9] = {0};
-    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 9))) return rc;
+    cl_int v[11] = {0};
+    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 11))) return rc;
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
+    p->few_tn = v[9], p->fl_span = v[10];
+    if (p->fl_span < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN positive");
     return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
 
@@ -282,7 +298,8 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
-    struct args a = {mm->k, 0, CL_SUCCESS};
+    int few = mm->few && n <= p->few_tn; /* gemm_few: the same sums, read as a matvec reads */
+    struct args a = {few ? mm->few : mm->k, 0, CL_SUCCESS};
     arg_weights(&a, w);
     arg_weights(&a, ws[n_w > 1]);
     arg_weights(&a, ws[n_w > 2 ? 2 : 0]);
@@ -304,9 +321,20 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     ARG_INT(&a, add);
     ARG_MEM(&a, mm->part);
     ARG_INT(&a, k_len);
-    if (a.err) return a.err;
-    cl_int e = mm->mma ? run3(cl, mm->k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
-                       : run3(cl, mm->k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
+    cl_int e;
+    if (few) {
+        int step = mm->mma && w->gs % 64 == 0; /* the terms gemm_q8_mma adds: a step of two blocks, or a block */
+        int units = k_len / 64 * (step ? 1 : 2), tr = FEW_LWS / units;
+        tr = tr < 1 ? 1 : tr > FEW_LWS / p->few_tn ? FEW_LWS / p->few_tn : tr;
+        ARG_INT(&a, step);
+        ARG_INT(&a, tr);
+        e = a.err ? a.err : run3(cl, mm->few, ((size_t)rows + tr - 1) / tr * FEW_LWS, 1, (size_t)n_split, FEW_LWS, 1, kind);
+    } else if (a.err) {
+        e = a.err;
+    } else {
+        e = mm->mma ? run3(cl, mm->k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
+                    : run3(cl, mm->k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
+    }
     if (left) *left = 0;
     if (e || n_split == 1) return e;
     if (left) return *left = n_split, CL_SUCCESS;
@@ -373,6 +401,36 @@ static cl_int norm(struct tllm_cl *cl, cl_mem x, int n, int cols, int norm_off, 
     return mm_input(cl, &cl->pf->mm, x, 0, -1, n, cols, norm_off, left);
 }
 
+/* flash_prefill over runs [g0, g0 + runs) (paged: the step's; else runs of the chunk from g0 = 0) in
+ * n_span spans; spo_off >= 0: split rows leave their spans' sums in p->spans from span base */
+static cl_int flash(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int g0, int runs, int spo_off, int base, int n_span) {
+    struct cl_prefill *p = cl->pf;
+    const struct tllm_config *c = &cl->m->cfg;
+    const struct cl_pages *pg = tk->pages;
+    int paged = pg != NULL;
+    cl_mem kc = paged ? pg->kp : cl->kt, vc = paged ? pg->vp : cl->vc, sp = p->spans ? p->spans : p->att; /* (sp unread without split rows) */
+    struct args f = {p->flash, 0, CL_SUCCESS};
+    ARG_MEM(&f, p->q);
+    ARG_MEM(&f, kc);
+    ARG_MEM(&f, vc);
+    ARG_INT(&f, l);
+    ARG_INT(&f, c->n_heads);
+    ARG_INT(&f, c->n_kv_heads);
+    ARG_INT(&f, paged ? pg->n_blocks : cl->ctx_stride);
+    ARG_INT(&f, tk->pos0);
+    ARG_INT(&f, tk->n);
+    ARG_INT(&f, paged);
+    ARG_INT(&f, paged ? pg->kv_half : 0);
+    ARG_MEM(&f, p->meta);
+    ARG_INT(&f, paged ? pg->grp_off : 0);
+    ARG_INT(&f, g0);
+    ARG_INT(&f, spo_off);
+    ARG_INT(&f, base);
+    ARG_MEM(&f, sp);
+    ARG_MEM(&f, p->att);
+    return f.err ? f.err : run3(cl, p->flash, (size_t)runs * p->fl_lws, (size_t)c->n_kv_heads, (size_t)n_span, (size_t)p->fl_lws, 1, P_FLASH);
+}
+
 /* RoPE, K and V into the cache, and attention of a step's tokens in layer l (q, k, v in p->qkv, or in
  * `left` slices with their biases at bias_off: mm_run) */
 static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
@@ -412,25 +470,38 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
     }
     cl_int e = a.err ? a.err : run2(cl, a.k, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1, P_ROPE);
     if (e) return e;
-    struct args f = {p->flash, 0, CL_SUCCESS};
-    cl_mem kc = paged ? pg->kp : cl->kt, vc = paged ? pg->vp : cl->vc;
-    ARG_MEM(&f, p->q);
-    ARG_MEM(&f, kc);
-    ARG_MEM(&f, vc);
-    ARG_INT(&f, l);
-    ARG_INT(&f, c->n_heads);
-    ARG_INT(&f, c->n_kv_heads);
-    ARG_INT(&f, paged ? pg->n_blocks : cl->ctx_stride);
-    ARG_INT(&f, tk->pos0);
-    ARG_INT(&f, n);
-    ARG_INT(&f, paged);
-    ARG_INT(&f, paged ? pg->kv_half : 0);
-    ARG_MEM(&f, p->meta);
-    ARG_INT(&f, paged ? pg->grp_off : 0);
-    ARG_MEM(&f, p->att);
     int per = p->fl_qb / (c->n_heads / c->n_kv_heads); /* tokens of a run */
-    size_t runs = paged ? (size_t)pg->n_grp : ((size_t)n + per - 1) / per;
-    return f.err ? f.err : run2(cl, p->flash, runs * p->fl_lws, (size_t)c->n_kv_heads, (size_t)p->fl_lws, 1, P_FLASH);
+    if (!paged) return flash(cl, l, tk, 0, (int)(((size_t)n + per - 1) / per), -1, 0, 1);
+    /* the runs in launches whose span sums fit PF_SPAN_FLOATS (each launch at least one run) */
+    const int32_t *spo = tk->meta + pg->spo_off, *grp = tk->meta + pg->grp_off;
+    size_t row = (size_t)c->n_heads * (c->head_dim + 2); /* floats of a span of a token */
+    for (int g0 = 0, g1; g0 < pg->n_grp && !e; g0 = g1) {
+        int base = spo[grp[4 * g0]];
+        for (g1 = g0 + 1; g1 < pg->n_grp && (size_t)(spo[grp[4 * g1] + grp[4 * g1 + 1]] - base) * row <= PF_SPAN_FLOATS; g1++) {}
+        int t_a = grp[4 * g0], t_b = grp[4 * (g1 - 1)] + grp[4 * (g1 - 1) + 1];
+        size_t need = (size_t)(spo[t_b] - base) * row;
+        if (need > p->cap_spans) {
+            if (p->spans) clReleaseMemObject(p->spans), p->spans = NULL;
+            p->cap_spans = 0;
+            size_t cap = 2 * need < PF_SPAN_FLOATS ? 2 * need : need > PF_SPAN_FLOATS ? need : PF_SPAN_FLOATS;
+            if (tllm_cl_device_buffer(cl, &p->spans, cap * 4, "attention spans")) return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+            p->cap_spans = cap;
+        }
+        e = flash(cl, l, tk, g0, g1 - g0, pg->spo_off, base, pg->max_pos / p->fl_span + 1);
+        if (e || !need) continue;
+        struct args j = {p->combine, 0, CL_SUCCESS};
+        ARG_MEM(&j, p->spans);
+        ARG_MEM(&j, p->meta);
+        ARG_INT(&j, pg->pos_off);
+        ARG_INT(&j, pg->spo_off);
+        ARG_INT(&j, base);
+        ARG_INT(&j, t_a);
+        ARG_INT(&j, t_b - t_a);
+        ARG_INT(&j, c->n_heads);
+        ARG_MEM(&j, p->att);
+        e = j.err ? j.err : run2(cl, p->combine, (size_t)c->n_heads * c->head_dim, (size_t)(t_b - t_a), 64, 1, P_FLASH);
+    }
+    return e;
 }
 
 /* Layer l for the step's tokens. *pending: slices of the last GEMM that adds into x (the layer
@@ -542,6 +613,11 @@ static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
 int tllm_cl_flash_rows(struct tllm_cl *cl) {
     if (!cl->pf && make(cl)) return 0;
     return cl->pf->fl_qb;
+}
+
+int tllm_cl_flash_span(struct tllm_cl *cl) {
+    if (!cl->pf && make(cl)) return 0;
+    return cl->pf->fl_span;
 }
 
 /* A buffer of a step's data with room for n_ints 32-bit words (*cap: what it holds) */
@@ -700,6 +776,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     if (mm.k) clReleaseKernel(mm.k);
+    if (mm.few) clReleaseKernel(mm.few);
     return rc;
 }
 

@@ -1,0 +1,112 @@
+/* gemm_few: gemm_q8's product (kernels/opencl/gemm.cl) for a step of at most FEW_TN tokens — a decode
+ * step of a few sequences, the lm_head of a few rows — read as a matvec reads its matrix. The tiled
+ * GEMMs give such a step a tile of 64 tokens: 1/64 of their work counts, and their 64-row tiles keep
+ * too few bytes in flight to read the weights near the memory's speed. Here the threads of a
+ * work-group take the units (blocks of 32 inputs, or staging steps of 64 in one group where the GEMM
+ * on the device sums by step: `step` = 1) of `tr` rows of one split-K slice, consecutive threads the
+ * consecutive units of a row (so a warp's weight reads are consecutive bytes): each computes its
+ * unit's term for every token (gemm_term, gemm_term2: the integer sums are exact in any order), and
+ * the terms are added in the GEMM's order, from 0, one thread a (row, token). A token's output is
+ * therefore the GEMM's to the bit, and a sequence's logits do not depend on the size of its step. */
+
+#ifndef FEW_TN
+#define FEW_TN 2 /* tokens a step at most. The per-token work grows faster here than in the tiled GEMMs: on the
+                  * H200 (bench -np, 128 + 128 tokens) 1 and 2 tokens gain (0.5B: 323 vs 285 tok/s at 1, 625 vs
+                  * 573 at 2; 7B: 92 vs 72 and 142 vs 144), 4 and 8 lose (7B: 191 vs 286, 231 vs 569 at 8) */
+#endif
+#define FEW_LWS 256 /* units a work-group computes at a time (FEW_LWS / FEW_TN rows at most) */
+
+/* The integer sums of token t's block at input kb with the block's codes c[] (4 a uint, as bytes) */
+inline int few_dot(uint8 c, __global const char *xq, int cols, int lv, int t, int kb) {
+    __global const char *x = xq + (size_t)t * lv * cols + kb;
+    uint8 a = vload8(0, (__global const uint *)x);
+    int ia = dp4a(c.s0, a.s0, 0);
+    ia = dp4a(c.s1, a.s1, ia), ia = dp4a(c.s2, a.s2, ia), ia = dp4a(c.s3, a.s3, ia);
+    ia = dp4a(c.s4, a.s4, ia), ia = dp4a(c.s5, a.s5, ia), ia = dp4a(c.s6, a.s6, ia), ia = dp4a(c.s7, a.s7, ia);
+    if (lv == 2) {
+        uint8 b = vload8(0, (__global const uint *)(x + cols));
+        int i2 = dp4a(c.s0, b.s0, 0);
+        i2 = dp4a(c.s1, b.s1, i2), i2 = dp4a(c.s2, b.s2, i2), i2 = dp4a(c.s3, b.s3, i2);
+        i2 = dp4a(c.s4, b.s4, i2), i2 = dp4a(c.s5, b.s5, i2), i2 = dp4a(c.s6, b.s6, i2), i2 = dp4a(c.s7, b.s7, i2);
+        ia = ia * 128 + i2;
+    }
+    return ia;
+}
+
+/* Row wr's 32 codes of the block at input kb as bytes, 4 a uint (bits words: one load of 8, 16 or 32 bytes) */
+inline uint8 few_codes(__global const uchar *W, int bits, size_t row_words, int wr, int kb) {
+    __global const uint *p = (__global const uint *)W + (size_t)wr * row_words + (size_t)kb * bits / 32;
+    if (bits == 8) return vload8(0, p);
+    if (bits == 4) {
+        uint4 v = vload4(0, p);
+        return (uint8)(unpack4(v.x, 4), unpack4(v.x >> 16, 4), unpack4(v.y, 4), unpack4(v.y >> 16, 4), unpack4(v.z, 4),
+                       unpack4(v.z >> 16, 4), unpack4(v.w, 4), unpack4(v.w >> 16, 4));
+    }
+    uint2 v = vload2(0, p);
+    return (uint8)(unpack4(v.x, 2), unpack4(v.x >> 8, 2), unpack4(v.x >> 16, 2), unpack4(v.x >> 24, 2), unpack4(v.y, 2),
+                   unpack4(v.y >> 8, 2), unpack4(v.y >> 16, 2), unpack4(v.y >> 24, 2));
+}
+
+inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int step, int tr, __local float *T) {
+    Q_FIX(bits0, gs0, dt0);
+    int lid = get_local_id(0), r0 = get_group_id(0) * tr;
+    GEMM_K_RANGE(k_begin, k_end);
+    int units = (k_end - k_begin + GEMM_TK - 1) / GEMM_TK * (step ? 1 : 2), pairs = tr * units;
+    int nb = cols / 32, ng = cols / gs0;
+    size_t row_words = (size_t)cols * bits0 / 32;
+    int sr = lid / FEW_TN, st = lid % FEW_TN; /* the (row, token) this thread adds up */
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < pairs; c0 += FEW_LWS) {
+        int i = c0 + lid, rl = i / units, u = i % units, r = r0 + rl;
+        if (i < pairs && r < rows) {
+            /* the row's matrix in the stack (GEMM_PICK's choice, a row at a time) */
+            __global const uchar *W = W0, *S = S0, *B = B0;
+            int wr = r;
+            if (r >= rows_ab) W = W2, S = S2, B = B2, wr = r - rows_ab;
+            else if (r >= rows_a) W = W1, S = S1, B = B1, wr = r - rows_a;
+            /* the unit's blocks: kb0 and (a step's) kb1; a block past k_end adds nothing, as in the GEMMs */
+            int kb0 = k_begin + (step ? u : u / 2) * GEMM_TK + (step ? 0 : 32 * (u % 2)), kb1 = kb0 + 32;
+            int ok0 = kb0 < k_end, ok1 = step && kb1 < k_end;
+            size_t g = (size_t)wr * ng + kb0 / gs0;
+            float s = ok0 ? ld(S, dt0, g) : 0.0f, o = ok0 ? ld(B, dt0, g) : 0.0f;
+            uint8 c0w = ok0 ? few_codes(W, bits0, row_words, wr, kb0) : (uint8)(0u);
+            uint8 c1w = ok1 ? few_codes(W, bits0, row_words, wr, kb1) : (uint8)(0u);
+#pragma unroll
+            for (int t = 0; t < FEW_TN; t++) {
+                if (t >= n_tok) continue;
+                size_t xb = (size_t)t * nb + kb0 / 32;
+                int p = ok0 ? few_dot(c0w, xq, cols, lv, t, kb0) : 0;
+                float d0 = ok0 ? xd[xb] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m0 = ok0 ? xsum[xb] : 0.0f;
+                float term;
+                if (step) {
+                    int q = ok1 ? few_dot(c1w, xq, cols, lv, t, kb1) : 0;
+                    float d1 = ok1 ? xd[xb + 1] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m1 = ok1 ? xsum[xb + 1] : 0.0f;
+                    term = gemm_term2(s, o, d0, p, d1, q, m0 + m1);
+                } else {
+                    term = gemm_term(s, o, d0, p, m0);
+                }
+                T[t * FEW_LWS + lid] = term;
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (sr < tr) { /* this chunk's units of row sr, in order */
+            int a = max(c0, sr * units) - c0, z = min(c0 + FEW_LWS, (sr + 1) * units) - c0;
+            __local const float *Tt = T + st * FEW_LWS;
+#pragma unroll 8
+            for (int j = a; j < z; j++) acc += Tt[j];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    int r = r0 + sr;
+    if (sr < tr && r < rows && st < n_tok) gemm_put(acc, r, st, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
+}
+
+__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few(GEMM_Q8_ARGS, int step, int tr) {
+    __local float T[FEW_LWS * FEW_TN];
+    gemm_few_body(GEMM_Q8_PASS, 1, step, tr, T);
+}
+
+__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few_2(GEMM_Q8_ARGS, int step, int tr) {
+    __local float T[FEW_LWS * FEW_TN];
+    gemm_few_body(GEMM_Q8_PASS, 2, step, tr, T);
+}
