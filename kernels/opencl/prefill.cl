@@ -176,14 +176,15 @@ __kernel void pf_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, int pos0, __gl
  * paged, meta[grp_off + 4 (grp0 + i) ..] = (first token, tokens, first position, offset of the block table).
  * spo_off >= 0 (steps of many sequences): a row's keys are split into spans of FL_SPAN positions from 0,
  * work-group z of get_num_groups(2) taking span z of every row of its run (so a decode token's keys are
- * read by several work-groups at once). A row whose position lies in span 0 is finished here as before;
+ * read by several work-groups at once; per_wg > 1: spans z per_wg .. one after another, where the grid has
+ * work-groups enough without them). A row whose position lies in span 0 is finished here as before;
  * a later row leaves its span's output sums, max and sum of weights at part + ((meta[spo_off + t] -
  * part_base + z) n_heads + head) (HEAD_DIM + 2), for flash_combine. A row's spans depend on its own
  * position only, so its bits still do not depend on the step it comes in. */
 __kernel __attribute__((reqd_work_group_size(FL_LWS, 1, 1))) void
 flash_prefill(__global const float *q, __global const float *kc, __global const float *vc, int layer, int n_heads,
               int n_kv, int ctx_stride, int pos0, int n_tok, int paged, int kv_half, __global const int *meta, int grp_off,
-              int grp0, int spo_off, int part_base, __global float *part, __global float *out) {
+              int grp0, int spo_off, int per_wg, int part_base, __global float *part, __global float *out) {
     const int kv_dim = n_kv * HEAD_DIM, q_dim = n_heads * HEAD_DIM, gq = n_heads / n_kv, tpg = FL_QB / gq;
     __local float Qs[FL_QB][HEAD_DIM + 1], KV[FL_KB][HEAD_DIM + 1], P[FL_QB][FL_KB + 1], red[FL_LWS];
     int lid = get_local_id(0), qi = lid / 16, ki = lid % 16, g = get_group_id(1);
@@ -194,66 +195,70 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
         t0 = grp[0], nq = grp[1], pos0 = grp[2] - t0, tab = meta + grp[3];
     }
     int last = pos0 + t0 + nq - 1, rows = nq * gq, na = FL_ROW_SKIP && rows <= 16 ? 1 : FL_QA; /* row blocks with work */
-    int p_begin = spo_off >= 0 ? get_group_id(2) * FL_SPAN : 0, p_end = spo_off >= 0 ? min(last + 1, p_begin + FL_SPAN) : last + 1;
-    if (p_begin > last) return; /* no row of the run reaches this span */
+    int z0 = get_group_id(2) * per_wg; /* this group's first span */
+    if (spo_off >= 0 && z0 * FL_SPAN > last) return; /* no row of the run reaches it */
     float scale = rsqrt((float)HEAD_DIM), m_row[FL_QA], l_row[FL_QA], acc[FL_QA][FL_DA];
     for (int i = lid; i < FL_QB * HEAD_DIM; i += FL_LWS) {
         int r = i / HEAD_DIM, d = i % HEAD_DIM;
         Qs[r][d] = r < rows ? q[(size_t)(t0 + r / gq) * q_dim + (g * gq + r % gq) * HEAD_DIM + d] * scale : 0.0f;
     }
-    for (int a = 0; a < FL_QA; a++) {
-        m_row[a] = -INFINITY, l_row[a] = 0.0f;
-        for (int c = 0; c < FL_DA; c++) acc[a][c] = 0.0f;
-    }
-    for (int p0 = p_begin; p0 < p_end; p0 += FL_KB) {
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
-            int d = i / FL_KB, k = i % FL_KB;
-            KV[k][d] = p0 + k <= last ? FL_KEY(p0 + k, d) : 0.0f;
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        float sc[FL_QA][FL_KA];
-        for (int a = 0; a < FL_QA; a++)
-            for (int b = 0; b < FL_KA; b++) sc[a][b] = 0.0f;
-        if (na == FL_QA) FL_SCORES(FL_QA) else FL_SCORES(1)
-        float alpha[FL_QA];
+    for (int z = z0; z < z0 + per_wg; z++) { /* each span from scratch: its sums do not depend on per_wg */
+        int p_begin = spo_off >= 0 ? z * FL_SPAN : 0, p_end = spo_off >= 0 ? min(last + 1, p_begin + FL_SPAN) : last + 1;
+        if (p_begin > last) break;
         for (int a = 0; a < FL_QA; a++) {
-            if (a >= na) break; /* (a bound the compiler knows keeps the rows' arrays in registers) */
-            int r = qi + 16 * a;
-            float mx = -INFINITY;
-            for (int b = 0; b < FL_KA; b++) {
-                if (p0 + ki + 16 * b > pos0 + t0 + r / gq) sc[a][b] = -INFINITY; /* causal */
-                mx = fmax(mx, sc[a][b]);
+            m_row[a] = -INFINITY, l_row[a] = 0.0f;
+            for (int c = 0; c < FL_DA; c++) acc[a][c] = 0.0f;
+        }
+        for (int p0 = p_begin; p0 < p_end; p0 += FL_KB) {
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
+                int d = i / FL_KB, k = i % FL_KB;
+                KV[k][d] = p0 + k <= last ? FL_KEY(p0 + k, d) : 0.0f;
             }
-            float m_new = fmax(m_row[a], lanes_reduce(mx, 16, red, 1)), sum = 0.0f;
-            alpha[a] = m_new == -INFINITY ? 1.0f : exp(m_row[a] - m_new);
-            for (int b = 0; b < FL_KA; b++) {
-                float pe = m_new == -INFINITY ? 0.0f : exp(sc[a][b] - m_new);
-                P[r][ki + 16 * b] = pe;
-                sum += pe;
+            barrier(CLK_LOCAL_MEM_FENCE);
+            float sc[FL_QA][FL_KA];
+            for (int a = 0; a < FL_QA; a++)
+                for (int b = 0; b < FL_KA; b++) sc[a][b] = 0.0f;
+            if (na == FL_QA) FL_SCORES(FL_QA) else FL_SCORES(1)
+            float alpha[FL_QA];
+            for (int a = 0; a < FL_QA; a++) {
+                if (a >= na) break; /* (a bound the compiler knows keeps the rows' arrays in registers) */
+                int r = qi + 16 * a;
+                float mx = -INFINITY;
+                for (int b = 0; b < FL_KA; b++) {
+                    if (p0 + ki + 16 * b > pos0 + t0 + r / gq) sc[a][b] = -INFINITY; /* causal */
+                    mx = fmax(mx, sc[a][b]);
+                }
+                float m_new = fmax(m_row[a], lanes_reduce(mx, 16, red, 1)), sum = 0.0f;
+                alpha[a] = m_new == -INFINITY ? 1.0f : exp(m_row[a] - m_new);
+                for (int b = 0; b < FL_KA; b++) {
+                    float pe = m_new == -INFINITY ? 0.0f : exp(sc[a][b] - m_new);
+                    P[r][ki + 16 * b] = pe;
+                    sum += pe;
+                }
+                l_row[a] = l_row[a] * alpha[a] + lanes_reduce(sum, 16, red, 0), m_row[a] = m_new;
             }
-            l_row[a] = l_row[a] * alpha[a] + lanes_reduce(sum, 16, red, 0), m_row[a] = m_new;
+            barrier(CLK_LOCAL_MEM_FENCE); /* the keys are read: their tile takes the values */
+            for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
+                int k = i / HEAD_DIM, d = i % HEAD_DIM;
+                KV[k][d] = p0 + k <= last ? FL_VALUE(p0 + k, d) : 0.0f;
+            }
+            barrier(CLK_LOCAL_MEM_FENCE);
+            for (int a = 0; a < FL_QA && a < na; a++)
+                for (int c = 0; c < FL_DA; c++) acc[a][c] *= alpha[a];
+            if (na == FL_QA) FL_WEIGHTED(FL_QA) else FL_WEIGHTED(1)
         }
-        barrier(CLK_LOCAL_MEM_FENCE); /* the keys are read: their tile takes the values */
-        for (int i = lid; i < FL_KB * HEAD_DIM; i += FL_LWS) {
-            int k = i / HEAD_DIM, d = i % HEAD_DIM;
-            KV[k][d] = p0 + k <= last ? FL_VALUE(p0 + k, d) : 0.0f;
+        for (int a = 0; a < FL_QA && a < na; a++) {
+            int r = qi + 16 * a, t = t0 + r / gq, h = g * gq + r % gq, pos = pos0 + t;
+            if (r >= rows || pos < p_begin) continue;
+            if (spo_off < 0 || pos < FL_SPAN) { /* the row's only span */
+                for (int c = 0; c < FL_DA; c++) out[(size_t)t * q_dim + h * HEAD_DIM + ki + 16 * c] = acc[a][c] / l_row[a];
+                continue;
+            }
+            __global float *pp = part + ((size_t)(meta[spo_off + t] - part_base + z) * n_heads + h) * (HEAD_DIM + 2);
+            for (int c = 0; c < FL_DA; c++) pp[ki + 16 * c] = acc[a][c];
+            if (ki == 0) pp[HEAD_DIM] = m_row[a], pp[HEAD_DIM + 1] = l_row[a];
         }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int a = 0; a < FL_QA && a < na; a++)
-            for (int c = 0; c < FL_DA; c++) acc[a][c] *= alpha[a];
-        if (na == FL_QA) FL_WEIGHTED(FL_QA) else FL_WEIGHTED(1)
-    }
-    for (int a = 0; a < FL_QA && a < na; a++) {
-        int r = qi + 16 * a, t = t0 + r / gq, h = g * gq + r % gq, pos = pos0 + t;
-        if (r >= rows || pos < p_begin) continue;
-        if (spo_off < 0 || pos < FL_SPAN) { /* the row's only span */
-            for (int c = 0; c < FL_DA; c++) out[(size_t)t * q_dim + h * HEAD_DIM + ki + 16 * c] = acc[a][c] / l_row[a];
-            continue;
-        }
-        __global float *pp = part + ((size_t)(meta[spo_off + t] - part_base + get_group_id(2)) * n_heads + h) * (HEAD_DIM + 2);
-        for (int c = 0; c < FL_DA; c++) pp[ki + 16 * c] = acc[a][c];
-        if (ki == 0) pp[HEAD_DIM] = m_row[a], pp[HEAD_DIM + 1] = l_row[a];
     }
 }
 
