@@ -26,7 +26,7 @@
 #endif
 #ifndef PF_SPAN_FLOATS
 #define PF_SPAN_FLOATS (16 << 20) /* flash_prefill's span sums a launch at most (64 MiB): a step's runs go in
-                                   * as many launches as they need */
+                                   * as many launches as they need (TLLM_CL_SPAN_FLOATS: tests) */
 #endif
 
 /* What a chunk's launches do, for TLLM_CL_PROFILE */
@@ -56,7 +56,7 @@ struct cl_prefill {
     int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
     cl_kernel reduce, embed, norm, swiglu, rope, flash, combine, paged_rope, argmax, argmax_allowed;
     cl_mem spans;               /* [cap_spans] flash_prefill's sums of the spans of split rows */
-    size_t cap_spans;
+    size_t cap_spans, span_floats; /* its size; the most a launch may use (PF_SPAN_FLOATS) */
     cl_mem allow, mask;         /* a step's bitsets of allowed ids and each wanted row's (struct cl_tokens) */
     size_t cap_allow, cap_mask; /* their sizes in 32-bit words */
     cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
@@ -482,18 +482,18 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
     if (e) return e;
     int per = p->fl_qb / (c->n_heads / c->n_kv_heads); /* tokens of a run */
     if (!paged) return flash(cl, l, tk, 0, (int)(((size_t)n + per - 1) / per), -1, 0, 1);
-    /* the runs in launches whose span sums fit PF_SPAN_FLOATS (each launch at least one run) */
+    /* the runs in launches whose span sums fit span_floats (each launch at least one run) */
     const int32_t *spo = tk->meta + pg->spo_off, *grp = tk->meta + pg->grp_off;
     size_t row = (size_t)c->n_heads * (c->head_dim + 2); /* floats of a span of a token */
     for (int g0 = 0, g1; g0 < pg->n_grp && !e; g0 = g1) {
         int base = spo[grp[4 * g0]];
-        for (g1 = g0 + 1; g1 < pg->n_grp && (size_t)(spo[grp[4 * g1] + grp[4 * g1 + 1]] - base) * row <= PF_SPAN_FLOATS; g1++) {}
+        for (g1 = g0 + 1; g1 < pg->n_grp && (size_t)(spo[grp[4 * g1] + grp[4 * g1 + 1]] - base) * row <= p->span_floats; g1++) {}
         int t_a = grp[4 * g0], t_b = grp[4 * (g1 - 1)] + grp[4 * (g1 - 1) + 1];
         size_t need = (size_t)(spo[t_b] - base) * row;
         if (need > p->cap_spans) {
             if (p->spans) clReleaseMemObject(p->spans), p->spans = NULL;
             p->cap_spans = 0;
-            size_t cap = 2 * need < PF_SPAN_FLOATS ? 2 * need : need > PF_SPAN_FLOATS ? need : PF_SPAN_FLOATS;
+            size_t most = p->span_floats, cap = 2 * need < most ? 2 * need : need > most ? need : most;
             if (tllm_cl_device_buffer(cl, &p->spans, cap * 4, "attention spans")) return CL_MEM_OBJECT_ALLOCATION_FAILURE;
             p->cap_spans = cap;
         }
@@ -669,6 +669,8 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
     int lv = p->mm.int8 ? model_levels(cl) : 0; /* the model's choice may change between steps */
     if (lv != p->mm.int8 && (rc = mm_kernel(cl, &p->mm, lv))) return rc;
     p->mm.split = split_asked();
+    const char *sf = getenv("TLLM_CL_SPAN_FLOATS");
+    p->span_floats = sf && atol(sf) > 0 ? (size_t)atol(sf) : PF_SPAN_FLOATS;
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
     if ((rc = reserve(cl, tk->n)) || (rc = room(cl, &p->meta, &p->cap_meta, (size_t)tk->n_meta, "a step's tables"))) return rc;
     if (tk->mask && tk->argmax && tk->n_out && (rc = upload_masks(cl, tk))) return rc;
