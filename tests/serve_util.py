@@ -73,12 +73,14 @@ class Server:
         return {m.group(1): float(m.group(2)) for m in re.finditer(r"^([a-z][^\s#]*) (\S+)$", text, re.M)}
 
     def idle(self, timeout=10):
-        """/health once nothing runs and every KV block is free (its counts are as of the engine's last
-        step, which ends just after the last answer is sent), or as it is when the time is up."""
+        """/health once nothing runs or waits and every KV block is free (its counts are as of the engine's
+        last step, which ends just after the last answer is sent; between steps none may run while
+        requests still wait to be taken), or as it is when the time is up."""
         deadline = time.time() + timeout
         while True:
             s, h = self.request("GET", "/health")
-            if (h["requests_processing"] == 0 and h["kv_blocks_free"] == h["kv_blocks_total"]) or time.time() > deadline:
+            if (h["requests_processing"] == 0 and h.get("requests_waiting", 0) == 0 and
+                    h["kv_blocks_free"] == h["kv_blocks_total"]) or time.time() > deadline:
                 return h
             time.sleep(0.02)
 

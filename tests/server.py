@@ -179,9 +179,10 @@ try:
     # a client waiting for a whole (non-streamed) answer that leaves: seen on its socket, not by a write
     m0 = srv.metrics()
     sock = leave_after(False, 0)
-    while srv.metrics()["tllm_requests_processing"] == 0:
+    mb = srv.metrics()  # the routers' names for the same gauges (vLLM's, llama-server's), of one busy scrape
+    while mb["tllm_requests_processing"] == 0:
         time.sleep(0.01)
-    mb = srv.metrics()  # the routers' names for the same gauges (vLLM's, llama-server's)
+        mb = srv.metrics()
     check(mb["vllm:num_requests_running"] == mb["llamacpp:requests_processing"] == mb["tllm_requests_processing"] >= 1 and
           mb["vllm:num_requests_waiting"] == mb["llamacpp:requests_deferred"] == mb["tllm_requests_waiting"] and
           mb["vllm:kv_cache_usage_perc"] == mb["vllm:gpu_cache_usage_perc"] == mb["tllm_kv_cache_usage_ratio"] > 0 and
