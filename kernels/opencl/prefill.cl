@@ -34,7 +34,7 @@ __kernel void prefill_tunables(__global int *out) {
     out[6] = out[7] = out[8] = 0;
 #endif
     out[9] = FEW_TN; /* gemm_few's largest step */
-    out[10] = FL_SPAN;
+    out[10] = FL_SPAN, out[11] = FEW_LWS;
 }
 
 /* Element j of token t (the work-item's), v, as a GEMM's input: a float (int8 0), or quantized with the 31

@@ -18,7 +18,6 @@
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
                               * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
 #endif
-#define FEW_LWS 256 /* gemm_few's work-group (kernels/opencl/gemm_few.cl) */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 #ifndef PF_SPAN_GROUPS
 #define PF_SPAN_GROUPS 4 /* flash_prefill's work-groups a compute unit, past which one takes several spans
@@ -52,7 +51,7 @@ struct cl_prefill {
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    int few_tn;                         /* gemm_few's largest step (FEW_TN) */
+    int few_tn, few_lws;                /* gemm_few's largest step and work-group (FEW_TN, FEW_LWS) */
     int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
     cl_kernel reduce, embed, norm, swiglu, rope, flash, combine, paged_rope, argmax, argmax_allowed;
     cl_mem spans;               /* [cap_spans] flash_prefill's sums of the spans of split rows */
@@ -172,13 +171,13 @@ static int make(struct tllm_cl *cl) {
     if (!rc && (tllm_cl_make_kernel(cl, &p->flash, "flash_prefill") || tllm_cl_make_kernel(cl, &p->combine, "flash_combine")))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
-    cl_int v[11] = {0};
-    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 11))) return rc;
+    cl_int v[12] = {0};
+    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 12))) return rc;
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
-    p->few_tn = v[9], p->fl_span = v[10];
+    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11];
     if (p->fl_span < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN positive");
     return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
@@ -328,11 +327,11 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     cl_int e;
     if (few) {
         int step = mm->mma && w->gs % 64 == 0; /* the terms gemm_q8_mma adds: a step of two blocks, or a block */
-        int units = k_len / 64 * (step ? 1 : 2), tr = FEW_LWS / units;
-        tr = tr < 1 ? 1 : tr > FEW_LWS / p->few_tn ? FEW_LWS / p->few_tn : tr;
+        int units = k_len / 64 * (step ? 1 : 2), tr = p->few_lws / units;
+        tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
         ARG_INT(&a, step);
         ARG_INT(&a, tr);
-        e = a.err ? a.err : run3(cl, mm->few, ((size_t)rows + tr - 1) / tr * FEW_LWS, 1, (size_t)n_split, FEW_LWS, 1, kind);
+        e = a.err ? a.err : run3(cl, mm->few, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
     } else if (a.err) {
         e = a.err;
     } else {
