@@ -1,6 +1,6 @@
 /* Prefill's GEMM kernels (kernels/opencl/gemm.cl) against a scalar oracle in double precision, on
  * shapes that do not fill their tiles: rows and tokens past a multiple of 64, K of one group or with
- * a half-filled staging step, every code width (2, 4, 8 bits), group size (32, 64, 128), scale type
+ * a half-filled staging step, every code width (2, 4, 8 bits), group size (16, 32, 64, 128), scale type
  * (bf16, f16, f32) and dense weights; int8 inputs in one and two levels (gemm_q8, and gemm_q8_mma on NVIDIA) and float
  * ones (gemm_f); unsplit and split along K. Steps of a few tokens (gemm_few: FEW_TN, 2 by default, and
  * 8 compiled in with TLLM_CL_OPTS) must equal the tiled GEMM's outputs to the bit: a sequence's logits
@@ -34,9 +34,13 @@ static void put(void *p, enum tllm_dtype dt, size_t i, float v) {
     else ((uint16_t *)p)[i] = tllm_f32_to_bf16(v);
 }
 
-/* Whether a (a code times 1 / d) lies so near a rounding boundary that a device's division, which
- * OpenCL lets be 2.5 ulp off (NVIDIA's is), may round it the other way */
-static int near_tie(float a) { return fabsf(fabsf(a - truncf(a)) - 0.5f) < 1e-4f; }
+/* Whether a (a code times 1 / d) lies so near a rounding boundary that a device's divisions, which
+ * OpenCL lets be 2.5 ulp off (NVIDIA's are), may round it the other way: d = max|x| / 127 and 1 / d
+ * each 3e-7 off relative. Level one's a = x / d (|a| <= 127) moves by at most 127 x 6e-7 < 1e-4;
+ * level two's a2 = (x - q d) 128 / d mostly through q d: by up to 128 x 127 x 3e-7 + 64 x 6e-7 < 5e-3. */
+#define TIE_1 1e-4f
+#define TIE_2 5e-3f
+static int near_tie(float a, float eps) { return fabsf(fabsf(a - truncf(a)) - 0.5f) < eps; }
 
 /* x as the device's int8 inputs take it (emit_lane in kernels/opencl/prefill.cl): per block of 32,
  * d = max|x| / 127, q = rint(x / d), and with two levels q2 = rint(fma(-q, d, x) 128 / d): x ~ d q (+ d q2 / 128).
@@ -51,7 +55,7 @@ static void quantize_like_device(const float *x, float *xq, float *slack, size_t
             float a = x[b + j] * id, q = rintf(a), a2 = fmaf(-q, d, x[b + j]) * id * 128.0f;
             float q2 = levels == 2 ? fminf(fmaxf(rintf(a2), -127.0f), 127.0f) : 0.0f;
             xq[b + j] = (float)((double)d * q + (double)d * q2 / 128.0);
-            slack[b + j] = near_tie(a) || (levels == 2 && near_tie(a2)) ? (levels == 2 ? d / 128.0f : d) : 0.0f;
+            slack[b + j] = near_tie(a, TIE_1) || (levels == 2 && near_tie(a2, TIE_2)) ? (levels == 2 ? d / 128.0f : d) : 0.0f;
         }
     }
 }
@@ -156,6 +160,19 @@ int main(int argc, char **argv) {
                 if (gss[g] == 32 && bits[b] > 2) /* half a staging step */
                     for (int lv = 1; lv <= 2; lv++) one_case(cl, bits[b], 32, dt, 67, 96, 3, lv, NULL);
             }
+        for (int b = 0; b < 3; b++) { /* groups of 16 (GGUF's K-quants, nvfp4): a term a half block */
+            int k1 = 128 / bits[b] > 32 ? 128 / bits[b] : 32;
+            for (int int8 = 0; int8 <= 2; int8++) {
+                one_case(cl, bits[b], 16, dts[b], 67, k1, 5, int8, NULL);
+                one_case(cl, bits[b], 16, dts[b], 130, 384, 70, int8, NULL);
+                one_case(cl, bits[b], 16, dts[b], 130, 384, 70, int8, "3");
+            }
+            for (int lv = 1; lv <= 2; lv++) {
+                one_case(cl, bits[b], 16, dts[(b + 1) % 3], 75, 640, 1, lv, NULL);
+                one_case(cl, bits[b], 16, dts[(b + 1) % 3], 75, 640, 2, lv, "3");
+                one_case(cl, bits[b], 16, dts[(b + 2) % 3], 33, 2304, 2, lv, NULL);
+            }
+        }
         for (int d = 0; d < 3; d++) {
             one_case(cl, 0, 0, dts[d], 67, 96, 70, 0, NULL);
             one_case(cl, 0, 0, dts[d], 130, 384, 9, 0, "2");
@@ -172,6 +189,7 @@ int main(int argc, char **argv) {
             for (int lv = 1; lv <= 2; lv++) {
                 one_case(cl8, bits[b], 64, dts[b], 75, 640, 5, lv, NULL);
                 one_case(cl8, bits[b], 32, dts[b], 33, 2304, 8, lv, "3");
+                one_case(cl8, bits[b], 16, dts[b], 75, 640, 6, lv, "2");
             }
         tllm_backend_free(cl8);
         if (saved) setenv("TLLM_CL_OPTS", saved, 1), free(saved);

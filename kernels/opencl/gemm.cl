@@ -10,7 +10,8 @@
  *            unpacked to bytes when staged, 4 products at a time by dp4a; per block the integer sums
  *            (two levels: 128 x level one's + level two's, still exact in 32 bits) are scaled by the
  *            row's group scale and d (d / 128), and the group bias meets the block sum. Groups of 32
- *            or more.
+ *            or more; groups of 16 (GGUF's K-quants, nvfp4: gemm_q8_g16, ...) take a term a half block,
+ *            with the half block's input sum (xh).
  *   gemm_f:  float activations (--exact, dense weights, groups of 16): weights widened when staged.
  * Tunables are #ifndef defaults (-D overrides them; the host reads them back with prefill_tunables). */
 
@@ -133,15 +134,17 @@ inline float gemm_in_bias(__global const float *y, __global const float *part, i
 /* gemm_q8's and gemm_q8_mma's arguments, and the same passed on */
 #define GEMM_Q8_ARGS                                                                                        \
     WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const char *xq, __global const float *xd, \
-        __global const float *xsum, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy, \
-        int add, GEMM_SPLIT_ARGS
+        __global const float *xsum, __global const float *xh, __global const float *vecs, int bias_off,         \
+        __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS
 #define GEMM_Q8_PASS                                                                                        \
-    WPASS(0), WPASS(1), WPASS(2), rows_a, rows_ab, rows, cols, n_tok, xq, xd, xsum, vecs, bias_off, y, y_off, ldy, add, \
-        part, k_len
+    WPASS(0), WPASS(1), WPASS(2), rows_a, rows_ab, rows, cols, n_tok, xq, xd, xsum, xh, vecs, bias_off, y, y_off, ldy, \
+        add, part, k_len
 
-/* The body of gemm_q8 (lv levels: 1 or 2, a constant in each kernel, so the one-level kernel keeps its
- * registers and local memory) over local tiles the kernel declares (Bs2: level two's) */
-inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW + 1], __local uint (*Bs)[GEMM_KW + 1],
+/* The body of gemm_q8 (lv levels: 1 or 2; nh terms a block of 32: 1, or 2 for weight groups of 16, a
+ * term a half block with its own scale, bias and input sum (xh); constants in each kernel, so the
+ * one-level kernel keeps its registers and local memory) over local tiles the kernel declares (Bs2:
+ * level two's; Asc, Abi, Bsum: 2 nh a staging step) */
+inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local uint (*As)[GEMM_KW + 1], __local uint (*Bs)[GEMM_KW + 1],
                           __local uint (*Bs2)[GEMM_KW + 1], __local float (*Asc)[GEMM_TM], __local float (*Abi)[GEMM_TM],
                           __local float (*Bd)[GEMM_TN], __local float (*Bsum)[GEMM_TN]) {
     Q_FIX(bits0, gs0, dt0);
@@ -149,7 +152,7 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;
     GEMM_PICK(r0, wr0, wrows);
     size_t row_words = (size_t)cols * bits0 / 32;
-    int ng = cols / gs0, nb = cols / 32;
+    int ng = cols / gs0, nb = cols / 32, hk = 32 / nh; /* inputs of a term */
     float acc[GEMM_RM][GEMM_RN];
     for (int i = 0; i < GEMM_RM; i++)
         for (int j = 0; j < GEMM_RN; j++) acc[i][j] = 0.0f;
@@ -165,21 +168,24 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
             Bs[t][kw] = ok ? xr[k / 4] : 0u;
             if (lv == 2) Bs2[t][kw] = ok ? xr[(cols + k) / 4] : 0u;
         }
-        for (int i = lid; i < 2 * GEMM_TM; i += GEMM_LWS) {
-            int b = i / GEMM_TM, r = i % GEMM_TM, k = k0 + 32 * b, ok = wr0 + r < wrows && k < k_end;
+        for (int i = lid; i < 2 * nh * GEMM_TM; i += GEMM_LWS) {
+            int h = i / GEMM_TM, r = i % GEMM_TM, k = k0 + hk * h, ok = wr0 + r < wrows && k < k_end;
             size_t g = (size_t)(wr0 + r) * ng + k / gs0;
-            Asc[b][r] = ok ? ld(S0, dt0, g) : 0.0f;
-            Abi[b][r] = ok ? ld(B0, dt0, g) : 0.0f;
+            Asc[h][r] = ok ? ld(S0, dt0, g) : 0.0f;
+            Abi[h][r] = ok ? ld(B0, dt0, g) : 0.0f;
         }
         for (int i = lid; i < 2 * GEMM_TN; i += GEMM_LWS) {
             int b = i / GEMM_TN, t = i % GEMM_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < k_end;
             Bd[b][t] = ok ? xd[(size_t)(t0 + t) * nb + k / 32] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
-            Bsum[b][t] = ok ? xsum[(size_t)(t0 + t) * nb + k / 32] : 0.0f;
+        }
+        for (int i = lid; i < 2 * nh * GEMM_TN; i += GEMM_LWS) {
+            int h = i / GEMM_TN, t = i % GEMM_TN, k = k0 + hk * h, ok = t0 + t < n_tok && k < k_end;
+            Bsum[h][t] = ok ? (nh == 2 ? xh[(size_t)(t0 + t) * (cols / 16) + k / 16] : xsum[(size_t)(t0 + t) * nb + k / 32]) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 #pragma unroll
-        for (int b = 0; b < 2; b++) {
-            int ia[GEMM_RM][GEMM_RN];
+        for (int h = 0; h < 2 * nh; h++) { /* the step's terms: blocks, or half blocks */
+            int b = h / nh, ia[GEMM_RM][GEMM_RN];
             for (int i = 0; i < GEMM_RM; i++)
                 for (int j = 0; j < GEMM_RN; j++) ia[i][j] = 0;
             for (int l = 0; l < lv; l++) { /* level two: 128 x level one's sums + its own */
@@ -187,7 +193,7 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
                 for (int i = 0; l && i < GEMM_RM; i++)
                     for (int j = 0; j < GEMM_RN; j++) ia[i][j] *= 128;
 #pragma unroll
-                for (int kw = 8 * b; kw < 8 * b + 8; kw++) {
+                for (int kw = 8 / nh * h; kw < 8 / nh * (h + 1); kw++) {
                     uint a[GEMM_RM], v[GEMM_RN];
                     for (int i = 0; i < GEMM_RM; i++) a[i] = As[tx + GEMM_T * i][kw];
                     for (int j = 0; j < GEMM_RN; j++) v[j] = X[ty + GEMM_T * j][kw];
@@ -196,9 +202,9 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
                 }
             }
             for (int i = 0; i < GEMM_RM; i++) {
-                float s = Asc[b][tx + GEMM_T * i], o = Abi[b][tx + GEMM_T * i];
+                float s = Asc[h][tx + GEMM_T * i], o = Abi[h][tx + GEMM_T * i];
                 for (int j = 0; j < GEMM_RN; j++)
-                    acc[i][j] += gemm_term(s, o, Bd[b][ty + GEMM_T * j], ia[i][j], Bsum[b][ty + GEMM_T * j]);
+                    acc[i][j] += gemm_term(s, o, Bd[b][ty + GEMM_T * j], ia[i][j], Bsum[h][ty + GEMM_T * j]);
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -206,19 +212,19 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, __local uint (*As)[GEMM_KW
     GEMM_STORE(acc);
 }
 
-#define GEMM_Q8_LOCALS(n2)                                                                                  \
+#define GEMM_Q8_LOCALS(n2, nh)                                                                              \
     __local uint As[GEMM_TM][GEMM_KW + 1], Bs[GEMM_TN][GEMM_KW + 1], Bs2[n2][GEMM_KW + 1];                 \
-    __local float Asc[2][GEMM_TM], Abi[2][GEMM_TM], Bd[2][GEMM_TN], Bsum[2][GEMM_TN]
-
-__kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void gemm_q8(GEMM_Q8_ARGS) {
-    GEMM_Q8_LOCALS(1);
-    gemm_q8_tiles(GEMM_Q8_PASS, 1, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
-}
-
-__kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void gemm_q8_2(GEMM_Q8_ARGS) {
-    GEMM_Q8_LOCALS(GEMM_TN);
-    gemm_q8_tiles(GEMM_Q8_PASS, 2, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
-}
+    __local float Asc[2 * (nh)][GEMM_TM], Abi[2 * (nh)][GEMM_TM], Bd[2][GEMM_TN], Bsum[2 * (nh)][GEMM_TN]
+/* gemm_q8 in lv levels, for weights in groups of 32 or more (nh 1) or of 16 (nh 2) */
+#define GEMM_Q8_KERNEL(name, lv, nh)                                                                        \
+    __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void name(GEMM_Q8_ARGS) {              \
+        GEMM_Q8_LOCALS((lv) == 2 ? GEMM_TN : 1, nh);                                                         \
+        gemm_q8_tiles(GEMM_Q8_PASS, lv, nh, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                               \
+    }
+GEMM_Q8_KERNEL(gemm_q8, 1, 1)
+GEMM_Q8_KERNEL(gemm_q8_2, 2, 1)
+GEMM_Q8_KERNEL(gemm_q8_g16, 1, 2)
+GEMM_Q8_KERNEL(gemm_q8_2_g16, 2, 2)
 
 /* Element k of row r of W as a float (dense, or affine codes) */
 inline float w_at(WARGS(0), int cols, int r, int k) {
@@ -310,11 +316,12 @@ inline uint4 mma_codes(__global const uchar *W, size_t row_words, int bits, int 
 struct mma_stage {
     uint4 a[2];
     uint4 x[MMA_XV], x2[MMA_XV];
-    float s, o, d, m;
+    float s[2], o[2], d, m[2]; /* [half block] with weight groups of 16 (nh 2), else [0] */
 };
 
 inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
-                                 __global const float *xsum, int lv, int r0, int t0, int k0, int k_end) {
+                                 __global const float *xsum, __global const float *xh, int lv, const int nh, int r0, int t0,
+                                 int k0, int k_end) {
     Q_FIX(bits0, gs0, dt0);
     struct mma_stage st;
     int lid = get_local_id(0), wpr = 2 * bits0; /* words of a row a step */
@@ -330,16 +337,19 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
         st.x2[j] = ok && lv == 2 ? xr[(cols + k) / 16] : (uint4)(0u);
     }
     int b = lid / MMA_TM, r = lid % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end; /* MMA_LWS == 2 MMA_TM */
-    size_t gi = (size_t)(r0 + r) * (cols / gs0) + k / gs0;
-    st.s = ok ? ld(S0, dt0, gi) : 0.0f, st.o = ok ? ld(B0, dt0, gi) : 0.0f;
+    for (int h = 0; h < nh; h++) {
+        size_t gi = (size_t)(r0 + r) * (cols / gs0) + (k + 16 * h) / gs0;
+        st.s[h] = ok ? ld(S0, dt0, gi) : 0.0f, st.o[h] = ok ? ld(B0, dt0, gi) : 0.0f;
+    }
     ok = t0 + r < n_tok && k < k_end;
     st.d = ok ? xd[(size_t)(t0 + r) * (cols / 32) + k / 32] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
-    st.m = ok ? xsum[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
+    if (nh == 2) st.m[0] = ok ? xh[(size_t)(t0 + r) * (cols / 16) + k / 16] : 0.0f, st.m[1] = ok ? xh[(size_t)(t0 + r) * (cols / 16) + k / 16 + 1] : 0.0f;
+    else st.m[0] = ok ? xsum[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
     return st;
 }
 
-/* The body of gemm_q8_mma (lv as gemm_q8_tiles') */
-inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __local uint *Bs, __local uint *Bs2,
+/* The body of gemm_q8_mma (lv and nh as gemm_q8_tiles') */
+inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local uint *As, __local uint *Bs, __local uint *Bs2,
                               __local float (*Asc)[MMA_TM], __local float (*Abi)[MMA_TM], __local float (*Bd)[MMA_TN],
                               __local float (*Bsum)[MMA_TN]) {
     Q_FIX(bits0, gs0, dt0);
@@ -351,7 +361,7 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     GEMM_K_RANGE(k_begin, k_end);
-    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, lv, wr0, t0, k_begin, k_end);
+    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, wr0, t0, k_begin, k_end);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int j = 0; j < 2; j++) {
             int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
@@ -365,10 +375,14 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
             *(__local uint4 *)(Bs + at) = st.x[j];
             if (lv == 2) *(__local uint4 *)(Bs2 + at) = st.x2[j];
         }
-        Asc[lid / MMA_TM][lid % MMA_TM] = st.s, Abi[lid / MMA_TM][lid % MMA_TM] = st.o;
-        Bd[lid / MMA_TM][lid % MMA_TM] = st.d, Bsum[lid / MMA_TM][lid % MMA_TM] = st.m;
+        for (int h = 0; h < nh; h++) {
+            Asc[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.s[h], Abi[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.o[h];
+            Bsum[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.m[h];
+        }
+        Bd[lid / MMA_TM][lid % MMA_TM] = st.d;
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 + GEMM_TK < k_end) st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, lv, wr0, t0, k0 + GEMM_TK, k_end);
+        if (k0 + GEMM_TK < k_end)
+            st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, wr0, t0, k0 + GEMM_TK, k_end);
         uint a[2][2][4], v[2][4][2], v2[2][4][2]; /* [block of 32][fragment] */
 #pragma unroll
         for (int b = 0; b < 2; b++) {
@@ -399,7 +413,25 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
                     p = p * 128 + p2, q = q * 128 + q2;
                 }
                 float x0 = Bd[0][t], x1 = Bd[0][t + 1], y0 = Bd[1][t], y1 = Bd[1][t + 1];
-                if (one_group) {
+                if (nh == 2) { /* groups of 16: a block's first half (its codes' other half zeroed), then the rest */
+                    for (int b = 0; b < 2; b++) {
+                        int4 d = b ? q : p;
+                        int4 lo = mma_u8s8(a[b][i][0], a[b][i][1], 0u, 0u, v[b][j][0], v[b][j][1], (int4)(0));
+                        if (lv == 2)
+                            lo = lo * 128 + mma_u8s8(a[b][i][0], a[b][i][1], 0u, 0u, v2[b][j][0], v2[b][j][1], (int4)(0));
+                        float d0 = b ? y0 : x0, d1 = b ? y1 : x1;
+                        for (int hh = 0; hh < 2; hh++) {
+                            int4 e = hh ? d - lo : lo;
+                            int h = 2 * b + hh;
+                            float m0 = Bsum[h][t], m1 = Bsum[h][t + 1];
+                            float s0 = Asc[h][r], o0 = Abi[h][r], s1 = Asc[h][r + 8], o1 = Abi[h][r + 8];
+                            acc[i][j][0] += gemm_term(s0, o0, d0, e.x, m0);
+                            acc[i][j][1] += gemm_term(s0, o0, d1, e.y, m1);
+                            acc[i][j][2] += gemm_term(s1, o1, d0, e.z, m0);
+                            acc[i][j][3] += gemm_term(s1, o1, d1, e.w, m1);
+                        }
+                    }
+                } else if (one_group) {
                     float s0 = Asc[0][r], o0 = Abi[0][r], s1 = Asc[0][r + 8], o1 = Abi[0][r + 8];
                     float m0 = Bsum[0][t] + Bsum[1][t], m1 = Bsum[0][t + 1] + Bsum[1][t + 1];
                     acc[i][j][0] += gemm_term2(s0, o0, x0, p.x, y0, q.x, m0);
@@ -429,18 +461,17 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, __local uint *As, __lo
             }
 }
 
-#define MMA_LOCALS(n2)                                                                                      \
+#define MMA_LOCALS(n2, nh)                                                                                  \
     __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS] __attribute__((aligned(16))),                    \
         Bs2[n2] __attribute__((aligned(16)));                                                               \
-    __local float Asc[2][MMA_TM], Abi[2][MMA_TM], Bd[2][MMA_TN], Bsum[2][MMA_TN]
-
-__kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void gemm_q8_mma(GEMM_Q8_ARGS) {
-    MMA_LOCALS(4);
-    gemm_q8_mma_tiles(GEMM_Q8_PASS, 1, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
-}
-
-__kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void gemm_q8_mma_2(GEMM_Q8_ARGS) {
-    MMA_LOCALS(MMA_TN * MMA_KS);
-    gemm_q8_mma_tiles(GEMM_Q8_PASS, 2, As, Bs, Bs2, Asc, Abi, Bd, Bsum);
-}
+    __local float Asc[2 * (nh)][MMA_TM], Abi[2 * (nh)][MMA_TM], Bd[2][MMA_TN], Bsum[2 * (nh)][MMA_TN]
+#define MMA_KERNEL(name, lv, nh)                                                                            \
+    __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void name(GEMM_Q8_ARGS) {                 \
+        MMA_LOCALS((lv) == 2 ? MMA_TN * MMA_KS : 4, nh);                                                     \
+        gemm_q8_mma_tiles(GEMM_Q8_PASS, lv, nh, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                           \
+    }
+MMA_KERNEL(gemm_q8_mma, 1, 1)
+MMA_KERNEL(gemm_q8_mma_2, 2, 1)
+MMA_KERNEL(gemm_q8_mma_g16, 1, 2)
+MMA_KERNEL(gemm_q8_mma_2_g16, 2, 2)
 #endif

@@ -2,8 +2,9 @@
  * step of a few sequences, the lm_head of a few rows — read as a matvec reads its matrix. The tiled
  * GEMMs give such a step a tile of 64 tokens: 1/64 of their work counts, and their 64-row tiles keep
  * too few bytes in flight to read the weights near the memory's speed. Here the threads of a
- * work-group take the units (blocks of 32 inputs, or staging steps of 64 in one group where the GEMM
- * on the device sums by step: `step` = 1) of `tr` rows of one split-K slice, consecutive threads the
+ * work-group take the units (the GEMMs' terms: blocks of 32 inputs, `unit` 0; staging steps of 64 in
+ * one group where the GEMM on the device sums by step, 1; half blocks for weight groups of 16, 2) of
+ * `tr` rows of one split-K slice, consecutive threads the
  * consecutive units of a row (so a warp's weight reads are consecutive bytes): each computes its
  * unit's term for every token (gemm_term, gemm_term2: the integer sums are exact in any order), and
  * the terms are added in the GEMM's order, from 0, one thread a (row, token). A token's output is
@@ -33,6 +34,21 @@ inline int few_dot(uint8 c, __global const char *xq, int cols, int lv, int t, in
     return ia;
 }
 
+/* The same for the half block of 16 inputs at k with its codes c[] */
+inline int few_dot16(uint4 c, __global const char *xq, int cols, int lv, int t, int k) {
+    __global const char *x = xq + (size_t)t * lv * cols + k;
+    uint4 a = vload4(0, (__global const uint *)x);
+    int ia = dp4a(c.s0, a.s0, 0);
+    ia = dp4a(c.s1, a.s1, ia), ia = dp4a(c.s2, a.s2, ia), ia = dp4a(c.s3, a.s3, ia);
+    if (lv == 2) {
+        uint4 b = vload4(0, (__global const uint *)(x + cols));
+        int i2 = dp4a(c.s0, b.s0, 0);
+        i2 = dp4a(c.s1, b.s1, i2), i2 = dp4a(c.s2, b.s2, i2), i2 = dp4a(c.s3, b.s3, i2);
+        ia = ia * 128 + i2;
+    }
+    return ia;
+}
+
 /* Row wr's 32 codes of the block at input kb as bytes, 4 a uint (bits words: one load of 8, 16 or 32 bytes) */
 inline uint8 few_codes(__global const uchar *W, int bits, size_t row_words, int wr, int kb) {
     __global const uint *p = (__global const uint *)W + (size_t)wr * row_words + (size_t)kb * bits / 32;
@@ -47,11 +63,11 @@ inline uint8 few_codes(__global const uchar *W, int bits, size_t row_words, int 
                    unpack4(v.y >> 8, 2), unpack4(v.y >> 16, 2), unpack4(v.y >> 24, 2));
 }
 
-inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int step, int tr, __local float *T) {
+inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local float *T) {
     Q_FIX(bits0, gs0, dt0);
-    int lid = get_local_id(0), r0 = get_group_id(0) * tr;
+    int lid = get_local_id(0), r0 = get_group_id(0) * tr, step = unit == 1, per = unit == 1 ? 1 : unit == 2 ? 4 : 2;
     GEMM_K_RANGE(k_begin, k_end);
-    int units = (k_end - k_begin + GEMM_TK - 1) / GEMM_TK * (step ? 1 : 2), pairs = tr * units;
+    int units = (k_end - k_begin + GEMM_TK - 1) / GEMM_TK * per, pairs = tr * units;
     int nb = cols / 32, ng = cols / gs0;
     size_t row_words = (size_t)cols * bits0 / 32;
     int sr = lid / FEW_TN, st = lid % FEW_TN; /* the (row, token) this thread adds up */
@@ -64,10 +80,11 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int step, int tr, __local 
             int wr = r;
             if (r >= rows_ab) W = W2, S = S2, B = B2, wr = r - rows_ab;
             else if (r >= rows_a) W = W1, S = S1, B = B1, wr = r - rows_a;
-            /* the unit's blocks: kb0 and (a step's) kb1; a block past k_end adds nothing, as in the GEMMs */
-            int kb0 = k_begin + (step ? u : u / 2) * GEMM_TK + (step ? 0 : 32 * (u % 2)), kb1 = kb0 + 32;
+            /* the unit's inputs from ku: its blocks kb0 and (a step's) kb1, or (groups of 16) half hf of
+             * block kb0; a block past k_end adds nothing, as in the GEMMs */
+            int ku = k_begin + u / per * GEMM_TK + GEMM_TK / per * (u % per), kb0 = ku & ~31, kb1 = kb0 + 32, hf = ku % 32 / 16;
             int ok0 = kb0 < k_end, ok1 = step && kb1 < k_end;
-            size_t g = (size_t)wr * ng + kb0 / gs0;
+            size_t g = (size_t)wr * ng + ku / gs0;
             float s = ok0 ? ld(S, dt0, g) : 0.0f, o = ok0 ? ld(B, dt0, g) : 0.0f;
             uint8 c0w = ok0 ? few_codes(W, bits0, row_words, wr, kb0) : (uint8)(0u);
             uint8 c1w = ok1 ? few_codes(W, bits0, row_words, wr, kb1) : (uint8)(0u);
@@ -75,15 +92,21 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int step, int tr, __local 
             for (int t = 0; t < FEW_TN; t++) {
                 if (t >= n_tok) continue;
                 size_t xb = (size_t)t * nb + kb0 / 32;
-                int p = ok0 ? few_dot(c0w, xq, cols, lv, t, kb0) : 0;
-                float d0 = ok0 ? xd[xb] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m0 = ok0 ? xsum[xb] : 0.0f;
+                float d0 = ok0 ? xd[xb] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
                 float term;
-                if (step) {
-                    int q = ok1 ? few_dot(c1w, xq, cols, lv, t, kb1) : 0;
-                    float d1 = ok1 ? xd[xb + 1] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m1 = ok1 ? xsum[xb + 1] : 0.0f;
-                    term = gemm_term2(s, o, d0, p, d1, q, m0 + m1);
+                if (unit == 2) {
+                    int p = ok0 ? few_dot16(hf ? c0w.hi : c0w.lo, xq, cols, lv, t, ku) : 0;
+                    term = gemm_term(s, o, d0, p, ok0 ? xh[(size_t)t * (cols / 16) + ku / 16] : 0.0f);
                 } else {
-                    term = gemm_term(s, o, d0, p, m0);
+                    int p = ok0 ? few_dot(c0w, xq, cols, lv, t, kb0) : 0;
+                    float m0 = ok0 ? xsum[xb] : 0.0f;
+                    if (step) {
+                        int q = ok1 ? few_dot(c1w, xq, cols, lv, t, kb1) : 0;
+                        float d1 = ok1 ? xd[xb + 1] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m1 = ok1 ? xsum[xb + 1] : 0.0f;
+                        term = gemm_term2(s, o, d0, p, d1, q, m0 + m1);
+                    } else {
+                        term = gemm_term(s, o, d0, p, m0);
+                    }
                 }
                 T[t * FEW_LWS + lid] = term;
             }
@@ -101,12 +124,12 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int step, int tr, __local 
     if (sr < tr && r < rows && st < n_tok) gemm_put(acc, r, st, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
 }
 
-__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few(GEMM_Q8_ARGS, int step, int tr) {
+__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few(GEMM_Q8_ARGS, int unit, int tr) {
     __local float T[FEW_LWS * FEW_TN];
-    gemm_few_body(GEMM_Q8_PASS, 1, step, tr, T);
+    gemm_few_body(GEMM_Q8_PASS, 1, unit, tr, T);
 }
 
-__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few_2(GEMM_Q8_ARGS, int step, int tr) {
+__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few_2(GEMM_Q8_ARGS, int unit, int tr) {
     __local float T[FEW_LWS * FEW_TN];
-    gemm_few_body(GEMM_Q8_PASS, 2, step, tr, T);
+    gemm_few_body(GEMM_Q8_PASS, 2, unit, tr, T);
 }

@@ -41,10 +41,11 @@ __kernel void prefill_tunables(__global int *out) {
  * work-items beside it (its block of 32) in int8 levels of one or two (int8 1 or 2; the host's choice,
  * uniform). Level one is q = rint(v / d), d = max|x| / 127; level two q2 = rint((v - q d) 128 / d)
  * (|q2| <= 64), so v ~ (d / 128) (128 q + q2), as decode's matvecs quantize (quant8). Token t's row of
- * xq is its cols codes of level one, then (two levels) its cols of level two; xs = d (sum q + sum q2 / 128).
- * live: j < cols (a block is all live or not); every work-item of the group calls it. */
+ * xq is its cols codes of level one, then (two levels) its cols of level two; xs = d (sum q + sum q2 / 128),
+ * and with g16 (some weights have groups of 16) xh the same per half block. live: j < cols (a block
+ * is all live or not); every work-item of the group calls it. */
 inline void emit_lane(float v, int t, int j, int cols, int live, int int8, __global float *xf, __global char *xq,
-                      __global float *xd, __global float *xs, __local float *red) {
+                      __global float *xd, __global float *xs, int g16, __global float *xh, __local float *red) {
     if (!int8) {
         if (live) xf[(size_t)t * cols + j] = v;
         return;
@@ -52,13 +53,16 @@ inline void emit_lane(float v, int t, int j, int cols, int live, int int8, __glo
     float amax = lanes_reduce(fabs(v), 32, red, 1);
     float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f, q = rint(v * id);
     float sum = lanes_reduce(q, 32, red, 0); /* exact: integers below 2^12 */
+    float hs = g16 ? lanes_reduce(q, 16, red, 0) : 0.0f;
     float q2 = int8 == 2 ? clamp(rint(fma(-q, d, v) * id * 128.0f), -127.0f, 127.0f) : 0.0f; /* fma: the same bits unfused or not */
     if (int8 == 2) sum += lanes_reduce(q2, 32, red, 0) / 128.0f; /* exact: units of 1/128 below 2^19 */
+    if (int8 == 2 && g16) hs += lanes_reduce(q2, 16, red, 0) / 128.0f;
     if (!live) return;
     __global char *row = xq + (size_t)t * int8 * cols;
     row[j] = (char)(int)q;
     if (int8 == 2) row[cols + j] = (char)(int)q2;
     if (j % 32 == 0) xd[(size_t)t * (cols / 32) + j / 32] = d, xs[(size_t)t * (cols / 32) + j / 32] = d * sum;
+    if (g16 && j % 16 == 0) xh[(size_t)t * (cols / 16) + j / 16] = d * hs;
 }
 
 __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, int vocab, __global float *x) {
@@ -73,7 +77,7 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
 pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, int cols, __global const float *vecs,
         int norm_off, float eps, __global const float *part, int n_split, int n_tok, int int8, __global float *xf,
-        __global char *xq, __global float *xd, __global float *xs) {
+        __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh) {
     __local float red[PF_LWS];
     int t = get_group_id(0), lid = get_local_id(0);
     __global float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
@@ -87,7 +91,7 @@ pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, in
     for (int j0 = 0; j0 < cols; j0 += PF_LWS) {
         int j = j0 + lid, live = j < cols;
         float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (row[j] * inv) : row[j]) : 0.0f;
-        emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, red);
+        emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, g16, xh, red);
     }
 }
 
@@ -95,13 +99,13 @@ pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, in
  * work-item an element */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
 pf_swiglu(__global const float *h, int ffn, __global const float *part, int n_split, int n_tok, int int8, __global float *xf,
-          __global char *xq, __global float *xd, __global float *xs) {
+          __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh) {
     __local float red[PF_LWS];
     int j = get_global_id(0), t = get_global_id(1), live = j < ffn;
     float g = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, j) : 0.0f;
     float u = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, ffn + j) : 0.0f;
     float v = live ? g / (1.0f + exp(-g)) * u : 0.0f;
-    emit_lane(v, t, j, ffn, live, int8, xf, xq, xd, xs, red);
+    emit_lane(v, t, j, ffn, live, int8, xf, xq, xd, xs, g16, xh, red);
 }
 
 /* RoPE on q (into q) and k, then k and v into the layer's cache at their positions, as decode's qkv

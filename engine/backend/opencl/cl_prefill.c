@@ -36,11 +36,14 @@ static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k
 /* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
 struct pf_mm {
     cl_kernel k;
+    cl_kernel k16;       /* the same for weights in groups of 16 (int8 inputs; gemm_q8_g16 ...) */
     cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
     int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
+    int half;            /* int8 inputs also leave each half block's sum (xh): some weights have groups of 16 */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
     int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
     cl_mem in, xd, xs;   /* [tokens][cols] floats or int8, and per block of 32 d and sum */
+    cl_mem xh;           /* [tokens][cols / 16] with half: per half block d x its sum */
     cl_mem part;         /* split-K slices of the sums */
     size_t part_floats;  /* part's size */
     int split;           /* TLLM_CL_SPLIT (tests): slices wherever there are the steps; 0: the device's choice */
@@ -110,11 +113,12 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k,  p->mm.few,     p->reduce, p->embed,  p->norm,           p->swiglu,
-                      p->rope, p->flash, p->combine, p->paged_rope, p->argmax, p->argmax_allowed};
+    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->reduce,     p->embed,  p->norm,          p->swiglu,
+                      p->rope,   p->flash,  p->combine,    p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->spans, p->meta, p->amax, p->x, p->mm.in, p->mm.xd, p->mm.xs, p->qkv, p->q, p->att, p->h, p->mm.part, p->logits, p->allow, p->mask};
+    cl_mem bs[] = {p->spans, p->meta, p->amax,  p->x,    p->mm.in,   p->mm.xd, p->mm.xs, p->mm.xh,
+                   p->qkv,   p->q,    p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -122,7 +126,8 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
 }
 
 /* The GEMMs take int8 inputs where the CPU's prompt path does (packed weights, i.e. not --exact) and
- * every matrix they multiply is affine 2/4/8-bit with groups of whole blocks of 32: in two levels (as
+ * every matrix they multiply is affine 2/4/8-bit (as the device holds it) with groups of 16 or of whole
+ * blocks of 32: in two levels (as
  * decode's matvecs: the reference's logits to about 2e-4), or in one where the model asks for fast
  * decode (--fast-decode: batch generation's and the server's default; 7-14% faster steps on an H200,
  * logits to about 2e-2). 0: float inputs. */
@@ -132,9 +137,17 @@ static int int8_levels(const struct tllm_cl *cl) {
     if (!cl->mats[2].pack) return 0;
     for (int i = 1; i < tllm_cl_n_mats(cl->m); i++) {
         const struct tllm_qweights *w = &cl->mats[i];
-        if (w->format != TLLM_WF_AFFINE || !(w->bits == 2 || w->bits == 4 || w->bits == 8) || w->group_size % 32) return 0;
+        if (w->format != TLLM_WF_AFFINE || !(w->bits == 2 || w->bits == 4 || w->bits == 8) || (w->group_size % 32 && w->group_size != 16))
+            return 0;
     }
     return model_levels(cl);
+}
+
+/* Whether a matrix the GEMMs multiply has groups of 16 */
+static int model_g16(const struct tllm_cl *cl) {
+    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++)
+        if (cl->mats[i].group_size == 16) return 1;
+    return 0;
 }
 
 /* TLLM_CL_SPLIT, read once a call (tests change it between calls) */
@@ -150,8 +163,14 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     mm->tm = mm->mma ? p->mma_tm : p->tm, mm->tn = mm->mma ? p->mma_tn : p->tn, mm->gt = mm->mma ? p->mma_lws : p->gt;
     const char *name = mm->mma ? (int8 == 2 ? "gemm_q8_mma_2" : "gemm_q8_mma") : int8 == 2 ? "gemm_q8_2" : int8 ? "gemm_q8" : "gemm_f";
     if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
+    if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
     if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
     int rc = tllm_cl_make_kernel(cl, &mm->k, name);
+    if (!rc && int8 && mm->half) {
+        char n16[32];
+        snprintf(n16, sizeof n16, "%s_g16", name);
+        rc = tllm_cl_make_kernel(cl, &mm->k16, n16);
+    }
     if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
     return rc;
 }
@@ -179,6 +198,7 @@ static int make(struct tllm_cl *cl) {
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
     p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11];
     if (p->fl_span < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN positive");
+    p->mm.half = model_g16(cl);
     return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
 
@@ -228,13 +248,13 @@ static int reserve(struct tllm_cl *cl, int n) {
     part_tok = fixed > part_tok ? fixed : part_tok;
     if (n <= p->cap && part_tok * p->cap <= p->mm.part_floats) return TLLM_OK;
     n = n > p->cap ? n : p->cap;
-    cl_mem *bs[] = {&p->amax, &p->x, &p->mm.in, &p->mm.xd, &p->mm.xs, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
+    cl_mem *bs[] = {&p->amax, &p->x, &p->mm.in, &p->mm.xd, &p->mm.xs, &p->mm.xh, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     size_t sizes[] = {N * 4, N * c->dim * 4, N * wide(c) * 4, N * wide(c) / 32 * 4, N * wide(c) / 32 * 4,
-                      N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4,
+                      p->mm.half ? N * wide(c) / 16 * 4 : 4, N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4,
                       part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
@@ -301,8 +321,9 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
-    int few = mm->few && n <= p->few_tn; /* gemm_few: the same sums, read as a matvec reads */
-    struct args a = {few ? mm->few : mm->k, 0, CL_SUCCESS};
+    int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
+    cl_kernel k = few ? mm->few : g16 ? mm->k16 : mm->k;
+    struct args a = {k, 0, CL_SUCCESS};
     arg_weights(&a, w);
     arg_weights(&a, ws[n_w > 1]);
     arg_weights(&a, ws[n_w > 2 ? 2 : 0]);
@@ -315,6 +336,8 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     if (mm->int8) {
         ARG_MEM(&a, mm->xd);
         ARG_MEM(&a, mm->xs);
+        cl_mem xh = mm->half ? mm->xh : mm->xs; /* (unread without groups of 16) */
+        ARG_MEM(&a, xh);
     }
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
@@ -326,17 +349,19 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     ARG_INT(&a, k_len);
     cl_int e;
     if (few) {
-        int step = mm->mma && w->gs % 64 == 0; /* the terms gemm_q8_mma adds: a step of two blocks, or a block */
-        int units = k_len / 64 * (step ? 1 : 2), tr = p->few_lws / units;
+        /* the terms the GEMMs add: a half block (groups of 16), a step of two blocks (gemm_q8_mma's groups
+         * of 64 or more), or a block */
+        int unit = g16 ? 2 : mm->mma && w->gs % 64 == 0 ? 1 : 0;
+        int units = k_len / 64 * (unit == 2 ? 4 : unit ? 1 : 2), tr = p->few_lws / units;
         tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
-        ARG_INT(&a, step);
+        ARG_INT(&a, unit);
         ARG_INT(&a, tr);
-        e = a.err ? a.err : run3(cl, mm->few, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
+        e = a.err ? a.err : run3(cl, k, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
     } else if (a.err) {
         e = a.err;
     } else {
-        e = mm->mma ? run3(cl, mm->k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
-                    : run3(cl, mm->k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
+        e = mm->mma ? run3(cl, k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
+                    : run3(cl, k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
     }
     if (left) *left = 0;
     if (e || n_split == 1) return e;
@@ -376,6 +401,9 @@ static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
     ARG_MEM(a, mm->in); /* or int8 */
     ARG_MEM(a, mm->xd);
     ARG_MEM(a, mm->xs);
+    cl_mem xh = mm->half ? mm->xh : mm->xs; /* (unwritten without groups of 16) */
+    ARG_INT(a, mm->half);
+    ARG_MEM(a, xh);
 }
 
 /* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
@@ -747,15 +775,15 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (!(affine || w->format == TLLM_WF_DENSE) || w->cols % 32 || n < 1)
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: %s is not dense or 2/4/8-bit affine with a multiple of 32 columns", w->name);
     if (int8 < 0 || int8 > 2) return tllm_fail(TLLM_ERR_ARG, "opencl matmul: %d int8 levels (0 to 2)", int8);
-    if (int8 && (!affine || w->group_size % 32))
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of a multiple of 32 (%s)", w->name);
+    if (int8 && (!affine || (w->group_size % 32 && w->group_size != 16)))
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of 16 or a multiple of 32 (%s)", w->name);
     if (!reads_format(cl, w))
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's one weight format compiled in, not %s's",
                          w->name);
     int rc = cl->pf ? TLLM_OK : make(cl);
     if (rc) return rc;
     size_t N = (size_t)n, cols = (size_t)w->cols, rows = (size_t)w->rows;
-    struct pf_mm mm = {.part_floats = 4 * N * rows, .split = split_asked()};
+    struct pf_mm mm = {.part_floats = 4 * N * rows, .split = split_asked(), .half = w->group_size == 16};
     struct cl_weights cw = {0};
     const struct cl_weights *cwp = &cw;
     cl_mem xb = NULL, yb = NULL;
@@ -764,6 +792,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.in, N * cols * 4, "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xd, N * cols / 32 * 4, "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xs, N * cols / 32 * 4, "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xh, N * cols / 16 * 4, "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
@@ -783,10 +812,11 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
     }
     tllm_cl_release_weights(&cw);
-    cl_mem bs[] = {xb, yb, mm.in, mm.xd, mm.xs, mm.part};
+    cl_mem bs[] = {xb, yb, mm.in, mm.xd, mm.xs, mm.xh, mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     if (mm.k) clReleaseKernel(mm.k);
+    if (mm.k16) clReleaseKernel(mm.k16);
     if (mm.few) clReleaseKernel(mm.few);
     return rc;
 }
