@@ -4,7 +4,7 @@
   (a)  --exact logits of a ~100-token prompt against an independent float64 forward pass (numpy) over
        gguf-py's dequantization of the file: relative RMS <= 1e-4
   (b)  the default int8 path's logits within 1e-2 of it; greedy text equal for 16 tokens
-  (c)  OpenCL (PoCL here) logits within 1e-3, where a device is there
+  (c)  OpenCL (PoCL here) logits within 1e-3, float and int8 GEMMs, where a device is there
   (d)  perplexity of a real text (tests/data/text): int8 within 1% of --exact
   (e)  a chat answer to a coding question holds a `def`
   (f)  tllm serve -m FILE.gguf answers a chat rendered with the file's own template
@@ -154,6 +154,13 @@ if have_np and exact_raw and int8_raw:
             ec = rel_rms(np.frombuffer(cl_raw, np.float32).astype(np.float64), exact.astype(np.float64))
             print(f"  (c) OpenCL vs --exact: relative RMS {ec:.2e}")
             check(ec <= 1e-3, f"(c) OpenCL logits: relative RMS {ec:.3e} > 1e-3")
+        # and the device's int8 prompt GEMMs on the file's own mix (Q6_K's groups of 16 among them)
+        cl8_raw = logits(ids, "--last", "--int8", "--device", "opencl")
+        check(cl8_raw is not None, "(c) OpenCL int8 logits failed")
+        if cl8_raw:
+            e8 = rel_rms(np.frombuffer(cl8_raw, np.float32).astype(np.float64), exact.astype(np.float64))
+            print(f"  (c) OpenCL int8 GEMMs vs --exact: relative RMS {e8:.2e}")
+            check(e8 <= 1e-3, f"(c) OpenCL int8 logits: relative RMS {e8:.3e} > 1e-3")
     else:
         print("  (c) no OpenCL device (or a sanitized build): skipped")
 
