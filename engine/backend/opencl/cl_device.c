@@ -138,6 +138,26 @@ static cl_int quiet_build(struct tllm_cl *cl, const char *opts) {
     return e;
 }
 
+/* MV_LOCAL_X: the inputs a matvec stages in local memory (longer ones are read from global memory, at
+ * a fraction of the speed). No more than the model's longest input; with int8 activations (xq) at most
+ * the kernels' default (8192), less on devices with little local memory (32 KiB); with float ones the
+ * longest input wherever it fits beside the `token` kernel's other arrays (NVIDIA's 48 KiB hold
+ * Qwen2.5-1.5B's 8960-wide down_proj input: its mixed-format GGUF decodes 1.6x faster on the H200).
+ * xq: the kernels take int8 activations (XQ). */
+static int stage_size(const struct tllm_config *c, cl_ulong local_mem, int xq) {
+    int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = CL_MV_LOCAL_X;
+    longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
+    longest = (longest + 255) / 256 * 256;
+    /* bytes of local memory a staged input takes (float and padding, block sums: XS_ALLOC, xsum in
+     * kernels/opencl/weights.cl) and token's other arrays at MV_LWS = ATT_LWS = 256, with a margin */
+    const double per = 4.375;
+    const cl_ulong other = 12 * 256 + 20 * 256 + 4 + 256;
+    if (!xq && local_mem > other && longest > local_x && (double)longest * per <= (double)(local_mem - other)) return longest;
+    if (longest < local_x) local_x = longest;
+    int room = local_mem && local_mem < 48 * 1024 ? (int)((local_mem - 8 * 1024) / 4 / 256 * 256) : local_x;
+    return room < local_x ? room : local_x;
+}
+
 /* int8_ok: int8 activations may be compiled in (retried without them when they do not fit) */
 int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* TLLM_CL_DIR: load the kernel files from disk (while developing); TLLM_CL_OPTS: extra -D options */
@@ -158,20 +178,10 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
         src[i] = disk[i];
     }
     cl_int e;
-    /* stage no more than the model's longest input (NVIDIA gives a work-group 48 KiB; the int8 form
-     * needs room beside the floats), and less on devices with little local memory (32 KiB), unless the
-     * options say otherwise */
     cl_ulong local_mem = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
     char opts[768], fit[64] = "", lws[48] = "";
     const struct tllm_config *c = &cl->m->cfg;
-    int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = CL_MV_LOCAL_X;
-    longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
-    if (longest < local_x) local_x = (longest + 255) / 256 * 256;
-    int room = local_mem && local_mem < 48 * 1024 ? (int)((local_mem - 8 * 1024) / 4 / 256 * 256) : local_x;
-    if (room < local_x) local_x = room;
-    if (local_x != CL_MV_LOCAL_X && !(extra && strstr(extra, "MV_LOCAL_X")))
-        snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
     /* CPU devices get 64-thread matvec groups: PoCL 3.1 (Debian 12, what CI runs) miscompiles the matvec kernels
      * at 128 and 256 (a vectorized store with a wild trip count; correct with -cl-opt-disable) */
     cl_device_type type = 0;
@@ -199,6 +209,9 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     int xq = int8_ok && uniform && fmt[0] == 4 && cl->mats[2].pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
+    int local_x = stage_size(c, local_mem, cl->int8);
+    if (local_x != CL_MV_LOCAL_X && !(extra && strstr(extra, "MV_LOCAL_X")))
+        snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
     int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */
     /* and int8 tensor cores for the prompt GEMMs (mma.sync m16n8k32: sm_80 and later) */
     cl_uint cc_major = 0;
