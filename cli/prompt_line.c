@@ -45,6 +45,11 @@ static void options(struct json_object *o, struct cli_prompt_line *pl) {
     if (!pl->err[0] && json_object_object_get_ex(o, "response_format", &v) &&
         tllm_response_format_grammar(v, "\"response_format\"", &pl->grammar))
         snprintf(pl->err, sizeof pl->err, "%s", tllm_errmsg());
+    /* offered tools would be left out of the prompt and no call read back: said, not answered as if none */
+    if (!pl->err[0] && json_object_object_get_ex(o, "tools", &v) && !json_object_is_type(v, json_type_null) &&
+        !(json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0))
+        snprintf(pl->err, sizeof pl->err,
+                 "\"tools\": tool calls are answered by tllm serve (/v1/chat/completions), not in batch files yet");
     if (pl->err[0] || !json_object_object_get_ex(o, "stop", &v)) return;
     static const char bad_stop[] = "\"stop\" must be a non-empty string or a list of them";
     if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0) {

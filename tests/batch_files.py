@@ -82,6 +82,15 @@ r = run(GEN + ["--prompts", p, "-o", out])
 check("a resume answers nothing twice", r and r.returncode == 0 and len(records(out)) == 4 and "4 already done" in err(r),
       f"{len(records(out))} records; {err(r)}")
 
+# a line offering tools: an error record naming them (never answered as if no tools were offered)
+p = put("tools.jsonl", '{"id": "t", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+        '"function": {"name": "f", "parameters": {"type": "object"}}}]}\n{"id": "u", "prompt": "ls", "tools": []}\n')
+out = os.path.join(T, "tools.out.jsonl")
+r = run(GEN + ["--prompts", p, "-o", out])
+recs = {x.get("id"): x for x in records(out)} if os.path.exists(out) else {}
+check("a line with tools is an error record naming them; an empty list is none", r and r.returncode == 0 and
+      '"tools"' in recs.get("t", {}).get("error", "") and "u" in recs and "error" not in recs["u"], f"{recs} {err(r)}")
+
 # -o the prompt file itself: refused, the prompt file untouched
 before = open(prompts, "rb").read()
 r = run(GEN + ["--prompts", prompts, "-o", prompts])
