@@ -13,6 +13,7 @@
 #include "cli/session.h"
 #include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
+#include "server/tool_calls.h"
 #include "engine/run/scheduler.h"
 
 static const char usage[] =
@@ -95,6 +96,16 @@ static int encode_user_prompt(struct cli_session *s, const char *text, size_t le
     return cli_encode_chat(s, system ? m : m + 1, system ? 2 : 1, out);
 }
 
+/* A JSONL line's messages (with their tool calls and results) and the tools offered, as the template
+ * renders them: the server's rendering of the same chat */
+static int encode_chat_json(struct cli_session *s, struct json_object *chat, struct json_object *tools, struct tllm_ids *out) {
+    struct tllm_buf text = {0};
+    int rc = tllm_chat_render_json(s->tpl, chat, tools, NULL, 1, &text);
+    if (!rc) rc = tllm_tok_encode(s->tok, text.data, text.len, 1, out);
+    tllm_buf_free(&text);
+    return rc;
+}
+
 /* --json-schema's argument: inline JSON, else a file holding it */
 static struct tllm_grammar *load_schema(const char *arg) {
     const char *p = arg;
@@ -167,31 +178,40 @@ struct batch {
     struct batch_out out;
     struct tllm_sched *sched; /* on the CPU threads, or on the device when one is in use */
     const struct tllm_grammar *grammar; /* --json-schema's, for lines without their own */
-    struct tllm_grammar_cache grams;    /* recent lines' grammars by their "response_format" as JSON text */
+    struct tllm_grammar_cache grams;    /* recent lines' grammars by what they were compiled from, as text */
     int ignore_eos;
     long answered, skipped, errors;
     size_t gen_tokens;
     double t_start, gen_time;
 };
 
-/* A line whose "response_format" is a recent line's (as JSON text) takes that line's grammar: the
- * scheduler pairs sequences by grammar, so lines on one schema share its token masks. */
+/* A line whose "response_format" (or tools and tool_choice) is a recent line's takes that line's grammar:
+ * the scheduler pairs sequences by grammar, so lines on one schema share its token masks. */
 static void share_schema(struct batch *b, struct cli_prompt_line *bl) {
-    struct json_object *v;
-    if (!bl->grammar || !json_object_object_get_ex(bl->obj, "response_format", &v)) return;
-    bl->grammar = tllm_grammar_cache_share(&b->grams, json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN), bl->grammar);
+    if (bl->grammar && bl->grammar_key) bl->grammar = tllm_grammar_cache_share(&b->grams, bl->grammar_key, bl->grammar);
 }
 
 /* The line a request came from, until its record is written */
 struct job {
     struct json_object *id;
     long lineno;
-    struct tllm_grammar *grammar; /* the line's own response_format, or NULL */
+    struct tllm_grammar *grammar; /* the line's own response_format or tool calls, or NULL */
+    struct json_object *tools;    /* the tools the answer may call, or NULL */
+    int max_calls;
 };
 
-static void record_result(struct batch *b, struct json_object *id, struct tllm_gen_result *r) {
+static void record_result(struct batch *b, const struct job *j, struct tllm_gen_result *r) {
     if (r->finish == TLLM_FINISH_INTERRUPTED) return; /* an interrupted line is redone on resume */
-    struct json_object *rec = result_json(r, id, !b->s->tok); /* no tokenizer: the ids are the answer */
+    struct json_object *rec = result_json(r, j->id, !b->s->tok); /* no tokenizer: the ids are the answer */
+    struct json_object *calls;
+    char *content;
+    /* the calls in the answer, as the server returns them: "text" keeps what is around them */
+    if (j->tools && oai_tool_calls_parse(r->text.data ? r->text.data : "", r->text.len, j->tools, j->max_calls, &calls, &content)) {
+        json_object_object_add(rec, "text", json_object_new_string(content ? content : ""));
+        json_object_object_add(rec, "tool_calls", calls);
+        json_object_object_add(rec, "finish_reason", json_object_new_string("tool_calls"));
+        free(content);
+    }
     batch_out_emit(&b->out, rec);
     json_object_put(rec);
     b->answered++;
@@ -207,8 +227,9 @@ static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_
         error_record(&b->out, j->id, msg ? msg : tllm_errmsg(), b->in.name, j->lineno, 0);
         b->errors++;
     } else
-        record_result(b, j->id, r);
+        record_result(b, j, r);
     json_object_put(j->id);
+    json_object_put(j->tools);
     tllm_grammar_free(j->grammar);
     free(j);
 }
@@ -224,6 +245,7 @@ static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_
     struct job *j = malloc(sizeof *j);
     if (!j) cli_die("out of memory");
     j->id = json_object_get(bl->id), j->lineno = lineno;
+    j->tools = json_object_get(bl->tools), j->max_calls = bl->max_calls;
     j->grammar = bl->grammar; /* the job's now */
     bl->grammar = NULL;
     struct tllm_sched_req rq = {.prompt = prompt->data, .n_prompt = (int)prompt->len, .sampling = bl->sp,
@@ -290,7 +312,7 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
                 } else if (!s->tok) {
                     snprintf(bl.err, sizeof bl.err, "the checkpoint has no tokenizer.json: give \"prompt\" as a list of token ids");
                 } else if (bl.n_msgs) {
-                    if (cli_encode_chat(s, bl.msgs, bl.n_msgs, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
+                    if (encode_chat_json(s, bl.chat.chat, bl.tools, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
                 } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
                     snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
                 }

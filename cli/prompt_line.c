@@ -42,14 +42,18 @@ static void options(struct json_object *o, struct cli_prompt_line *pl) {
         else if (k == 1) pl->sp.top_k = (int)x;
         else pl->sp.seed = (uint64_t)x;
     }
-    if (!pl->err[0] && json_object_object_get_ex(o, "response_format", &v) &&
-        tllm_response_format_grammar(v, "\"response_format\"", &pl->grammar))
-        snprintf(pl->err, sizeof pl->err, "%s", tllm_errmsg());
-    /* offered tools would be left out of the prompt and no call read back: said, not answered as if none */
-    if (!pl->err[0] && json_object_object_get_ex(o, "tools", &v) && !json_object_is_type(v, json_type_null) &&
+    /* a chat's response_format is read with its tools (prompt_of): an answer may be a call or the format */
+    if (!pl->err[0] && !json_object_object_get_ex(o, "messages", NULL) && json_object_object_get_ex(o, "response_format", &v)) {
+        if (tllm_response_format_grammar(v, "\"response_format\"", &pl->grammar))
+            snprintf(pl->err, sizeof pl->err, "%s", tllm_errmsg());
+        else if (pl->grammar && !(pl->grammar_key = strdup(json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN))))
+            snprintf(pl->err, sizeof pl->err, "out of memory");
+    }
+    /* tools offered to a plain prompt would be left out of it: a call is a chat's answer */
+    if (!pl->err[0] && !json_object_object_get_ex(o, "messages", NULL) && json_object_object_get_ex(o, "tools", &v) &&
+        !json_object_is_type(v, json_type_null) &&
         !(json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0))
-        snprintf(pl->err, sizeof pl->err,
-                 "\"tools\": tool calls are answered by tllm serve (/v1/chat/completions), not in batch files yet");
+        snprintf(pl->err, sizeof pl->err, "\"tools\" are offered in a chat: give \"messages\", not \"prompt\"");
     if (pl->err[0] || !json_object_object_get_ex(o, "stop", &v)) return;
     static const char bad_stop[] = "\"stop\" must be a non-empty string or a list of them";
     if (json_object_is_type(v, json_type_string) && json_object_get_string_len(v) > 0) {
@@ -72,26 +76,14 @@ static void prompt_of(struct json_object *o, struct cli_prompt_line *pl) {
     struct json_object *msgs = NULL, *pr = NULL;
     json_object_object_get_ex(o, "messages", &msgs);
     json_object_object_get_ex(o, "prompt", &pr);
-    if (msgs) {
-        int nm = json_object_is_type(msgs, json_type_array) ? (int)json_object_array_length(msgs) : 0;
-        if (nm <= 0) {
-            snprintf(pl->err, sizeof pl->err, "\"messages\" must be a non-empty list");
-            return;
-        }
-        if (!(pl->msgs = calloc((size_t)nm, sizeof *pl->msgs))) {
-            snprintf(pl->err, sizeof pl->err, "out of memory");
-            return;
-        }
-        pl->n_msgs = nm;
-        for (int k = 0; k < nm && !pl->err[0]; k++) {
-            struct json_object *e = json_object_array_get_idx(msgs, (size_t)k), *r, *c;
-            if (!json_object_is_type(e, json_type_object) || !json_object_object_get_ex(e, "role", &r) ||
-                !json_object_object_get_ex(e, "content", &c) || !json_object_is_type(r, json_type_string) ||
-                !json_object_is_type(c, json_type_string))
-                snprintf(pl->err, sizeof pl->err, "message %d needs string \"role\" and \"content\"", k);
-            else
-                pl->msgs[k] = (struct tllm_chat_msg){json_object_get_string(r), json_object_get_string(c)};
-        }
+    if (msgs) { /* as the server reads a chat, so a line and a request with the same fields get the same answer */
+        const char *param;
+        if (oai_chat_parse(&pl->chat, o, pl->err, sizeof pl->err, &param)) return;
+        pl->msgs = pl->chat.msgs, pl->n_msgs = pl->chat.n_msgs;
+        pl->grammar = pl->chat.grammar, pl->chat.grammar = NULL;
+        pl->grammar_key = pl->chat.grammar_key, pl->chat.grammar_key = NULL;
+        if (pl->chat.tools && pl->chat.tool_choice != OAI_TOOLS_NONE) pl->tools = pl->chat.tools;
+        pl->max_calls = pl->chat.parallel_tool_calls ? 0 : 1;
     } else if (pr && json_object_is_type(pr, json_type_string)) {
         pl->text = json_object_get_string(pr);
         pl->text_len = (size_t)json_object_get_string_len(pr);
@@ -154,8 +146,9 @@ void cli_prompt_line_parse(struct cli_prompt_line *pl, const char *line, size_t 
 void cli_prompt_line_free(struct cli_prompt_line *pl) {
     json_object_put(pl->id);
     json_object_put(pl->obj);
-    free(pl->msgs);
+    oai_request_free(&pl->chat); /* pl->msgs and pl->tools are its */
     free(pl->ids);
     tllm_grammar_free(pl->grammar);
+    free(pl->grammar_key);
     memset(pl, 0, sizeof *pl);
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "engine/run/sampler.h"
+#include "server/oai_request.h"
 #include "tokenizer/chat.h"
 
 #define CLI_MAX_STOP 16
@@ -22,12 +23,19 @@ struct cli_prompt_line {
     int n_stop, max_new;
     const char *text;            /* a plain prompt: the text line, or "prompt" */
     size_t text_len;
-    struct tllm_chat_msg *msgs;  /* or "messages" (n_msgs > 0) */
+    struct tllm_chat_msg *msgs;  /* or "messages" (n_msgs > 0; chat.msgs) */
     int n_msgs;
+    /* "messages" read as the server reads a chat (tool calls, tool results, content parts) with the
+     * line's "tools", "tool_choice", "parallel_tool_calls" and "response_format"; owned */
+    struct oai_request chat;
+    struct json_object *tools;   /* the tools the answer may call (none when tool_choice is "none"): chat's */
+    int max_calls;               /* calls read back from one answer: 0 any number, else 1 */
     int32_t *ids;                /* or "prompt" as token ids (n_ids > 0); owned */
     int n_ids;
     struct json_object *obj;     /* the parsed JSONL line that the strings point into; owned */
-    struct tllm_grammar *grammar; /* its "response_format" (OpenAI's object) compiled, or NULL; owned */
+    struct tllm_grammar *grammar; /* what the answer must follow: its "response_format" (OpenAI's object), or
+                                   * the calls "tool_choice" asks for, compiled; NULL: free text; owned */
+    char *grammar_key;           /* what that was compiled from, as text (lines with equal keys may share it) */
     char err[256];               /* why the line cannot run ("" when it can) */
 };
 

@@ -422,6 +422,16 @@ int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *bod
     return rc;
 }
 
+int oai_chat_parse(struct oai_request *r, struct json_object *root, char *err, size_t cap, const char **param) {
+    memset(r, 0, sizeof *r);
+    r->kind = OAI_CHAT;
+    r->max_tokens = -1;
+    struct parse p = {err, cap, param};
+    *param = NULL;
+    if (!json_object_is_type(root, json_type_object)) return fail(&p, NULL, "the request body must be a JSON object");
+    return parse_messages(&p, r, root) || parse_tools(&p, r, root) || parse_format(&p, r, root) ? -1 : 0;
+}
+
 void oai_request_free(struct oai_request *r) {
     for (int i = 0; i < r->n_msgs; i++) {
         free((char *)r->msgs[i].role);

@@ -62,6 +62,10 @@ struct json_object *oai_json_body(const char *body, size_t len, char *err, size_
  * the body as a whole is wrong). r is freeable either way. */
 int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *body, size_t len, char *err, size_t cap,
                       const char **param);
+/* A chat's part of a body already parsed (root): messages, tools, tool_choice, parallel_tool_calls
+ * and response_format, as oai_request_parse reads them; sampling and length are left to the caller
+ * (batch files' JSONL lines take their own). 0, or -1 with err and *param as above. */
+int oai_chat_parse(struct oai_request *r, struct json_object *root, char *err, size_t cap, const char **param);
 void oai_request_free(struct oai_request *r);
 
 #endif

@@ -274,7 +274,7 @@ lines = put(os.path.join(T, "lines.jsonl"),
             '{"id": "ok", "prompt": "What does grep do?", "max_tokens": 4}\n'
             '{"id": "types", "prompt": "x", "max_tokens": "many"}\n'
             '{"id": "temp", "prompt": "x", "temperature": -1}\n'
-            '{"id": "msgs", "messages": [{"role": "user"}]}\n'
+            '{"id": "msgs", "messages": [{"role": "user", "content": 7}]}\n'
             '[1, 2]\n')
 put(lines, b'{"id": "latin1", "prompt": "caf\xe9"}\n', "ab")
 out = os.path.join(T, "lines.out.jsonl")
@@ -282,7 +282,7 @@ case("JSONL line with wrong types", ["generate", "-m", DEMO, "--prompts", lines,
      'tllm: {T}/lines.jsonl:2: "max_tokens" must be an integer in [-1, 16777216]')
 recs = [json.loads(l) for l in open(out)] if os.path.exists(out) else []
 want = {"ok": None, "types": '"max_tokens" must be an integer in [-1, 16777216]',
-        "temp": '"temperature" must be in [0, 100]', "msgs": 'message 0 needs string "role" and "content"',
+        "temp": '"temperature" must be in [0, 100]', "msgs": "a message's 'content' must be a string or a list of text parts",
         5: "not a JSON object", 6: "the line is not valid UTF-8 (byte 32; is the file in another encoding?)"}
 got = {r["id"]: r.get("error") for r in recs}
 if got != want:

@@ -82,14 +82,67 @@ r = run(GEN + ["--prompts", p, "-o", out])
 check("a resume answers nothing twice", r and r.returncode == 0 and len(records(out)) == 4 and "4 already done" in err(r),
       f"{len(records(out))} records; {err(r)}")
 
-# a line offering tools: an error record naming them (never answered as if no tools were offered)
-p = put("tools.jsonl", '{"id": "t", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
-        '"function": {"name": "f", "parameters": {"type": "object"}}}]}\n{"id": "u", "prompt": "ls", "tools": []}\n')
+# tools in a chat line: rendered by the template as the server renders them (the prompt's tokens are
+# `tokenize --chat`'s), the model's call read back into "tool_calls" as the server returns it
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+    "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+ROUND_TRIP = ASK + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+    "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}, {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+lines = [{"id": "required", "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 200},
+         {"id": "named", "messages": ASK, "tools": [WEATHER], "max_tokens": 200,
+          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+         {"id": "auto", "messages": ASK, "tools": [WEATHER], "max_tokens": 1},
+         {"id": "none", "messages": ASK, "tools": [WEATHER], "tool_choice": "none", "max_tokens": 1},
+         {"id": "trip", "messages": ROUND_TRIP, "tools": [WEATHER], "max_tokens": 1},
+         {"id": "prompt", "prompt": "ls", "tools": [WEATHER]},
+         {"id": "empty", "prompt": "ls", "tools": []},
+         {"id": "no tools", "messages": ASK, "tool_choice": "required"},
+         {"id": "bad call", "messages": [{"role": "assistant", "content": "", "tool_calls": [
+             {"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}]
+p = put("tools.jsonl", "".join(json.dumps(x) + "\n" for x in lines))
 out = os.path.join(T, "tools.out.jsonl")
 r = run(GEN + ["--prompts", p, "-o", out])
 recs = {x.get("id"): x for x in records(out)} if os.path.exists(out) else {}
-check("a line with tools is an error record naming them; an empty list is none", r and r.returncode == 0 and
-      '"tools"' in recs.get("t", {}).get("error", "") and "u" in recs and "error" not in recs["u"], f"{recs} {err(r)}")
+check("a line with tools runs", r and r.returncode == 0 and len(recs) == len(lines), f"{recs} {err(r)}")
+
+
+def chat_tokens(messages, tools):
+    """the prompt's token count as `tllm tokenize --chat` renders the conversation"""
+    msgs = json.loads(json.dumps(messages))
+    for m in msgs:
+        m["content"] = m["content"] or ""
+        for c in m.get("tool_calls", []):
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    f = put("chat.json", json.dumps({"messages": msgs, **({"tools": tools} if tools else {})}))
+    t = run(["tokenize", "-m", DEMO, "--chat", f, "--json"])
+    return len(json.loads(t.stdout)["ids"]) if t and t.returncode == 0 else -1
+
+
+for rid, msgs, tools in (("auto", ASK, [WEATHER]), ("none", ASK, None), ("trip", ROUND_TRIP, [WEATHER])):
+    n = chat_tokens(msgs, tools)
+    check(f"line {rid!r}: the prompt is the template's rendering (tools {'in' if tools else 'left out'})",
+          n > 0 and recs.get(rid, {}).get("prompt_tokens") == n, f"{n} {recs.get(rid)}")
+for rid in ("required", "named"):
+    x = recs.get(rid, {})
+    calls = x.get("tool_calls") or []
+    args = None
+    try:
+        args = json.loads(calls[0]["function"]["arguments"]) if len(calls) == 1 else None
+    except (ValueError, KeyError):
+        pass
+    check(f"tool_choice {rid}: the answer is a call read back as the server returns it",
+          x.get("finish_reason") == "tool_calls" and len(calls) == 1 and calls[0]["type"] == "function" and
+          calls[0]["id"].startswith("call_") and calls[0]["function"]["name"] == "get_weather" and
+          isinstance(args, dict) and list(args) == ["city"] and isinstance(args["city"], str) and
+          len(args["city"]) <= 12 and x.get("text") == "", f"{x}")
+check("\"tools\" with a prompt, not messages, is an error record; an empty list is none",
+      '"messages", not "prompt"' in recs.get("prompt", {}).get("error", "") and "error" not in recs.get("empty", {"error": 1}),
+      f"{recs.get('prompt')} {recs.get('empty')}")
+check("tool_choice required without tools, and a call whose arguments are not JSON, are error records",
+      "tool_choice 'required' needs 'tools'" in recs.get("no tools", {}).get("error", "") and
+      "tool call 0's arguments are not JSON" in recs.get("bad call", {}).get("error", ""), f"{recs.get('no tools')} {recs.get('bad call')}")
 
 # -o the prompt file itself: refused, the prompt file untouched
 before = open(prompts, "rb").read()

@@ -8,6 +8,8 @@
   (d)  perplexity of a real text (tests/data/text): int8 within 1% of --exact
   (e)  a chat answer to a coding question holds a `def`
   (f)  tllm serve -m FILE.gguf answers a chat rendered with the file's own template
+  (g)  a batch file's chat line offering a tool gets the model's call back in "tool_calls", the call the
+       server returns for the same request
 (a) needs numpy and gguf (the test venv); the rest needs only tllm.
 usage: real_model.py TLLM MODEL.gguf DATA_DIR"""
 import json
@@ -189,10 +191,30 @@ q = "Write a Python function is_prime(n) that returns True when n is a prime num
 r = run("generate", "-m", model, "--chat", "-p", q, "-n", "120", "--temp", "0")
 check(r.returncode == 0 and "def " in r.stdout, f"(e) the chat answer has no def: {r.stdout[:300]!r}")
 
+# (g) a tool call from a batch file (the server's answer to the same chat is compared below)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+with tempfile.TemporaryDirectory() as d:
+    with open(os.path.join(d, "p.jsonl"), "w") as f:
+        f.write(json.dumps({"id": "w", "messages": ASK, "tools": [WEATHER], "max_tokens": 64}) + "\n")
+    r = run("generate", "-m", model, "--prompts", f.name, "-o", os.path.join(d, "o.jsonl"), "--temp", "0")
+    rec = json.loads(open(os.path.join(d, "o.jsonl")).read()) if r.returncode == 0 else {}
+calls = rec.get("tool_calls") or []
+batch_call = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+check(rec.get("finish_reason") == "tool_calls" and batch_call == [("get_weather", {"city": "Paris"})],
+      f"(g) the batch line's tool call: {rec}")
+
 # (f) tllm serve -m FILE.gguf: a chat rendered with the file's own template
 from serve_util import Server  # noqa: E402
 srv = Server(tllm, model)
 try:
+    st, ans = srv.post("/v1/chat/completions", {"messages": ASK, "tools": [WEATHER], "max_tokens": 64, "temperature": 0})
+    m = ans["choices"][0]["message"] if st == 200 else {}
+    srv_call = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls") or []]
+    check(srv_call == batch_call and m.get("content") is None and not rec.get("text"),
+          f"(g) the server's call for the same chat: {ans} vs the batch's {rec}")
     st, ans = srv.post("/v1/chat/completions", {"messages": [{"role": "user", "content": q}], "max_tokens": 120,
                                                  "temperature": 0})
     content = ans["choices"][0]["message"]["content"] if st == 200 else ""

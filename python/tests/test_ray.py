@@ -101,6 +101,13 @@ def check_output(out, want):
     return recs
 
 
+def test_a_row_offering_tools_is_refused():
+    from tllm.ray import line_item
+    with pytest.raises(ValueError, match='"tools"'):
+        line_item({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]})
+    assert "messages" in line_item({"messages": [{"role": "user", "content": "hi"}], "tools": []})
+
+
 def test_ray_batch_equals_cli_with_an_actor_killed(prompts, tmp_path):
     inp, want = prompts
     out = tmp_path / "out"

@@ -1,5 +1,5 @@
-/* One line of a batch prompt file (text or JSONL, chosen by the first byte), then its messages
- * rendered with the ChatML template as `tllm generate --prompts` does. */
+/* One line of a batch prompt file (text or JSONL, chosen by the first byte), then its messages and
+ * tools rendered with the ChatML template as `tllm generate --prompts` does. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,10 +20,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         /* a line runs as messages, token ids or text, and has one of them */
         if (!pl.n_msgs && !pl.n_ids && (!pl.text || !pl.text_len)) abort();
         if (pl.n_ids && !pl.ids) abort();
-        if (pl.n_msgs) {
+        if ((pl.tools && !pl.n_msgs) || (pl.grammar_key && !pl.grammar)) abort(); /* tools come with a chat */
+        if (pl.n_msgs) { /* as batch files render a chat line: its JSON form, with the tools offered */
             struct tllm_chat_template t = {.kind = TLLM_CHAT_CHATML};
             struct tllm_buf out = {0};
-            tllm_chat_render(&t, pl.msgs, pl.n_msgs, 1, &out);
+            if (!pl.chat.chat) abort();
+            tllm_chat_render_json(&t, pl.chat.chat, pl.tools, NULL, 1, &out);
             tllm_buf_free(&out);
         }
         if (pl.sp.top_p < 0 || pl.sp.top_p > 1 || pl.max_new < -1 || pl.n_stop > CLI_MAX_STOP) abort();

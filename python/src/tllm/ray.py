@@ -37,6 +37,9 @@ def line_item(row: Dict[str, Any]) -> Dict[str, Any]:
         item["prompt"] = prompt
     else:
         raise ValueError('the line has neither "prompt" nor "messages"')
+    if _plain(row.get("tools")):  # answered as if none were offered otherwise: said instead
+        raise ValueError('"tools": tool calls in Ray batches are not supported yet '
+                         '(tllm generate --prompts and tllm serve answer them)')
     rf = _plain(row.get("response_format"))
     if rf is not None:
         kind = rf.get("type") if isinstance(rf, dict) else None
