@@ -170,19 +170,29 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #define XP(k) ((k) + ((k) >> 5))
 #define XS_LEN (MV_LOCAL_X + MV_LOCAL_X / 32)
 
-/* -DQ_INT8=1 (the host adds it for a 4-bit model whose CPU path also takes int8 activations, i.e.
- * not --exact): the staged input is also quantized per block of 32 to two int8 levels, x ~ d (q1 +
- * q2 / 128) (as accurate as float32 for practical purposes: the CPU decode path's scheme), and a
- * uint4 of 32 codes meets its block in 16 integer dot products of 4 bytes (dp4a) instead of 32
- * int-to-float conversions, 32 local reads and 32 multiply-adds (H200: +6%; what is left of a phase
- * is mostly latency, not arithmetic). */
-#if defined(Q_INT8) && defined(Q_BITS)
-#if Q_INT8 && Q_BITS == 4
+/* -DQ_INT8=1 (the host adds it for a model of 4- and 8-bit matrices whose CPU path also takes int8
+ * activations, i.e. not --exact): the staged input is also quantized per block of 32 to two int8
+ * levels, x ~ d (q1 + q2 / 128) (as accurate as float32 for practical purposes: the CPU decode path's
+ * scheme), and a uint4 of 32 codes meets its block in 16 integer dot products of 4 bytes (dp4a) instead
+ * of 32 int-to-float conversions, 32 local reads and 32 multiply-adds (H200: +6%; what is left of a
+ * phase is mostly latency, not arithmetic). A uint4 of 8-bit codes is half a block: its bytes are put
+ * in the input's order and meet it in 8 dp4a, its bias in the half's sum (XQ_HALVES, which the host sets
+ * for models with 8-bit matrices, as GGUF's Q5_0, Q6_K and Q8_0 come, or 4-bit ones in groups of 16, as
+ * Q3_K comes: each half of their block has its own scale and bias). */
+#if defined(Q_INT8)
+#if Q_INT8 && (!defined(Q_BITS) || Q_BITS == 4 || Q_BITS == 8)
 #define XQ 1
 #endif
 #endif
 #ifndef XQ
 #define XQ 0
+#endif
+#ifndef XQ_HALVES
+#if defined(Q_BITS) && Q_BITS == 8
+#define XQ_HALVES 1
+#else
+#define XQ_HALVES 0
+#endif
 #endif
 #define XQ_NB (MV_LOCAL_X / 32) /* blocks of 32 */
 #ifndef STAGE_FUSED
@@ -197,12 +207,13 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #ifndef FUSE_ATT
 #define FUSE_ATT 0 /* 1 (the host sets it on NVIDIA): `token` runs attention and o_proj as one phase (att_fold) */
 #endif
-#if FUSE_FFN && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0
+#if FUSE_FFN && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && defined(Q_BITS) && Q_BITS == 4 && Q_GS >= 32 /* blocks_times: 4-bit codes, a scale a block */
 #define FFN_FUSED 1
 #else
 #define FFN_FUSED 0
 #endif
-#if FUSE_ATT && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && ATT_LWS % 32 == 0 && defined(HEAD_DIM)
+#if FUSE_ATT && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && ATT_LWS % 32 == 0 && defined(HEAD_DIM) && defined(Q_BITS) && Q_BITS == 4 && \
+    Q_GS >= 32
 #if HEAD_DIM % 32 == 0 && HEAD_DIM <= 128 && HEAD_DIM <= ATT_LWS /* attention_warps runs (its output in local memory) */
 #define ATT_FUSED 1
 #endif

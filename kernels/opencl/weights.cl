@@ -7,8 +7,29 @@
 /* xs's floats are followed by the quantized input (XQ): 4 x XQ_NB uint4, see quant_word (read as
  * uint4: every xs is declared 16-byte aligned, and XS_LEN floats are a multiple of 16 bytes) */
 #define XS_ALLOC (XS_FLOATS + (XQ ? MV_LOCAL_X / 2 : 0))
+/* xsum: a float per 16 inputs (block sums), or with XQ d and d x the sum of the codes per block, then
+ * (XQ_HALVES) d x the sum per half block */
+#define XSUM_LEN (MV_LOCAL_X / 16 + (XQ_HALVES ? MV_LOCAL_X / 16 : 0))
 /* A kernel's staging arrays (the start of a __local declaration list) */
-#define STAGE_LOCALS __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[MV_LOCAL_X / 16]
+#define STAGE_LOCALS __local float xs[XS_ALLOC] __attribute__((aligned(16))), xsum[XSUM_LEN]
+
+/* Bytes 0, 2 of a then 0, 2 of b (even_bytes), and 1, 3 of each (odd_bytes): 8 codes of 8 bits in the
+ * even/odd order of the int8 input words (XQ) */
+#if defined(DP4A_PTX)
+inline uint even_bytes(uint a, uint b) {
+    uint d;
+    asm("prmt.b32 %0, %1, %2, 0x6420;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+inline uint odd_bytes(uint a, uint b) {
+    uint d;
+    asm("prmt.b32 %0, %1, %2, 0x7531;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+#else
+inline uint even_bytes(uint a, uint b) { return (a & 0xFFu) | ((a >> 8) & 0xFF00u) | ((b & 0xFFu) << 16) | ((b << 8) & 0xFF000000u); }
+inline uint odd_bytes(uint a, uint b) { return ((a >> 8) & 0xFFu) | ((a >> 16) & 0xFF00u) | ((b << 8) & 0xFF0000u) | (b & 0xFF000000u); }
+#endif
 
 /* c + the dot product of 4 unsigned bytes of a and 4 signed bytes of b */
 #if defined(DP4A_PTX)
@@ -39,7 +60,8 @@ inline void block_sums(__local const float *xs, int n, __local float *xsum) {
  * splits into its even and odd nibbles (w & 0x0F0F0F0F, (w >> 4) & 0x0F0F0F0F), so each 8 inputs
  * are stored as their even 4 then their odd 4 bytes. For block k, xq[p * XQ_NB + k] holds words 2p,
  * 2p + 1 (p = 0, 1) of level one and (p = 2, 3) of level two; xsum[k] = d and xsum[XQ_NB + k] = the
- * sum of the block's quantized inputs (the bias term). */
+ * sum of the block's quantized inputs (the bias term); with XQ_HALVES, xsum[2 XQ_NB + 2k + h] that of
+ * its half h (inputs 16h .. 16h + 15, words 2h and 2h + 1). */
 
 /* Inputs 8c .. 8c + 7 (word c % 4 of block c / 4), scaled by 1 / d, as the four words that hold
  * them; s gets their sum in units of d. */
@@ -79,10 +101,28 @@ inline void quant_word(float8 y, int c, int live, __local float *xs, __local flo
     float mx = quad_reduce(fmax(fmax(a.x, a.y), fmax(a.z, a.w)), red, 1);
     float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, s;
     uint4 w = quant8(y, d, id, &s);
+#if XQ_HALVES
+    /* the half's sum and the block's (exact in any order: multiples of 1/128 below 2^20) */
+#if defined(SHFL_PTX)
+    float sh = s + shfl_xor(s, 1);
+    s = sh + shfl_xor(sh, 2);
+#else /* one exchange through local memory (barriers are what a CPU device's compiler pays for) */
+    int lid = get_local_id(0), l0 = lid & ~3;
+    red[lid] = s;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float sh = red[lid & ~1] + red[(lid & ~1) + 1];
+    s = (red[l0] + red[l0 + 1]) + (red[l0 + 2] + red[l0 + 3]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+#else
     s = quad_reduce(s, red, 0);
+#endif
     if (live) {
         store_quant(xs, c, w);
         if (c % 4 == 0) xsum[c / 4] = d, xsum[XQ_NB + c / 4] = d * s;
+#if XQ_HALVES
+        if (c % 2 == 0) xsum[2 * XQ_NB + c / 2] = d * sh;
+#endif
     }
 }
 
@@ -92,12 +132,16 @@ inline void block_quant(__local float *xs, int n, __local float *xsum) {
         __local const float *p = xs + XP(32 * k); /* 32 inputs with no pad inside */
         float mx = 0.0f;
         for (int i = 0; i < 32; i++) mx = fmax(mx, fabs(p[i]));
-        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, sum = 0.0f, s;
+        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, sum = 0.0f, half_sum = 0.0f, s;
         for (int wi = 0; wi < 4; wi++) {
             float8 y = (float8)(p[8 * wi], p[8 * wi + 1], p[8 * wi + 2], p[8 * wi + 3], p[8 * wi + 4], p[8 * wi + 5],
                                 p[8 * wi + 6], p[8 * wi + 7]);
             store_quant(xs, 4 * k + wi, quant8(y, d, id, &s));
-            sum += s;
+            sum += s, half_sum += s;
+#if XQ_HALVES
+            if (wi % 2) xsum[2 * XQ_NB + 2 * k + wi / 2] = d * half_sum;
+#endif
+            if (wi % 2) half_sum = 0.0f;
         }
         xsum[k] = d;
         xsum[XQ_NB + k] = d * sum;
@@ -239,13 +283,43 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     }
         DOTW(w.x, a.x, a.y, a2.x, a2.y);
         DOTW(w.y, a.z, a.w, a2.z, a2.w);
+#if XQ_HALVES
+        if (gs < 32) { /* groups of 16: the second half (codes 16 .. 31) has its own scale and bias */
+            int h1 = s1, h2 = s2;
+            s1 = s2 = 0;
+            DOTW(w.z, b.x, b.y, b2.x, b2.y);
+            DOTW(w.w, b.z, b.w, b2.z, b2.w);
+            size_t gb = g0 + (c + 16) / gs;
+            return xsum[v] * (q.s * ((float)h1 + (float)h2 * (1.0f / 128.0f)) +
+                              ld(S, dt, gb) * ((float)s1 + (float)s2 * (1.0f / 128.0f))) +
+                   q.b * xsum[2 * XQ_NB + 2 * v] + ld(B, dt, gb) * xsum[2 * XQ_NB + 2 * v + 1];
+        }
+#endif
         DOTW(w.z, b.x, b.y, b2.x, b2.y);
         DOTW(w.w, b.z, b.w, b2.z, b2.w);
 #undef DOTW
         return q.s * xsum[v] * ((float)s1 + (float)s2 * (1.0f / 128.0f)) + q.b * xsum[XQ_NB + v];
     }
+#if XQ_HALVES
+    if (bits == 8) { /* v is half v % 2 of input block v / 2: 16 codes a uint4 */
+        __local const uint4 *xq = (__local const uint4 *)(xs + XS_FLOATS);
+        int k = v >> 1, h = v & 1;
+        uint4 a = xq[h * XQ_NB + k], a2 = xq[(2 + h) * XQ_NB + k];
+        uint e0 = even_bytes(w.x, w.y), o0 = odd_bytes(w.x, w.y), e1 = even_bytes(w.z, w.w), o1 = odd_bytes(w.z, w.w);
+        int s1 = dp4a(e0, a.x, 0), s2 = dp4a(e0, a2.x, 0);
+        s1 = dp4a(o0, a.y, s1), s2 = dp4a(o0, a2.y, s2);
+        s1 = dp4a(e1, a.z, s1), s2 = dp4a(e1, a2.z, s2);
+        s1 = dp4a(o1, a.w, s1), s2 = dp4a(o1, a2.w, s2);
+        return q.s * xsum[k] * ((float)s1 + (float)s2 * (1.0f / 128.0f)) + q.b * xsum[2 * XQ_NB + v];
+    }
+#endif
 #endif
     if (bits == 4) {
+        if (gs < 32) { /* groups of 16 (Q3_K): the second half has its own scale and bias */
+            size_t gb = g0 + (c + 16) / gs;
+            return q.s * (dot_w4(w.x, x) + dot_w4(w.y, x + 8)) + q.b * sx[0] +
+                   ld(S, dt, gb) * (dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24)) + ld(B, dt, gb) * sx[1];
+        }
         float d = dot_w4(w.x, x) + dot_w4(w.y, x + 8) + dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24);
         return q.s * d + q.b * (sx[0] + sx[1]);
     }
@@ -253,8 +327,14 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
         float d = dot_w8(w.x, x) + dot_w8(w.y, x + 4) + dot_w8(w.z, x + 8) + dot_w8(w.w, x + 12);
         return q.s * d + q.b * sx[0];
     }
-    /* 2 bits: 64 codes, two halves that may lie in different groups of 32 */
+    /* 2 bits: 64 codes, two halves that may lie in different groups of 32, or a word of 16 a group (Q2_K) */
     __local const float *x1 = xs + XP(c + 32);
+    if (gs < 32) {
+        size_t g = g0 + c / 16;
+        return q.s * dot_w2(w.x, x) + q.b * sx[0] + ld(S, dt, g + 1) * dot_w2(w.y, x + 16) + ld(B, dt, g + 1) * sx[1] +
+               ld(S, dt, g + 2) * dot_w2(w.z, x1) + ld(B, dt, g + 2) * sx[2] + ld(S, dt, g + 3) * dot_w2(w.w, x1 + 16) +
+               ld(B, dt, g + 3) * sx[3];
+    }
     float q0 = dot_w2(w.x, x) + dot_w2(w.y, x + 16), q1 = dot_w2(w.z, x1) + dot_w2(w.w, x1 + 16);
     float s1 = q.s, b1 = q.b;
     if ((c + 32) / gs != c / gs) {

@@ -139,20 +139,23 @@ static cl_int quiet_build(struct tllm_cl *cl, const char *opts) {
 }
 
 /* MV_LOCAL_X: the inputs a matvec stages in local memory (longer ones are read from global memory, at
- * a fraction of the speed). No more than the model's longest input; with int8 activations (xq) at most
- * the kernels' default (8192), less on devices with little local memory (32 KiB); with float ones the
- * longest input wherever it fits beside the `token` kernel's other arrays (NVIDIA's 48 KiB hold
- * Qwen2.5-1.5B's 8960-wide down_proj input: its mixed-format GGUF decodes 1.6x faster on the H200).
- * xq: the kernels take int8 activations (XQ). */
-static int stage_size(const struct tllm_config *c, cl_ulong local_mem, int xq) {
+ * a fraction of the speed). No more than the model's longest input; with 4-bit int8 activations at most
+ * the kernels' default (8192), less on devices with little local memory (32 KiB); with float ones, or
+ * int8 with halves' sums, the longest input wherever it fits beside the `token` kernel's other arrays
+ * (NVIDIA's 48 KiB hold Qwen2.5-1.5B's 8960-wide down_proj input, float or int8, and 3B's 11008 as int8).
+ * xq: the kernels take int8 activations (XQ); halves: with each half block's sum (XQ_HALVES). */
+static int stage_size(const struct tllm_config *c, cl_ulong local_mem, int xq, int halves) {
     int longest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim, local_x = CL_MV_LOCAL_X;
     longest = c->n_heads * c->head_dim > longest ? c->n_heads * c->head_dim : longest;
     longest = (longest + 255) / 256 * 256;
     /* bytes of local memory a staged input takes (float and padding, block sums: XS_ALLOC, xsum in
-     * kernels/opencl/weights.cl) and token's other arrays at MV_LWS = ATT_LWS = 256, with a margin */
-    const double per = 4.375;
+     * kernels/opencl/weights.cl; int8 with halves' sums: XQ_FUSED, XSUM_LEN) and token's other arrays at
+     * MV_LWS = ATT_LWS = 256, with a margin. Not for 4-bit int8 inputs without halves: there (NVIDIA)
+     * down_proj is fused into gate_up's phase, and needs no whole staged input */
+    const double per = xq ? 2.5 : 4.375;
     const cl_ulong other = 12 * 256 + 20 * 256 + 4 + 256;
-    if (!xq && local_mem > other && longest > local_x && (double)longest * per <= (double)(local_mem - other)) return longest;
+    if ((!xq || halves) && local_mem > other && longest > local_x && (double)longest * per <= (double)(local_mem - other))
+        return longest;
     if (longest < local_x) local_x = longest;
     int room = local_mem && local_mem < 48 * 1024 ? (int)((local_mem - 8 * 1024) / 4 / 256 * 256) : local_x;
     return room < local_x ? room : local_x;
@@ -200,16 +203,31 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     }
     /* and the head size, so attention's loops and branches fold (H200: the `token` kernel's attention
      * then has one form, not three, and the other phases run faster for the smaller program) */
-    char fixed[96] = "";
+    char fixed[128] = "";
     int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
     if (uniform) snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
     /* int8 activations (XQ in kernels/opencl/common.cl) where the CPU path takes them too (a packed model, i.e. not
-     * --exact), for 4-bit models whose inputs split into blocks of 32. NVIDIA gets dp4a and warp
-     * shuffles through inline PTX (its OpenCL has neither the integer dot product extension nor subgroups) */
-    int xq = int8_ok && uniform && fmt[0] == 4 && cl->mats[2].pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
+     * --exact), for models of 4- and 8-bit codes (as the device holds them: GGUF's 5- and 6-bit ones, E2M1 too,
+     * come as 8-bit) whose inputs split into blocks of 32; 8-bit codes and groups of 16 also need each half
+     * block's sum (XQ_HALVES). NVIDIA gets dp4a and warp shuffles through inline PTX (its OpenCL has neither
+     * the integer dot product extension nor subgroups) */
+    int codes48 = 1, halves = 0;
+    for (int i = 0; i < tllm_cl_n_mats(cl->m); i++) {
+        const struct tllm_qweights *w = &cl->mats[i];
+        int bits = w->format == TLLM_WF_AFFINE ? w->bits : 0;
+        codes48 = codes48 && (bits == 4 || bits == 8) && w->group_size % 16 == 0;
+        halves = halves || bits == 8 || w->group_size < 32;
+    }
+    /* On a CPU device only with the format compiled in: PoCL (LLVM 15) took over ten minutes to compile the
+     * run-time-format int8 kernels for Qwen2.5-0.5B's mixed GGUF, and had not finished (a small model's
+     * compile in seconds: tests/gguf_device.py asks for them with -DQ_INT8=1) */
+    int cpu_dev = (type & CL_DEVICE_TYPE_CPU) != 0;
+    int xq = int8_ok && codes48 && (uniform || !cpu_dev) && cl->mats[2].pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
-    cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && uniform && fmt[0] == 4);
-    int local_x = stage_size(c, local_mem, cl->int8);
+    cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && codes48);
+    if (cl->int8 && halves && !(extra && strstr(extra, "XQ_HALVES")))
+        strncat(fixed, " -DXQ_HALVES=1", sizeof fixed - strlen(fixed) - 1);
+    int local_x = stage_size(c, local_mem, cl->int8, halves);
     if (local_x != CL_MV_LOCAL_X && !(extra && strstr(extra, "MV_LOCAL_X")))
         snprintf(fit, sizeof fit, "-DMV_LOCAL_X=%d", local_x);
     int nvidia = strstr(cl->name, "(NVIDIA CUDA)") != NULL; /* the platform, so inline PTX compiles */

@@ -1,0 +1,89 @@
+"""GGUF files on the OpenCL device (PoCL in CI): a decode step of a small model of each tensor type
+(scripts/synth_gguf.py's random weights at 512 wide, two layers) against the CPU.
+  float  device decode (float activations) after the CPU's prompt: within 1e-5 of the CPU's float path.
+         Groups of 16 (Q2_K, Q3_K, Q6_K) have a scale and bias per half of a 32-code word: a kernel that
+         took one per word was off by 0.3-1.0 here.
+  int8   device decode with int8 activations (the default for packed 4- and 8-bit codes: GGUF's Q5_0,
+         Q6_K, Q8_0 come as 8-bit codes, Q3_K as 4-bit in groups of 16; for a mix of formats on a CPU
+         device, asked for with -DQ_INT8=1) against the device's own float decode on the same cache:
+         within 1e-3 (two int8 levels; measured <= 2e-4); said to be int8.
+Needs numpy (the test venv) for synth_gguf.py; skips (77) without it or without an OpenCL device.
+usage: gguf_device.py TLLM REPO"""
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
+
+try:
+    import numpy as np
+except ImportError as e:
+    print(f"skipped: {e} (scripts/setup.sh makes the test venv with numpy)")
+    sys.exit(77)
+
+tllm, repo = sys.argv[1], sys.argv[2]
+devices = subprocess.run([tllm, "devices"], capture_output=True, text=True).stdout
+cpu_device = "opencl:0" in devices and "[CPU" in devices.split("opencl:0", 1)[1].split("\n", 1)[0]
+if "opencl:0" not in devices:
+    print("skipped: no OpenCL device")
+    sys.exit(77)
+if os.environ.get("TLLM_TEST_SANITIZED"):
+    print("skipped: the device's driver under the sanitizers finds nothing the plain build does not")
+    sys.exit(77)
+
+CONFIG = ('{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 512, "intermediate_size": 1024, '
+          '"num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 2048, '
+          '"max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "tie_word_embeddings": false, '
+          '"bos_token_id": 1, "eos_token_id": 2}')
+IDS = "1,2,3,4,5,6,7,8"
+
+
+def rel_rms(a, b):
+    return float(np.sqrt(((a.astype(np.float64) - b) ** 2).mean() / (b.astype(np.float64) ** 2).mean()))
+
+
+def logits(model, out, *extra, opts=None):
+    env = dict(os.environ)
+    if opts:
+        env["TLLM_CL_OPTS"] = opts
+    r = subprocess.run([tllm, "logits", "-m", model, "--ids", IDS, "--last", "-o", out, *extra], capture_output=True,
+                       text=True, env=env, timeout=900)
+    if r.returncode:
+        print(f"tllm logits {' '.join(extra)}: exit {r.returncode}: {r.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    return np.fromfile(out, np.float32)
+
+
+with tempfile.TemporaryDirectory() as d:
+    cfg = os.path.join(d, "config.json")
+    with open(cfg, "w") as f:
+        f.write(CONFIG)
+    for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_0", "Q6_K", "Q8_0", "mix"):
+        model = os.path.join(d, t + ".gguf")
+        r = subprocess.run([sys.executable, os.path.join(repo, "scripts", "synth_gguf.py"), "--config", cfg, "--out", model,
+                            "--seed", "1"] + ([] if t == "mix" else ["--type", t]), capture_output=True, text=True)
+        if not check(r.returncode == 0, f"{t}: synth_gguf.py: {r.stderr[-300:]}"):
+            continue
+        out = os.path.join(d, t + ".f32")
+        cpu = logits(model, out)
+        dev = logits(model, out, "--device", "opencl", "--prefill", "cpu")
+        if check(cpu is not None and dev is not None, f"{t}: float logits"):
+            e = rel_rms(dev, cpu)
+            print(f"  {t}: device float decode vs the CPU: relative RMS {e:.2e}")
+            check(e <= 1e-5, f"{t}: device float decode vs the CPU: relative RMS {e:.3e} > 1e-5")
+        # a mix on a CPU device (PoCL) takes int8 activations only when asked (its compile at real sizes is slow)
+        ask = "-DQ_INT8=1" if t == "mix" and cpu_device else None
+        xq = logits(model, out, "--int8", "--device", "opencl", "--prefill", "cpu", opts=ask)
+        fl = logits(model, out, "--int8", "--device", "opencl", "--prefill", "cpu", opts="-DQ_INT8=0")
+        if check(xq is not None and fl is not None, f"{t}: int8 logits"):
+            e = rel_rms(xq, fl)
+            print(f"  {t}: device int8 decode vs its float decode: relative RMS {e:.2e}")
+            check(0 < e <= 1e-3 or t == "Q2_K", f"{t}: device int8 decode vs float: relative RMS {e:.3e} (0: not int8)")
+        if t != "Q2_K":  # 2-bit codes have no int8 form on the device
+            env = dict(os.environ, **({"TLLM_CL_OPTS": ask} if ask else {}))
+            b = subprocess.run([tllm, "bench", "-m", model, "--device", "opencl", "-p", "0", "-n", "2", "-r", "1"],
+                               capture_output=True, text=True, timeout=900, env=env)
+            check("int8 activations" in b.stdout + b.stderr, f"{t}: decode is not said to take int8 activations: {b.stderr[-300:]}")
+finish("gguf_device")
