@@ -245,7 +245,7 @@ static void run_prompt(struct batch *b, struct cli_prompt_line *bl, struct tllm_
     struct job *j = malloc(sizeof *j);
     if (!j) cli_die("out of memory");
     j->id = json_object_get(bl->id), j->lineno = lineno;
-    j->tools = json_object_get(bl->tools), j->max_calls = bl->max_calls;
+    j->tools = json_object_get(oai_callable_tools(&bl->chat)), j->max_calls = oai_max_calls(&bl->chat);
     j->grammar = bl->grammar; /* the job's now */
     bl->grammar = NULL;
     struct tllm_sched_req rq = {.prompt = prompt->data, .n_prompt = (int)prompt->len, .sampling = bl->sp,
@@ -311,8 +311,9 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
                     if (tllm_ids_append(&prompt, bl.ids, (size_t)bl.n_ids)) cli_die("out of memory");
                 } else if (!s->tok) {
                     snprintf(bl.err, sizeof bl.err, "the checkpoint has no tokenizer.json: give \"prompt\" as a list of token ids");
-                } else if (bl.n_msgs) {
-                    if (encode_chat_json(s, bl.chat.chat, bl.tools, &prompt)) snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
+                } else if (bl.chat.n_msgs) {
+                    if (encode_chat_json(s, bl.chat.chat, oai_callable_tools(&bl.chat), &prompt))
+                        snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
                 } else if (encode_user_prompt(s, bl.text, bl.text_len, chat, system, &prompt)) {
                     snprintf(bl.err, sizeof bl.err, "%s", tllm_errmsg());
                 }

@@ -43,14 +43,15 @@ static void options(struct json_object *o, struct cli_prompt_line *pl) {
         else pl->sp.seed = (uint64_t)x;
     }
     /* a chat's response_format is read with its tools (prompt_of): an answer may be a call or the format */
-    if (!pl->err[0] && !json_object_object_get_ex(o, "messages", NULL) && json_object_object_get_ex(o, "response_format", &v)) {
+    int chat = json_object_object_get_ex(o, "messages", NULL);
+    if (!pl->err[0] && !chat && json_object_object_get_ex(o, "response_format", &v)) {
         if (tllm_response_format_grammar(v, "\"response_format\"", &pl->grammar))
             snprintf(pl->err, sizeof pl->err, "%s", tllm_errmsg());
         else if (pl->grammar && !(pl->grammar_key = strdup(json_object_to_json_string_ext(v, JSON_C_TO_STRING_PLAIN))))
             snprintf(pl->err, sizeof pl->err, "out of memory");
     }
     /* tools offered to a plain prompt would be left out of it: a call is a chat's answer */
-    if (!pl->err[0] && !json_object_object_get_ex(o, "messages", NULL) && json_object_object_get_ex(o, "tools", &v) &&
+    if (!pl->err[0] && !chat && json_object_object_get_ex(o, "tools", &v) &&
         !json_object_is_type(v, json_type_null) &&
         !(json_object_is_type(v, json_type_array) && json_object_array_length(v) == 0))
         snprintf(pl->err, sizeof pl->err, "\"tools\" are offered in a chat: give \"messages\", not \"prompt\"");
@@ -79,11 +80,8 @@ static void prompt_of(struct json_object *o, struct cli_prompt_line *pl) {
     if (msgs) { /* as the server reads a chat, so a line and a request with the same fields get the same answer */
         const char *param;
         if (oai_chat_parse(&pl->chat, o, pl->err, sizeof pl->err, &param)) return;
-        pl->msgs = pl->chat.msgs, pl->n_msgs = pl->chat.n_msgs;
         pl->grammar = pl->chat.grammar, pl->chat.grammar = NULL;
         pl->grammar_key = pl->chat.grammar_key, pl->chat.grammar_key = NULL;
-        if (pl->chat.tools && pl->chat.tool_choice != OAI_TOOLS_NONE) pl->tools = pl->chat.tools;
-        pl->max_calls = pl->chat.parallel_tool_calls ? 0 : 1;
     } else if (pr && json_object_is_type(pr, json_type_string)) {
         pl->text = json_object_get_string(pr);
         pl->text_len = (size_t)json_object_get_string_len(pr);
@@ -146,7 +144,7 @@ void cli_prompt_line_parse(struct cli_prompt_line *pl, const char *line, size_t 
 void cli_prompt_line_free(struct cli_prompt_line *pl) {
     json_object_put(pl->id);
     json_object_put(pl->obj);
-    oai_request_free(&pl->chat); /* pl->msgs and pl->tools are its */
+    oai_request_free(&pl->chat);
     free(pl->ids);
     tllm_grammar_free(pl->grammar);
     free(pl->grammar_key);

@@ -23,13 +23,10 @@ struct cli_prompt_line {
     int n_stop, max_new;
     const char *text;            /* a plain prompt: the text line, or "prompt" */
     size_t text_len;
-    struct tllm_chat_msg *msgs;  /* or "messages" (n_msgs > 0; chat.msgs) */
-    int n_msgs;
-    /* "messages" read as the server reads a chat (tool calls, tool results, content parts) with the
-     * line's "tools", "tool_choice", "parallel_tool_calls" and "response_format"; owned */
+    /* or "messages" (chat.n_msgs > 0), read as the server reads a chat (tool calls, tool results, content
+     * parts) with the line's "tools", "tool_choice", "parallel_tool_calls" and "response_format"; owned
+     * (oai_callable_tools and oai_max_calls say what the answer may call) */
     struct oai_request chat;
-    struct json_object *tools;   /* the tools the answer may call (none when tool_choice is "none"): chat's */
-    int max_calls;               /* calls read back from one answer: 0 any number, else 1 */
     int32_t *ids;                /* or "prompt" as token ids (n_ids > 0); owned */
     int n_ids;
     struct json_object *obj;     /* the parsed JSONL line that the strings point into; owned */

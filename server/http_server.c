@@ -414,7 +414,7 @@ static int prompt_ids(struct srv_server *s, const struct oai_request *rq, struct
     struct tllm_buf text = {0};
     int rc = 0, over = 0;
     if (rq->kind == OAI_CHAT)
-        rc = tllm_chat_render_json(s->p.tpl, rq->chat, rq->tool_choice == OAI_TOOLS_NONE ? NULL : rq->tools, NULL, 1, &text);
+        rc = tllm_chat_render_json(s->p.tpl, rq->chat, oai_callable_tools(rq), NULL, 1, &text);
     else rc = tllm_buf_append(&text, rq->prompt, rq->prompt_len);
     if (!rc) { /* encoded no further than the context: a longer prompt is refused for what was read of it */
         pthread_mutex_lock(&s->tok_lk);
@@ -646,9 +646,9 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                     rc = MHD_NO;
                 } else {
                     st->s = s, st->j = j, st->fd = conn_fd(c), st->include_usage = rq.include_usage, st->t0 = k->t0;
-                    st->tools = kind == OAI_CHAT && rq.tools && rq.tool_choice != OAI_TOOLS_NONE;
-                    st->max_calls = rq.parallel_tool_calls ? 0 : 1;
-                    st->tools_json = st->tools ? json_object_get(rq.tools) : NULL;
+                    st->tools_json = json_object_get(oai_callable_tools(&rq));
+                    st->tools = st->tools_json != NULL;
+                    st->max_calls = oai_max_calls(&rq);
                     snprintf(st->who, sizeof st->who, "%s", k->who);
                     snprintf(st->url, sizeof st->url, "%s", url);
                     answer_id(s, kind == OAI_CHAT ? "chatcmpl" : "cmpl", st->id, sizeof st->id);
@@ -676,9 +676,9 @@ static enum MHD_Result post_completion(struct srv_server *s, struct MHD_Connecti
                                               : oai_completion(&a, j->text.data, j->text.len, j->lps, j->n_lps, j);
                 struct json_object *calls;
                 char *content;
-                if (!j->rc && kind == OAI_CHAT && rq.tools && rq.tool_choice != OAI_TOOLS_NONE &&
-                    oai_tool_calls_parse(j->text.data ? j->text.data : "", j->text.len, rq.tools, rq.parallel_tool_calls ? 0 : 1,
-                                         &calls, &content)) {
+                if (!j->rc && oai_callable_tools(&rq) &&
+                    oai_tool_calls_parse(j->text.data ? j->text.data : "", j->text.len, rq.tools, oai_max_calls(&rq), &calls,
+                                         &content)) {
                     oai_completion_tool_calls(o, content, calls);
                     json_object_put(calls);
                     free(content);

@@ -432,6 +432,12 @@ int oai_chat_parse(struct oai_request *r, struct json_object *root, char *err, s
     return parse_messages(&p, r, root) || parse_tools(&p, r, root) || parse_format(&p, r, root) ? -1 : 0;
 }
 
+struct json_object *oai_callable_tools(const struct oai_request *r) {
+    return r->tools && r->tool_choice != OAI_TOOLS_NONE ? r->tools : NULL;
+}
+
+int oai_max_calls(const struct oai_request *r) { return r->parallel_tool_calls ? 0 : 1; }
+
 void oai_request_free(struct oai_request *r) {
     for (int i = 0; i < r->n_msgs; i++) {
         free((char *)r->msgs[i].role);

@@ -66,6 +66,10 @@ int oai_request_parse(struct oai_request *r, enum oai_kind kind, const char *bod
  * and response_format, as oai_request_parse reads them; sampling and length are left to the caller
  * (batch files' JSONL lines take their own). 0, or -1 with err and *param as above. */
 int oai_chat_parse(struct oai_request *r, struct json_object *root, char *err, size_t cap, const char **param);
+/* The tools the answer may call (NULL: none offered, or tool_choice "none", which leaves them out of the
+ * prompt too), and how many calls one answer keeps (0: any, with parallel_tool_calls; else 1) */
+struct json_object *oai_callable_tools(const struct oai_request *r);
+int oai_max_calls(const struct oai_request *r);
 void oai_request_free(struct oai_request *r);
 
 #endif

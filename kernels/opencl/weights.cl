@@ -132,17 +132,18 @@ inline void block_quant(__local float *xs, int n, __local float *xsum) {
         __local const float *p = xs + XP(32 * k); /* 32 inputs with no pad inside */
         float mx = 0.0f;
         for (int i = 0; i < 32; i++) mx = fmax(mx, fabs(p[i]));
-        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, sum = 0.0f, half_sum = 0.0f, s;
+        float d = mx / 127.0f, id = mx > 0.0f ? 127.0f / mx : 0.0f, sum = 0.0f, hs[2] = {0.0f, 0.0f}, s;
         for (int wi = 0; wi < 4; wi++) {
             float8 y = (float8)(p[8 * wi], p[8 * wi + 1], p[8 * wi + 2], p[8 * wi + 3], p[8 * wi + 4], p[8 * wi + 5],
                                 p[8 * wi + 6], p[8 * wi + 7]);
             store_quant(xs, 4 * k + wi, quant8(y, d, id, &s));
-            sum += s, half_sum += s;
-#if XQ_HALVES
-            if (wi % 2) xsum[2 * XQ_NB + 2 * k + wi / 2] = d * half_sum;
-#endif
-            if (wi % 2) half_sum = 0.0f;
+            sum += s, hs[wi / 2] += s;
         }
+#if XQ_HALVES
+        xsum[2 * XQ_NB + 2 * k] = d * hs[0], xsum[2 * XQ_NB + 2 * k + 1] = d * hs[1];
+#else
+        (void)hs;
+#endif
         xsum[k] = d;
         xsum[XQ_NB + k] = d * sum;
     }

@@ -18,14 +18,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!pl.id) abort(); /* every line keeps an id for its output record */
     if (!pl.err[0]) {
         /* a line runs as messages, token ids or text, and has one of them */
-        if (!pl.n_msgs && !pl.n_ids && (!pl.text || !pl.text_len)) abort();
+        if (!pl.chat.n_msgs && !pl.n_ids && (!pl.text || !pl.text_len)) abort();
         if (pl.n_ids && !pl.ids) abort();
-        if ((pl.tools && !pl.n_msgs) || (pl.grammar_key && !pl.grammar)) abort(); /* tools come with a chat */
-        if (pl.n_msgs) { /* as batch files render a chat line: its JSON form, with the tools offered */
+        if ((pl.chat.tools && !pl.chat.n_msgs) || (pl.grammar_key && !pl.grammar)) abort(); /* tools come with a chat */
+        if (pl.chat.n_msgs) { /* as batch files render a chat line: its JSON form, with the tools offered */
             struct tllm_chat_template t = {.kind = TLLM_CHAT_CHATML};
             struct tllm_buf out = {0};
             if (!pl.chat.chat) abort();
-            tllm_chat_render_json(&t, pl.chat.chat, pl.tools, NULL, 1, &out);
+            tllm_chat_render_json(&t, pl.chat.chat, oai_callable_tools(&pl.chat), NULL, 1, &out);
             tllm_buf_free(&out);
         }
         if (pl.sp.top_p < 0 || pl.sp.top_p > 1 || pl.max_new < -1 || pl.n_stop > CLI_MAX_STOP) abort();

@@ -194,12 +194,17 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
      * (a garbled quantization of a row; right with -cl-opt-disable): 32, one block of 32 a group */
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "PF_LWS"))) strncat(lws, " -DPF_LWS=32", sizeof lws - strlen(lws) - 1);
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
-    int fmt[3] = {-1, -1, -1}, uniform = 1;
-    for (int i = 0; i < tllm_cl_n_mats(cl->m) && uniform; i++) {
+    /* and whether every matrix holds 4- or 8-bit codes (codes48), some with each half block's sum (halves):
+     * the int8 activations' formats, below */
+    int fmt[3] = {-1, -1, -1}, uniform = 1, codes48 = 1, halves = 0;
+    for (int i = 0; i < tllm_cl_n_mats(cl->m); i++) {
         const struct tllm_qweights *w = &cl->mats[i];
         int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, tllm_cl_dt_code(w->dtype)};
         if (i == 0) memcpy(fmt, f, sizeof f);
-        uniform = !memcmp(fmt, f, sizeof f);
+        uniform = uniform && !memcmp(fmt, f, sizeof f);
+        int bits = w->format == TLLM_WF_AFFINE ? w->bits : 0;
+        codes48 = codes48 && (bits == 4 || bits == 8) && w->group_size % 16 == 0;
+        halves = halves || bits == 8 || w->group_size < 32;
     }
     /* and the head size, so attention's loops and branches fold (H200: the `token` kernel's attention
      * then has one form, not three, and the other phases run faster for the smaller program) */
@@ -211,13 +216,6 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
      * come as 8-bit) whose inputs split into blocks of 32; 8-bit codes and groups of 16 also need each half
      * block's sum (XQ_HALVES). NVIDIA gets dp4a and warp shuffles through inline PTX (its OpenCL has neither
      * the integer dot product extension nor subgroups) */
-    int codes48 = 1, halves = 0;
-    for (int i = 0; i < tllm_cl_n_mats(cl->m); i++) {
-        const struct tllm_qweights *w = &cl->mats[i];
-        int bits = w->format == TLLM_WF_AFFINE ? w->bits : 0;
-        codes48 = codes48 && (bits == 4 || bits == 8) && w->group_size % 16 == 0;
-        halves = halves || bits == 8 || w->group_size < 32;
-    }
     /* On a CPU device only with the format compiled in: PoCL (LLVM 15) took over ten minutes to compile the
      * run-time-format int8 kernels for Qwen2.5-0.5B's mixed GGUF, and had not finished (a small model's
      * compile in seconds: tests/gguf_device.py asks for them with -DQ_INT8=1) */
