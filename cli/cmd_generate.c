@@ -13,7 +13,7 @@
 #include "cli/session.h"
 #include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
-#include "server/tool_calls.h"
+#include "engine/oai/tool_calls.h"
 #include "engine/run/scheduler.h"
 
 static const char usage[] =

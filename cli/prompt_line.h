@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 #include "engine/run/sampler.h"
-#include "server/oai_request.h"
+#include "engine/oai/oai_request.h"
 #include "tokenizer/chat.h"
 
 #define CLI_MAX_STOP 16

@@ -281,9 +281,9 @@ static size_t reusable(const struct tllm_session *s, const int32_t *prompt, size
     return common == n ? n - 1 : common;
 }
 
-int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, size_t n_prompt,
-                              const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
-                              int32_t **ids, size_t *n_ids, struct tllm_stats *stats) {
+int tllm_api_complete(struct tllm_session *s, const int32_t *prompt, size_t n_prompt, const struct tllm_generate_params *p,
+                      const struct tllm_grammar *given, tllm_gen_cb cb, void *user, char **text, int32_t **ids,
+                      size_t *n_ids, struct tllm_stats *stats) {
     if (text) *text = NULL;
     if (ids) *ids = NULL, *n_ids = 0;
     if (stats) memset(stats, 0, sizeof *stats);
@@ -291,8 +291,8 @@ int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, siz
     if (n_prompt > (size_t)s->ctx.n_ctx)
         return tllm_fail(TLLM_ERR_LIMIT, "the prompt (%zu tokens) does not fit in the context (%d tokens)", n_prompt,
                          s->ctx.n_ctx);
-    struct tllm_grammar *grammar = NULL;
-    int rc = p->json_schema ? tllm_schema_grammar_text(p->json_schema, "json_schema", &grammar) : TLLM_OK;
+    struct tllm_grammar *grammar = NULL; /* p->json_schema's, owned here */
+    int rc = !given && p->json_schema ? tllm_schema_grammar_text(p->json_schema, "json_schema", &grammar) : TLLM_OK;
     if (rc) return rc;
     struct tllm_sampler smp;
     if ((rc = tllm_sampler_init(&smp, &p->sampling, s->e->m->cfg.vocab_size))) {
@@ -305,7 +305,7 @@ int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, siz
     for (size_t i = 0; i < common; i++) tllm_sampler_accept(&smp, prompt[i]); /* the penalties see them */
     struct tllm_gen_params gp = {.max_new = p->max_tokens, .eos = s->e->gd.eos, .n_eos = s->e->gd.n_eos,
                                  .stop = p->stop, .n_stop = p->n_stop, .skip_special = p->skip_special,
-                                 .grammar = grammar};
+                                 .grammar = given ? given : grammar};
     struct tllm_gen_result r;
     rc = tllm_generate(&s->ctx, s->e->tok, &smp, prompt + common, (int)(n_prompt - common), &gp, cb, user, &r);
     tllm_sampler_free(&smp);
@@ -331,6 +331,12 @@ int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, siz
     tllm_gen_result_free(&r);
     if (rc && text) free(*text), *text = NULL;
     return rc;
+}
+
+int tllm_session_complete_ids(struct tllm_session *s, const int32_t *prompt, size_t n_prompt,
+                              const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
+                              int32_t **ids, size_t *n_ids, struct tllm_stats *stats) {
+    return tllm_api_complete(s, prompt, n_prompt, p, NULL, cb, user, text, ids, n_ids, stats);
 }
 
 int tllm_session_complete(struct tllm_session *s, const char *prompt, const struct tllm_generate_params *p,

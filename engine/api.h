@@ -12,6 +12,8 @@
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
+struct json_object;
+
 struct tllm_engine {
     char *dir;                     /* the model directory */
     struct tllm_model *m;
@@ -37,5 +39,28 @@ int tllm_engine_load(struct tllm_engine *e, const char *dir, const struct tllm_e
  * device that cannot start leaves the CPU in charge with *fell_back = 1 and the reason in tllm_errmsg();
  * auto (-2) without a GPU is the CPU quietly. */
 int tllm_session_use_device(struct tllm_session *s, int index, int *fell_back);
+
+/* tllm_session_complete_ids with a grammar compiled already (borrowed; NULL: p->json_schema's, if any) */
+int tllm_api_complete(struct tllm_session *s, const int32_t *prompt, size_t n_prompt, const struct tllm_generate_params *p,
+                      const struct tllm_grammar *grammar, tllm_gen_cb cb, void *user, char **text, int32_t **ids,
+                      size_t *n_ids, struct tllm_stats *stats);
+
+/* A chat given as OpenAI's request (engine/api_chat.c): its prompt, what constrains the answer, the
+ * tools it may call */
+struct tllm_api_chat {
+    struct tllm_ids prompt;         /* the messages and tools rendered with the template, as ids */
+    struct tllm_grammar *grammar;   /* response_format's or tool_choice's, or NULL */
+    char *grammar_key;              /* what grammar was compiled from (requests with equal keys may share it) */
+    struct json_object *tools;      /* the tools the answer may call, or NULL */
+    int max_calls;                  /* calls one answer keeps (0: any) */
+};
+/* The request read, rendered and tokenized; p (may be NULL) only to refuse a json_schema beside the
+ * request's own constraint. c is freeable either way. */
+int tllm_api_chat_prepare(const struct tllm_engine *e, const char *request, const struct tllm_generate_params *p,
+                          struct tllm_api_chat *c);
+/* The calls in an answer: 1 with *calls (OpenAI's tool_calls, JSON text) and *content (the text around
+ * them, "" when none), 0 when it made none, -1 out of memory; free() both. */
+int tllm_api_chat_calls(const struct tllm_api_chat *c, const char *text, size_t len, char **calls, char **content);
+void tllm_api_chat_free(struct tllm_api_chat *c);
 
 #endif

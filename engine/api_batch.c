@@ -45,27 +45,38 @@ struct batch_run {
 struct batch_job {
     struct batch_run *run;
     size_t index;
-    struct tllm_grammar *grammar; /* the item's json_schema's, or NULL */
+    struct tllm_grammar *grammar; /* the item's json_schema's (or its chat request's), or NULL */
+    struct tllm_api_chat chat;    /* a chat_json item's tools (its prompt gone to the scheduler) */
 };
 
-static void report(struct batch_run *b, size_t index, int status, const char *error, const struct tllm_gen_result *r) {
+/* Report one item; a chat_json item's answer (job != NULL) with its tool calls taken out */
+static void report(struct batch_run *b, size_t index, int status, const char *error, const struct tllm_gen_result *r,
+                   const struct batch_job *job) {
     struct tllm_batch_result res = {.status = status, .error = error ? error : "", .text = ""};
+    char *calls = NULL, *content = NULL;
+    if (r && job && tllm_api_chat_calls(&job->chat, r->text.data, r->text.len, &calls, &content) < 0)
+        status = res.status = TLLM_ERR_NOMEM, res.error = "out of memory", r = NULL;
     if (r) {
         res.text = r->text.data ? r->text.data : "";
         res.len = r->text.len;
+        if (calls) res.text = content, res.len = strlen(content), res.tool_calls = calls;
         res.ids = r->ids.data, res.n_ids = r->ids.len;
         res.stats = (struct tllm_stats){.n_prompt = r->n_prompt, .n_reused = r->n_reused, .n_generated = (int)r->ids.len,
                                         .prompt_secs = r->prompt_secs, .gen_secs = r->gen_secs, .finish = r->finish};
     }
+    if (calls && res.stats.finish != TLLM_FINISH_INTERRUPTED) res.stats.finish = TLLM_FINISH_TOOL_CALLS;
     if (status) res.stats.finish = TLLM_FINISH_STOP;
     if (b->cb(index, &res, b->user)) b->stopped = 1;
+    free(calls);
+    free(content);
 }
 
 static void on_done(void *arg, void *user, int rc, const char *msg, struct tllm_gen_result *r) {
     struct batch_run *b = arg;
     struct batch_job *j = user;
-    report(b, j->index, rc, rc ? (msg ? msg : tllm_errmsg()) : "", rc ? NULL : r);
+    report(b, j->index, rc, rc ? (msg ? msg : tllm_errmsg()) : "", rc ? NULL : r, j);
     tllm_grammar_free(j->grammar);
+    tllm_api_chat_free(&j->chat);
     free(j);
 }
 
@@ -103,27 +114,32 @@ static int submit(struct batch_run *b, struct tllm_sched *sched, size_t i, struc
     const struct tllm_generate_params *p = it->params ? it->params : &b->defaults;
     struct tllm_ids prompt = {0};
     struct tllm_grammar *g = NULL;
-    int rc = item_prompt(s, it, &prompt);
-    if (!rc && p->json_schema) {
+    struct tllm_api_chat chat = {0};
+    int as_chat = it->chat_json && !it->prompt && !it->prompt_ids && !it->msgs;
+    int rc = as_chat ? tllm_api_chat_prepare(s->e, it->chat_json, p, &chat) : item_prompt(s, it, &prompt);
+    if (!rc && as_chat) {
+        prompt = chat.prompt, memset(&chat.prompt, 0, sizeof chat.prompt);
+        if (chat.grammar) g = tllm_grammar_cache_share(grams, chat.grammar_key, chat.grammar), chat.grammar = NULL;
+    }
+    if (!rc && !g && p->json_schema) {
         if (!(g = tllm_grammar_cache_find(grams, p->json_schema)) &&
             !(rc = tllm_schema_grammar_text(p->json_schema, "json_schema", &g)))
             tllm_grammar_cache_put(grams, p->json_schema, g);
     }
     if (!rc && p->json_schema && !s->e->tok) rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "json_schema: the model has no tokenizer");
-    if (rc) {
-        tllm_grammar_free(g);
-        tllm_ids_free(&prompt);
-        report(b, i, rc, tllm_errmsg(), NULL);
-        return TLLM_OK;
-    }
-    struct batch_job *j = malloc(sizeof *j);
+    struct batch_job *j = rc ? NULL : malloc(sizeof *j);
     if (!j) {
         tllm_grammar_free(g);
         tllm_ids_free(&prompt);
-        report(b, i, TLLM_ERR_NOMEM, "out of memory", NULL);
+        tllm_api_chat_free(&chat);
+        if (rc) {
+            report(b, i, rc, tllm_errmsg(), NULL, NULL);
+            return TLLM_OK;
+        }
+        report(b, i, TLLM_ERR_NOMEM, "out of memory", NULL, NULL);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
-    *j = (struct batch_job){.run = b, .index = i, .grammar = g};
+    *j = (struct batch_job){.run = b, .index = i, .grammar = g, .chat = chat};
     struct tllm_sched_req rq = {.prompt = prompt.data, .n_prompt = (int)prompt.len, .sampling = p->sampling,
                                 .max_new = p->max_tokens, .stop = p->stop, .n_stop = p->n_stop, .eos = s->e->gd.eos,
                                 .n_eos = s->e->gd.n_eos, .skip_special = p->skip_special, .cb = stream_cb, .user = j,
@@ -132,8 +148,9 @@ static int submit(struct batch_run *b, struct tllm_sched *sched, size_t i, struc
     tllm_ids_free(&prompt);
     if (rc) { /* not queued: no done callback comes, so it is reported here */
         tllm_grammar_free(g);
+        tllm_api_chat_free(&j->chat);
         free(j);
-        report(b, i, rc, tllm_errmsg(), NULL);
+        report(b, i, rc, tllm_errmsg(), NULL, NULL);
     }
     return rc;
 }
@@ -177,7 +194,7 @@ int tllm_session_generate_batch(struct tllm_session *s, const struct tllm_batch_
     snprintf(msg, sizeof msg, "%s", failed ? tllm_errmsg() : "");
     struct tllm_gen_result none = {.finish = TLLM_FINISH_INTERRUPTED};
     tllm_buf_append(&none.text, "", 0);
-    for (; next < n; next++) report(&b, next, TLLM_OK, NULL, &none); /* never queued: nothing lost unsaid */
+    for (; next < n; next++) report(&b, next, TLLM_OK, NULL, &none, NULL); /* never queued: nothing lost unsaid */
     tllm_gen_result_free(&none);
     return failed ? tllm_fail(failed, "%s", msg) : TLLM_OK;
 }

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define TLLM_VERSION "0.4.0"
+#define TLLM_VERSION "0.5.0"
 
 /* The library's version (TLLM_VERSION of the header it was built from) */
 const char *tllm_version(void);
@@ -155,8 +155,9 @@ enum tllm_finish {
     TLLM_FINISH_LENGTH,      /* max_tokens */
     TLLM_FINISH_CONTEXT,     /* the KV cache is full */
     TLLM_FINISH_INTERRUPTED, /* the callback asked to stop */
+    TLLM_FINISH_TOOL_CALLS,  /* the answer called tools (a chat given as OpenAI's request, with tools) */
 };
-/* "stop", "length", "length", "interrupted" (as OpenAI's finish_reason) */
+/* "stop", "length", "length", "interrupted", "tool_calls" (as OpenAI's finish_reason) */
 const char *tllm_finish_name(enum tllm_finish f);
 
 struct tllm_stats {
@@ -188,6 +189,19 @@ int tllm_session_chat(struct tllm_session *s, const struct tllm_chat_msg *msgs, 
                       const struct tllm_generate_params *p, tllm_gen_cb cb, void *user, char **text,
                       struct tllm_stats *stats);
 
+/* A chat turn given as OpenAI's /v1/chat/completions request body (JSON text), read as `tllm serve`
+ * reads it: "messages" (assistant tool_calls and "tool" results included), "tools", "tool_choice",
+ * "parallel_tool_calls" and "response_format"; its other fields are ignored (sampling and length are
+ * p's). The messages and the tools offered are rendered with the chat template; response_format and
+ * tool_choice "required" or a named function constrain the answer (p->json_schema must then be NULL).
+ * *text receives the answer; when it called tools, *tool_calls receives the calls as OpenAI's
+ * message.tool_calls (a JSON array's text: ids, names, arguments as JSON text), *text what was around
+ * them ("" when nothing) and stats->finish is TLLM_FINISH_TOOL_CALLS; else *tool_calls is NULL. cb sees
+ * the text as it is generated, a call's markup included. text, tool_calls (tllm_free) and stats may be
+ * NULL. A bad request fails with TLLM_ERR_ARG and a message naming the field. */
+int tllm_session_chat_json(struct tllm_session *s, const char *request, const struct tllm_generate_params *p,
+                           tllm_gen_cb cb, void *user, char **text, char **tool_calls, struct tllm_stats *stats);
+
 /* ---- raw logits ---- */
 
 /* The logits after each of ids: row p (vocab floats) is the next token's distribution after ids[0..p],
@@ -198,7 +212,8 @@ int tllm_session_logits(struct tllm_session *s, const int32_t *ids, size_t n_ids
 /* ---- many prompts at once ---- */
 
 /* One prompt of a batch: the whole text (special tokens parsed), or its ids, or a conversation rendered
- * with the template (and the assistant's turn begun), whichever is given, in that order. */
+ * with the template (and the assistant's turn begun), or one given as OpenAI's chat request (with tools:
+ * tllm_session_chat_json's), whichever is given, in that order. */
 struct tllm_batch_item {
     const char *prompt;
     const int32_t *prompt_ids;
@@ -206,6 +221,7 @@ struct tllm_batch_item {
     const struct tllm_chat_msg *msgs;
     int n_msgs;
     const struct tllm_generate_params *params; /* NULL: tllm_generate_params_default's */
+    const char *chat_json; /* OpenAI's chat request body, as tllm_session_chat_json takes it */
 };
 /* What became of one item; it lasts until the callback returns. */
 struct tllm_batch_result {
@@ -216,6 +232,8 @@ struct tllm_batch_result {
     const int32_t *ids;     /* the generated ids */
     size_t n_ids;
     struct tllm_stats stats; /* finish TLLM_FINISH_INTERRUPTED: the run was stopped before it ended */
+    const char *tool_calls;  /* a chat_json item's calls (tllm_session_chat_json's *tool_calls; text is then
+                              * what was around them), else NULL */
 };
 /* Called once for every item, as each finishes (not in order); non-zero stops the run: the items not
  * finished are then reported as interrupted, with what they had generated. */

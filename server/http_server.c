@@ -22,9 +22,9 @@
 #include "engine/grammar/grammar_cache.h"
 #include "engine/load/model.h"
 #include "server/conn_guard.h"
-#include "server/oai_request.h"
+#include "engine/oai/oai_request.h"
 #include "server/oai_response.h"
-#include "server/tool_calls.h"
+#include "engine/oai/tool_calls.h"
 
 /* How often a waiting connection looks whether its client is still there */
 #ifndef SRV_POLL_MS

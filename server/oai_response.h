@@ -6,7 +6,7 @@
 #include <json-c/json.h>
 
 #include "server/engine_thread.h"
-#include "server/oai_request.h"
+#include "engine/oai/oai_request.h"
 #include "tokenizer/tokenizer.h"
 
 /* What every object of one answer repeats */

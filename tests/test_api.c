@@ -305,6 +305,114 @@ static void test_text(const char *demo) {
     CHECK(tllm_engine_open(demo, &q3, &none) == TLLM_ERR_ARG && !none, "quantize_bits 3: %s", tllm_errmsg());
 }
 
+/* A call's function name and arguments as one string ("get_weather {\"city\": ...}"), ids left out (fresh each
+ * answer); "" when calls is not a one-call array */
+static void one_call(const char *calls, char *out, size_t cap) {
+    struct json_object *a = calls ? json_tokener_parse(calls) : NULL, *f, *name, *args, *type;
+    out[0] = 0;
+    if (a && json_object_is_type(a, json_type_array) && json_object_array_length(a) == 1 &&
+        json_object_object_get_ex(json_object_array_get_idx(a, 0), "type", &type) &&
+        !strcmp(json_object_get_string(type), "function") &&
+        json_object_object_get_ex(json_object_array_get_idx(a, 0), "function", &f) &&
+        json_object_object_get_ex(f, "name", &name) && json_object_object_get_ex(f, "arguments", &args) &&
+        json_object_is_type(args, json_type_string))
+        snprintf(out, cap, "%s %s", json_object_get_string(name), json_object_get_string(args));
+    json_object_put(a);
+}
+
+struct chat_seen {
+    int n, status[4], finish[4];
+    char call[4][256], text[4][256];
+};
+
+static int on_chat_item(size_t i, const struct tllm_batch_result *r, void *user) {
+    struct chat_seen *c = user;
+    if (i >= 4) return 1;
+    c->n++, c->status[i] = r->status, c->finish[i] = (int)r->stats.finish;
+    one_call(r->tool_calls, c->call[i], sizeof c->call[i]);
+    snprintf(c->text[i], sizeof c->text[i], "%s", r->status ? r->error : r->text);
+    return 0;
+}
+
+/* chats given as OpenAI's request: tools rendered into the prompt, tool_choice "required" answered with a call
+ * that follows the function's parameters, the same call from a batch, and bad requests named */
+static void test_chat_json(const char *demo) {
+    struct tllm_engine *e;
+    struct tllm_session *s;
+    struct tllm_engine_params ep = {.threads = 2};
+    CHECK(tllm_engine_open(demo, &ep, &e) == TLLM_OK, "open %s: %s", demo, tllm_errmsg());
+    struct tllm_session_params sp = {.device = "cpu"};
+    CHECK(tllm_session_open(e, &sp, &s) == TLLM_OK, "session: %s", tllm_errmsg());
+    struct tllm_generate_params p;
+    tllm_generate_params_default(e, &p);
+    p.sampling = tllm_sampler_defaults();
+    p.max_tokens = 96;
+#define ASK "\"messages\": [{\"role\": \"user\", \"content\": \"What is the weather in Paris?\"}]"
+#define WEATHER                                                                                                   \
+    "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": "    \
+    "\"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}}, \"required\": [\"city\"], " \
+    "\"additionalProperties\": false}}}]"
+    const char *required = "{" ASK ", " WEATHER ", \"tool_choice\": \"required\"}";
+    char *text = NULL, *calls = NULL, call[256];
+    struct tllm_stats st;
+    CHECK(tllm_session_chat_json(s, required, &p, NULL, NULL, &text, &calls, &st) == TLLM_OK, "required: %s", tllm_errmsg());
+    one_call(calls, call, sizeof call);
+    struct json_object *args = call[0] ? json_tokener_parse(strchr(call, ' ') + 1) : NULL, *city = NULL;
+    CHECK(!strncmp(call, "get_weather ", 12) && args && json_object_object_length(args) == 1 &&
+              json_object_object_get_ex(args, "city", &city) && json_object_is_type(city, json_type_string) &&
+              st.finish == TLLM_FINISH_TOOL_CALLS && text && !strcmp(tllm_finish_name(st.finish), "tool_calls"),
+          "tool_choice required: calls %s, text '%s', finish %s", calls ? calls : "(none)", text ? text : "",
+          tllm_finish_name(st.finish));
+    json_object_put(args);
+    tllm_free(text);
+    tllm_free(calls);
+
+    /* tool_choice none: the tools are left out, so the answer is the plain chat's */
+    char *plain = NULL;
+    struct tllm_chat_msg msg = {"user", "What is the weather in Paris?"};
+    p.max_tokens = 12;
+    CHECK(tllm_session_chat(s, &msg, 1, &p, NULL, NULL, &plain, NULL) == TLLM_OK, "chat: %s", tllm_errmsg());
+    const char *none = "{" ASK ", " WEATHER ", \"tool_choice\": \"none\"}";
+    CHECK(tllm_session_chat_json(s, none, &p, NULL, NULL, &text, &calls, &st) == TLLM_OK && !calls && plain && text &&
+              !strcmp(text, plain),
+          "tool_choice none: '%s' (calls %s), the plain chat '%s'", text ? text : "", calls ? calls : "none", plain ? plain : "");
+    tllm_free(text);
+
+    /* the same requests in a batch: the same call, the same text, beside a bad request that fails alone */
+    p.max_tokens = 96;
+    struct tllm_generate_params pj = p;
+    pj.json_schema = "{\"type\": \"integer\"}";
+    struct tllm_generate_params p12 = p;
+    p12.max_tokens = 12;
+    struct tllm_batch_item items[] = {
+        {.chat_json = required, .params = &p},
+        {.chat_json = none, .params = &p12},
+        {.chat_json = "{\"messages\": 7}", .params = &p},
+        {.chat_json = required, .params = &pj},
+    };
+    struct chat_seen c = {0};
+    CHECK(tllm_session_generate_batch(s, items, 4, NULL, on_chat_item, &c) == TLLM_OK && c.n == 4, "batch: %s", tllm_errmsg());
+    CHECK(c.status[0] == TLLM_OK && !strcmp(c.call[0], call) && c.finish[0] == TLLM_FINISH_TOOL_CALLS && !c.text[0][0],
+          "batch required: '%s' (alone '%s'), text '%s'", c.call[0], call, c.text[0]);
+    CHECK(c.status[1] == TLLM_OK && !c.call[1][0] && plain && !strcmp(c.text[1], plain), "batch none: '%s'", c.text[1]);
+    CHECK(c.status[2] == TLLM_ERR_ARG && strstr(c.text[2], "messages"), "a bad request fails alone: %d %s", c.status[2],
+          c.text[2]);
+    CHECK(c.status[3] == TLLM_ERR_ARG && strstr(c.text[3], "json_schema"), "json_schema beside tool_choice: %s", c.text[3]);
+    tllm_free(plain);
+
+    /* bad requests: statuses and messages naming what is wrong */
+    CHECK(tllm_session_chat_json(s, "{\"messages\": [", &p, NULL, NULL, &text, &calls, NULL) == TLLM_ERR_ARG && !text &&
+              !calls && strstr(tllm_errmsg(), "chat request"),
+          "not JSON: %s", tllm_errmsg());
+    CHECK(tllm_session_chat_json(s, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"maybe\"}",
+                                 &p, NULL, NULL, &text, &calls, NULL) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "tool_choice"),
+          "a bad tool_choice: %s", tllm_errmsg());
+    tllm_session_free(s);
+    tllm_engine_free(e);
+#undef ASK
+#undef WEATHER
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: test_api FIXTURE_DIR DEMO_MODEL_DIR\n");
@@ -313,5 +421,6 @@ int main(int argc, char **argv) {
     test_reference_ids(argv[1]);
     test_text(argv[2]);
     test_batch(argv[2]);
+    test_chat_json(argv[2]);
     return check_done();
 }

@@ -1,10 +1,10 @@
-/* Tool calls taken out of a model's answer (server/tool_calls.c): tagged blocks, bare calls naming an
+/* Tool calls taken out of a model's answer (engine/oai/tool_calls.c): tagged blocks, bare calls naming an
  * offered tool, what stays text, and how much of a growing answer may be streamed as content. */
 #include <json-c/json.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/tool_calls.h"
+#include "engine/oai/tool_calls.h"
 #include "tests/check.h"
 
 static struct json_object *tools;

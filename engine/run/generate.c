@@ -14,6 +14,7 @@ const char *tllm_finish_name(enum tllm_finish f) {
     switch (f) {
     case TLLM_FINISH_STOP: return "stop";
     case TLLM_FINISH_INTERRUPTED: return "interrupted";
+    case TLLM_FINISH_TOOL_CALLS: return "tool_calls";
     default: return "length";
     }
 }

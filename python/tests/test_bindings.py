@@ -119,6 +119,43 @@ def test_json_schema(demo):
         demo.generate("x", json_schema='{"type": "integer", "multipleOf": 2}')
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+    "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_tools(demo):
+    # tool_choice required: an assistant message with one call that follows the function's parameters
+    msg = demo.chat(ASK, tools=[WEATHER], tool_choice="required", **GREEDY | {"max_tokens": 96})
+    assert msg["role"] == "assistant" and msg["content"] == "" and len(msg["tool_calls"]) == 1, msg
+    call = msg["tool_calls"][0]
+    assert call["type"] == "function" and call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
+    args = json.loads(call["function"]["arguments"])
+    assert set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 12
+    c = demo.chat(ASK, tools=[WEATHER], tool_choice="required", details=True, **GREEDY | {"max_tokens": 96})
+    assert c.finish_reason == "tool_calls" and [x["function"] for x in c.tool_calls] == [call["function"]]
+    # the round trip: the call and its result in the history render and answer (text, no call: tool_choice none)
+    history = ASK + [msg, {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature": 21}'}]
+    again = demo.chat(history, tools=[WEATHER], tool_choice="none", **GREEDY)
+    assert again["role"] == "assistant" and "tool_calls" not in again and again["content"]
+    # tool_choice none leaves the tools out: the plain chat's answer
+    assert demo.chat(ASK, tools=[WEATHER], tool_choice="none", **GREEDY)["content"] == demo.chat(ASK, **GREEDY)
+    # a batch gives the same calls, beside a bad request that fails alone
+    outs = demo.generate_batch([{"messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 96},
+                                {"messages": ASK, "tools": [WEATHER], "tool_choice": "nope"},
+                                {"messages": history, "tools": [WEATHER], "tool_choice": "none"}], **GREEDY)
+    assert outs[0].finish_reason == "tool_calls" and [x["function"] for x in outs[0].tool_calls] == [call["function"]]
+    assert isinstance(outs[1], tllm.Error) and "tool_choice" in str(outs[1])
+    assert outs[2].text == again["content"] and outs[2].tool_calls is None
+    with pytest.raises(TypeError, match="messages"):
+        demo.generate_batch([{"prompt": "x", "tools": [WEATHER]}])
+    with pytest.raises(ValueError, match="stream"):
+        demo.chat(ASK, tools=[WEATHER], stream=True)
+    with pytest.raises(tllm.Error, match="tool_choice"):
+        demo.chat(ASK, tools=[WEATHER], tool_choice="maybe")
+
+
 def test_logits_match_reference():
     np = pytest.importorskip("numpy")
     ref_dir = os.path.join(SMALL, "reference")

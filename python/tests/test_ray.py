@@ -101,11 +101,13 @@ def check_output(out, want):
     return recs
 
 
-def test_a_row_offering_tools_is_refused():
+def test_a_row_offering_tools():
     from tllm.ray import line_item
-    with pytest.raises(ValueError, match='"tools"'):
-        line_item({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f"}}]})
-    assert "messages" in line_item({"messages": [{"role": "user", "content": "hi"}], "tools": []})
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    item = line_item({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "tool_choice": "required"})
+    assert item["tools"] == tools and item["tool_choice"] == "required"
+    with pytest.raises(ValueError, match='"tools" are offered in a chat'):
+        line_item({"prompt": "hi", "tools": tools})
 
 
 def test_ray_batch_equals_cli_with_an_actor_killed(prompts, tmp_path):

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/oai_request.h"
+#include "engine/oai/oai_request.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -3,6 +3,7 @@
     import tllm
     with tllm.Model("Qwen/Qwen2.5-0.5B-Instruct") as m:        # a directory, a GGUF file or a hub-cache id
         print(m.chat([{"role": "user", "content": "What does tar do?"}], max_tokens=64))
+        msg = m.chat(history, tools=[...])    # an assistant message, with "tool_calls" when it called
         for piece in m.generate("def fib(n):", stream=True):
             print(piece, end="", flush=True)
         outs = m.generate_batch(["The tar command", "The grep command"], parallel=16, max_tokens=32)
@@ -37,6 +38,21 @@ _lock = threading.RLock()
 _SAMPLING = ("temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty", "repeat_last_n",
              "presence_penalty", "frequency_penalty")
 _GEN_KEYS = set(_SAMPLING) | {"max_tokens", "stop", "json_schema", "skip_special"}
+# what a chat may carry beside its messages, as OpenAI's request does (tllm_session_chat_json)
+_CHAT_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "response_format")
+
+
+def _plain_messages(messages: Sequence[Any]) -> bool:
+    """Messages the template takes as (role, content) pairs; others (tool calls, tool results, content
+    parts) go as OpenAI's request."""
+    return all(isinstance(m, dict) and set(m) <= {"role", "content"} and isinstance(m.get("content"), str)
+               for m in messages)
+
+
+def _chat_request(messages: Sequence[Any], extra: Dict[str, Any]) -> bytes:
+    req = {"messages": list(messages)}
+    req.update({k: v for k, v in extra.items() if v is not None})
+    return json.dumps(req, ensure_ascii=False).encode()
 
 
 class Error(Exception):
@@ -58,18 +74,29 @@ class Completion:
     """One generated answer and what it took."""
     text: str
     token_ids: List[int] = field(default_factory=list)
-    finish_reason: str = "stop"  # "stop", "length" or "interrupted"
+    finish_reason: str = "stop"  # "stop", "length", "interrupted" or "tool_calls"
     prompt_tokens: int = 0
     cached_tokens: int = 0       # of the prompt, found in the KV cache rather than computed
     completion_tokens: int = 0
     prompt_secs: float = 0.0
     gen_secs: float = 0.0
+    # the calls the answer made (a chat with tools), as OpenAI's message.tool_calls: [{"id", "type":
+    # "function", "function": {"name", "arguments" (JSON text)}}]; text is then what was around them
+    tool_calls: Optional[List[Dict[str, Any]]] = None
+
+    def message(self) -> Dict[str, Any]:
+        """The answer as an assistant message, to append to the conversation."""
+        m: Dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            m["tool_calls"] = self.tool_calls
+        return m
 
 
-def _completion(text: str, ids: List[int], st: _lib.Stats) -> Completion:
+def _completion(text: str, ids: List[int], st: _lib.Stats, calls: Optional[bytes] = None) -> Completion:
     return Completion(text=text, token_ids=ids, finish_reason=_lib.FINISH_NAMES.get(st.finish, "stop"),
                       prompt_tokens=st.n_prompt, cached_tokens=st.n_reused, completion_tokens=st.n_generated,
-                      prompt_secs=st.prompt_secs, gen_secs=st.gen_secs)
+                      prompt_secs=st.prompt_secs, gen_secs=st.gen_secs,
+                      tool_calls=json.loads(calls.decode()) if calls else None)
 
 
 class _Params:
@@ -261,16 +288,16 @@ class Model:
             raise raised[0]
         return result
 
-    def _stream(self, ids: List[int], params: _Params) -> Iterator[str]:
-        """The pieces of a completion as they come: it runs on a thread of its own (the GIL released);
-        leaving the loop early stops it."""
+    def _stream(self, complete: Any) -> Iterator[str]:
+        """The pieces of a completion (complete(on_text)) as they come: it runs on a thread of its own (the
+        GIL released); leaving the loop early stops it."""
         q: "queue.Queue[Any]" = queue.Queue()
         stop = threading.Event()
         done = object()
 
         def run() -> None:
             try:
-                self._complete(ids, params, lambda t: (q.put(t), stop.is_set())[1])
+                complete(lambda t: (q.put(t), stop.is_set())[1])
                 q.put(done)
             except BaseException as e:  # noqa: BLE001
                 q.put(e)
@@ -302,25 +329,74 @@ class Model:
         ids = self._prompt_ids(prompt)
         params = _Params(self, sampling)
         if stream:
-            return self._stream(ids, params)
+            return self._stream(lambda on_text: self._complete(ids, params, on_text))
         c = self._complete(ids, params, None)
         return c if details else c.text
 
-    def chat(self, messages: Sequence[Message], *, stream: bool = False, details: bool = False,
+    def chat(self, messages: Sequence[Dict[str, Any]], *, stream: bool = False, details: bool = False,
+             tools: Optional[Sequence[Dict[str, Any]]] = None, tool_choice: Any = None,
+             parallel_tool_calls: Optional[bool] = None, response_format: Optional[Dict[str, Any]] = None,
              **sampling: Any) -> Any:
         """A chat turn: messages ({"role", "content"}) rendered with the chat template and completed, as
-        generate(); a conversation that resends its history computes only the new turn."""
-        return self.generate(self.tokenize(self.apply_chat_template(messages)), stream=stream, details=details,
-                             **sampling)
+        generate(); a conversation that resends its history computes only the new turn.
+
+        Agents: tools, tool_choice ("auto", "none", "required" or {"type": "function", "function": {"name":
+        ...}}), parallel_tool_calls and response_format are OpenAI's, and messages may hold assistant
+        "tool_calls" and "tool" results; the request is read as `tllm serve` reads it. With tools offered
+        the answer is an assistant message ({"role", "content", "tool_calls" when it called}: append it
+        to messages), or with details=True a Completion whose tool_calls holds the calls. stream=True
+        takes no tools (the calls are known only once the answer is complete).
+        """
+        extra = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
+                 "response_format": response_format}
+        if all(v is None for v in extra.values()) and _plain_messages(messages):
+            return self.generate(self.tokenize(self.apply_chat_template(messages)), stream=stream, details=details,
+                                 **sampling)
+        if stream and tools:
+            raise ValueError("chat: stream=True with tools: the calls are known only once the answer is "
+                             "complete (use details=True)")
+        request, params = _chat_request(messages, extra), _Params(self, sampling)
+        if stream:
+            return self._stream(lambda on_text: self._chat_json(request, params, on_text))
+        c = self._chat_json(request, params, None)
+        return c if details else c.message() if tools else c.text
+
+    def _chat_json(self, request: bytes, params: _Params, on_text: Optional[Any]) -> Completion:
+        """One chat given as OpenAI's request (tllm_session_chat_json)."""
+        text, calls, st = ctypes.c_void_p(), ctypes.c_void_p(), _lib.Stats()
+        raised: List[BaseException] = []
+
+        def piece(ptr: int, n: int, user: int) -> int:
+            try:
+                return int(bool(on_text(ctypes.string_at(ptr, n).decode("utf-8", "replace"))))
+            except BaseException as e:  # noqa: BLE001
+                raised.append(e)
+                return 1
+
+        cb = _lib.GEN_CB(piece) if on_text else _lib.GEN_CB()
+        self._open()
+        with _lock:
+            _check(lib.tllm_session_chat_json(self._session, request, ctypes.byref(params.c), cb, None,
+                                              ctypes.byref(text), ctypes.byref(calls), ctypes.byref(st)))
+        try:
+            result = _completion(ctypes.string_at(text).decode("utf-8", "replace"), [], st,
+                                 ctypes.string_at(calls) if calls.value else None)
+        finally:
+            lib.tllm_free(text)
+            lib.tllm_free(calls)
+        if raised:
+            raise raised[0]
+        return result
 
     def generate_batch(self, prompts: Sequence[Prompt], *, parallel: int = 0, n_batch: int = 0, kv_tokens: int = 0,
                        **sampling: Any) -> List[Union[Completion, Error]]:
         """Many prompts at once through the continuous batcher (a paged KV cache shared by `parallel`
         sequences; 0: 16 on the CPU, 64 on a GPU). Each prompt is text, token ids, a list of chat messages,
         or a dict as a line of `tllm generate --prompts` ({"prompt": ...} or {"messages": [...]}, with its
-        own sampling keys). Returns a Completion per prompt in input order, or the Error that prompt met
-        (the others run). A sequence's tokens do not depend on what runs beside it, so each equals the
-        prompt generated alone.
+        own sampling keys, and a chat's "tools", "tool_choice", "parallel_tool_calls", "response_format"
+        as chat() takes them). Returns a Completion per prompt in input order (tool_calls holding a chat's
+        calls), or the Error that prompt met (the others run). A sequence's tokens do not depend on what
+        runs beside it, so each equals the prompt generated alone.
         """
         self._open()
         n = len(prompts)
@@ -329,17 +405,24 @@ class Model:
         base = _Params(self, sampling)
         keep.append(base)
         for i, pr in enumerate(prompts):
-            it, params = items[i], base
+            it, params, chat = items[i], base, {}
             if isinstance(pr, dict):
                 own = {k: v for k, v in pr.items() if k in _GEN_KEYS}
-                extra = set(pr) - _GEN_KEYS - {"prompt", "messages", "id"}
+                extra = set(pr) - _GEN_KEYS - set(_CHAT_KEYS) - {"prompt", "messages", "id"}
                 if extra:
                     raise TypeError(f"prompt {i}: unknown key(s): {', '.join(sorted(extra))}")
+                chat = {k: pr[k] for k in _CHAT_KEYS if pr.get(k) is not None}
+                if chat and "messages" not in pr:
+                    raise TypeError(f"prompt {i}: {', '.join(sorted(chat))} belong to a chat: give \"messages\"")
                 if own:
                     params = _Params(self, {**sampling, **own})
                     keep.append(params)
                 pr = pr["messages"] if "messages" in pr else pr.get("prompt", "")
-            if isinstance(pr, str):
+            if not isinstance(pr, str) and len(pr) and isinstance(pr[0], dict) and (chat or not _plain_messages(pr)):
+                b = _chat_request(pr, chat)
+                keep.append(b)
+                it.chat_json = b
+            elif isinstance(pr, str):
                 b = pr.encode()
                 keep.append(b)
                 it.prompt = b
@@ -362,7 +445,7 @@ class Model:
                     results[i] = Error((r.error or b"").decode("utf-8", "replace"), r.status)
                 else:
                     text = ctypes.string_at(r.text, r.len).decode("utf-8", "replace")
-                    results[i] = _completion(text, r.ids[:r.n_ids], r.stats)
+                    results[i] = _completion(text, r.ids[:r.n_ids], r.stats, r.tool_calls)
                 return 0
             except BaseException as e:  # noqa: BLE001 (Ctrl-C: the run stops, then it is raised)
                 raised.append(e)

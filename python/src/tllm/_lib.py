@@ -43,12 +43,13 @@ class Stats(Structure):
 
 class BatchItem(Structure):
     _fields_ = [("prompt", c_char_p), ("prompt_ids", POINTER(c_int32)), ("n_prompt_ids", c_size_t),
-                ("msgs", POINTER(ChatMsg)), ("n_msgs", c_int), ("params", POINTER(GenerateParams))]
+                ("msgs", POINTER(ChatMsg)), ("n_msgs", c_int), ("params", POINTER(GenerateParams)),
+                ("chat_json", c_char_p)]
 
 
 class BatchResult(Structure):
     _fields_ = [("status", c_int), ("error", c_char_p), ("text", c_void_p), ("len", c_size_t),
-                ("ids", POINTER(c_int32)), ("n_ids", c_size_t), ("stats", Stats)]
+                ("ids", POINTER(c_int32)), ("n_ids", c_size_t), ("stats", Stats), ("tool_calls", c_char_p)]
 
 
 class BatchParams(Structure):
@@ -58,7 +59,7 @@ class BatchParams(Structure):
 GEN_CB = CFUNCTYPE(c_int, c_void_p, c_size_t, c_void_p)  # text (not NUL-terminated), len, user
 BATCH_CB = CFUNCTYPE(c_int, c_size_t, POINTER(BatchResult), c_void_p)
 
-FINISH_NAMES = {0: "stop", 1: "length", 2: "length", 3: "interrupted"}
+FINISH_NAMES = {0: "stop", 1: "length", 2: "length", 3: "interrupted", 4: "tool_calls"}
 
 
 def _find_library() -> str:
@@ -97,6 +98,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tllm_generate_params_default": (None, [vp, P(GenerateParams)]),
         "tllm_session_complete_ids": (c_int, [vp, P(c_int32), c_size_t, P(GenerateParams), GEN_CB, vp, P(vp),
                                               P(P(c_int32)), P(c_size_t), P(Stats)]),
+        "tllm_session_chat_json": (c_int, [vp, c_char_p, P(GenerateParams), GEN_CB, vp, P(vp), P(vp), P(Stats)]),
         "tllm_session_logits": (c_int, [vp, P(c_int32), c_size_t, c_int, P(c_float)]),
         "tllm_session_generate_batch": (c_int, [vp, P(BatchItem), c_size_t, P(BatchParams), BATCH_CB, vp]),
     }

@@ -1,7 +1,7 @@
 """Batch generation on Ray Data: one tllm model per actor, loaded once, a batch of rows in, records out.
 
     import ray, tllm.ray
-    ds = ray.data.read_json("prompts.jsonl")                 # rows: "prompt" or "messages", optional "id"
+    ds = ray.data.read_json("prompts.jsonl")   # rows: "prompt" or "messages" (with "tools"), optional "id"
     out = ds.map_batches(tllm.ray.Generator, fn_constructor_kwargs={"model": "DIR"}, concurrency=4,
                          batch_size=64, num_cpus=1)
 
@@ -37,11 +37,14 @@ def line_item(row: Dict[str, Any]) -> Dict[str, Any]:
         item["prompt"] = prompt
     else:
         raise ValueError('the line has neither "prompt" nor "messages"')
-    if _plain(row.get("tools")):  # answered as if none were offered otherwise: said instead
-        raise ValueError('"tools": tool calls in Ray batches are not supported yet '
-                         '(tllm generate --prompts and tllm serve answer them)')
+    chat = {k: _plain(row[k]) for k in ("tools", "tool_choice", "parallel_tool_calls") if _plain(row.get(k)) is not None}
+    if chat and msgs is None:  # as tllm generate --prompts says it
+        raise ValueError('"tools" are offered in a chat: give "messages"')
+    item.update(chat)
     rf = _plain(row.get("response_format"))
-    if rf is not None:
+    if rf is not None and msgs is not None:  # read with the rest of the chat, as the server reads it
+        item["response_format"] = rf
+    elif rf is not None:
         kind = rf.get("type") if isinstance(rf, dict) else None
         if kind == "json_object":
             item["json_schema"] = rf.get("schema", {})
@@ -80,11 +83,14 @@ def record(id_: Any, out: Any) -> Dict[str, Any]:
     """The output record of one line, as tllm generate --prompts writes it."""
     if isinstance(out, tllm.Error):
         return {"id": id_, "error": str(out)}
-    return {"id": id_, "text": out.text, "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": out.completion_tokens, "finish_reason": out.finish_reason,
-            "prompt_secs": out.prompt_secs, "gen_secs": out.gen_secs,
-            "prompt_tps": out.prompt_tokens / out.prompt_secs if out.prompt_secs > 0 else 0,
-            "gen_tps": out.completion_tokens / out.gen_secs if out.gen_secs > 0 else 0}
+    rec = {"id": id_, "text": out.text, "prompt_tokens": out.prompt_tokens,
+           "completion_tokens": out.completion_tokens, "finish_reason": out.finish_reason,
+           "prompt_secs": out.prompt_secs, "gen_secs": out.gen_secs,
+           "prompt_tps": out.prompt_tokens / out.prompt_secs if out.prompt_secs > 0 else 0,
+           "gen_tps": out.completion_tokens / out.gen_secs if out.gen_secs > 0 else 0}
+    if out.tool_calls:
+        rec["tool_calls"] = out.tool_calls
+    return rec
 
 
 class Generator:

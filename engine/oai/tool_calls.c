@@ -1,5 +1,5 @@
 /* Tool calls in a model's answer (tool_calls.h). */
-#include "server/tool_calls.h"
+#include "engine/oai/tool_calls.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "server/oai_request.h" /* oai_json_body */
+#include "engine/oai/oai_request.h" /* oai_json_body */
 
 static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
 #define OPEN_LEN (sizeof OPEN - 1)

@@ -1,5 +1,5 @@
 /* OpenAI request bodies (oai_request.h). */
-#include "server/oai_request.h"
+#include "engine/oai/oai_request.h"
 
 #include <json-c/json.h>
 #include <math.h>
