@@ -10,7 +10,7 @@
 
 #include "cli/cli.h"
 #include "cli/prompt_line.h"
-#include "engine/base/json_util.h"
+#include "base/json_util.h"
 
 /* Opens path for `flags` without blocking in open() (a FIFO with no writer or no reader), then makes
  * the descriptor blocking again for the reads and writes. -1 with errno on failure. */

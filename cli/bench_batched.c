@@ -9,9 +9,9 @@
 
 #include "cli/cli.h"
 #include "engine/backend/registry.h"
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/clock.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "engine/run/kv_cache.h"
 
 struct bb_result {

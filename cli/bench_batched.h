@@ -3,7 +3,7 @@
 #define TLLM_CLI_BENCH_BATCHED_H
 
 #include "engine/backend/backend.h"
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/load/model.h"
 
 /* Every (PP, TG, B, threads) of the lists, reps runs after a warm-up each, on dev (which must offer

@@ -9,8 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 
 void cli_die(const char *fmt, ...) {
     va_list ap;

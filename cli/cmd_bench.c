@@ -6,8 +6,8 @@
 
 #include "cli/cli.h"
 #include "engine/backend/registry.h"
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "kernels/cpu/cpu_features.h"
 #include "cli/session.h"
 #include "cli/bench_batched.h"

@@ -7,8 +7,8 @@
 #include "cli/cli.h"
 #include "engine/backend/registry.h"
 #include "engine/load/model.h"
-#include "engine/base/dtype.h"
-#include "engine/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 
 static const char usage[] =
     "usage: tllm bench-gemm -m MODEL [--device opencl[:N]] [-M 512] [-K 4096] [-N 4096] [--bits 4] [--group-size 64]\n"

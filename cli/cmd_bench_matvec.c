@@ -6,9 +6,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/run/generate.h"
-#include "engine/base/threadpool.h"
+#include "base/threadpool.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/qpack.h"
 #include "engine/load/config.h"

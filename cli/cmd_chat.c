@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "cli/session.h"
 
 static const char usage[] =

@@ -5,7 +5,7 @@
 
 #include "cli/cli.h"
 #include "engine/convert/convert.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 
 static const char quantize_usage[] =
     "usage: tllm quantize IN_DIR OUT_DIR [--mode affine|mxfp4|nvfp4|mxfp8] [--bits B] [--group-size G]\n"

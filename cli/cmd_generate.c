@@ -7,8 +7,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "cli/batch_io.h"
 #include "cli/session.h"
 #include "engine/grammar/grammar_cache.h"

@@ -8,7 +8,7 @@
 #include "engine/load/gguf_vocab.h"
 #include "tokenizer/chat.h"
 #include "kernels/cpu/cpu_features.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/ggml_types.h"
 #include "engine/load/gguf.h"
 #include "engine/load/model.h"

@@ -5,7 +5,7 @@
 #include "engine/backend/registry.h"
 #include "engine/run/context.h"
 #include "engine/convert/convert.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "cli/cli.h"
 
 static const char usage[] =

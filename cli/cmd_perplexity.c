@@ -8,8 +8,8 @@
 
 #include "cli/cli.h"
 #include "cli/session.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "kernels/cpu/ops.h"
 
 static const char usage[] =

@@ -10,7 +10,7 @@
 
 #include "cli/cli.h"
 #include "cli/session.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/model.h"
 #include "server/engine_thread.h"
 #include "server/http_server.h"

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "engine/load/checkpoint.h"
 #include "engine/load/gguf_vocab.h"
 #include "engine/load/model.h"

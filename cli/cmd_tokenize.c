@@ -10,8 +10,8 @@
 #include "engine/load/checkpoint.h"
 #include "engine/load/gguf_vocab.h"
 #include "engine/load/model.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "cli/cli.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/model_path.h"
 
 const char *cli_model_dir(const char *arg) {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/json_util.h"
+#include "base/json_util.h"
 #include "engine/grammar/json_schema.h"
 #include "tokenizer/tokenizer.h"
 

@@ -5,7 +5,7 @@
 
 #include "cli/cli.h"
 #include "engine/backend/registry.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/run/kv_cache.h"
 
 const char cli_model_opts_help[] =

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "engine/backend/registry.h"
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "engine/convert/convert.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/load/checkpoint.h"

@@ -4,7 +4,7 @@
 #define TLLM_API_H
 
 #include "engine/backend/backend.h"
-#include "engine/base/buf.h"
+#include "base/buf.h"
 #include "engine/load/model.h"
 #include "engine/run/context.h"
 #include "engine/run/generate.h"

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "engine/api.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/run/scheduler.h"

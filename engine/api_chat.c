@@ -8,7 +8,7 @@
 #include <json-c/json.h>
 
 #include "engine/api.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/oai/oai_request.h"
 #include "engine/oai/tool_calls.h"

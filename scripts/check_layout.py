@@ -3,14 +3,15 @@
 - no include cycle, between files or between modules (x.c and x.h are one module), so that no two
   parts of the engine depend on each other around a circle;
 - only the OpenCL backend (engine/backend/opencl/) includes CL/cl.h or calls a tllm_cl_* function;
-- the public header engine/tllm.h includes nothing of the project's (it is installed alone).
+- the public header engine/tllm.h includes nothing of the project's (it is installed alone);
+- base/ (what the engine, the kernels and the tokenizer share) includes only base/ and engine/tllm.h.
 usage: check_layout.py REPO_ROOT"""
 import os
 import re
 import sys
 
 root = sys.argv[1] if len(sys.argv) > 1 else "."
-DIRS = ["engine", "kernels", "tokenizer", "server", "cli", "tests", "scripts"]
+DIRS = ["base", "engine", "kernels", "tokenizer", "server", "cli", "tests", "scripts"]
 files = []
 for d in DIRS:
     for dp, _, fs in os.walk(os.path.join(root, d)):
@@ -72,6 +73,13 @@ for f, src in text.items():
         fail.append(f"{f}: includes CL/ outside engine/backend/opencl/")
     for name in sorted(set(re.findall(r"\btllm_cl_\w+\s*\(", code))):
         fail.append(f"{f}: calls {name.rstrip('( ')} outside engine/backend/opencl/")
+# base/ is the bottom layer (the engine, the kernels and the tokenizer use it): it uses only itself and
+# the public header's types
+for f, deps in edges.items():
+    if f.startswith("base/"):
+        for d in deps:
+            if not d.startswith("base/") and d != "engine/tllm.h":
+                fail.append(f"{f}: includes {d} (base/ includes only base/ and engine/tllm.h)")
 for inc in inc_re.findall(text.get("engine/tllm.h", "")):
     if "/" in inc or inc.endswith(".h") and not inc.startswith(("std", "stddef", "stdint")):
         fail.append(f"engine/tllm.h: includes {inc} (the public header must stand alone)")

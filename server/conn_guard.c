@@ -10,8 +10,8 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 /* How often the deadlines are looked at, and how often at most a summary line is written */
 #ifndef SRV_GUARD_TICK_MS

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 struct srv_job *srv_job_new(void) {
     struct srv_job *j = calloc(1, sizeof *j);

@@ -6,7 +6,7 @@
 
 #include <pthread.h>
 
-#include "engine/base/buf.h"
+#include "base/buf.h"
 #include "engine/run/scheduler.h"
 
 #define SRV_MAX_STOP 16 /* stop strings a job holds (a request's, or the server's defaults) */

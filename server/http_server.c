@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "engine/grammar/grammar_cache.h"
 #include "engine/load/model.h"
 #include "server/conn_guard.h"

@@ -12,7 +12,7 @@ command -v "$CC" >/dev/null && command -v "$QEMU" >/dev/null || { echo "cross_ne
 BIN=$OUT/test_qpack_kernels_arm64
 "$CC" -O2 -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -I"$ROOT" -o "$BIN" "$ROOT/tests/test_qpack_kernels.c" \
   "$ROOT/tests/check.c" "$ROOT"/kernels/cpu/{qpack,qpack_ref,qpack_matmul,qpack_neon,qpack_avx2,qpack_avxvnni,qpack_avx512,qpack_amx,cpu_features}.c \
-  "$ROOT"/engine/base/{dtype,error}.c -lm
+  "$ROOT"/base/{dtype,error}.c -lm
 export QEMU_LD_PREFIX=/usr/aarch64-linux-gnu
 "$QEMU" -cpu max "$BIN" neon             # sdot: the NEON kernel
 "$QEMU" -cpu cortex-a53 "$BIN" ref       # ARMv8.0, no dot product: the portable kernel
@@ -21,6 +21,6 @@ TLLM_CPU=ref "$QEMU" -cpu max "$BIN" ref # the switch
 BIN2=$OUT/test_qmatvec_kernels_arm64
 "$CC" -O2 -std=gnu11 -Wall -Wextra -Werror -Wno-unused-parameter -I"$ROOT" -o "$BIN2" "$ROOT/tests/test_qmatvec_kernels.c" \
   "$ROOT/tests/check.c" "$ROOT"/kernels/cpu/{qmatmul,qmatmul_ref,qmatmul_avx2,qmatmul_neon,cpu_features}.c \
-  "$ROOT"/engine/base/{dtype,error}.c -lm
+  "$ROOT"/base/{dtype,error}.c -lm
 "$QEMU" -cpu max "$BIN2" neon
 "$QEMU" -cpu cortex-a53 "$BIN2" ref

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/ggml_types.h"
 #include "engine/load/gguf.h"
 #include "kernels/cpu/qmatmul.h"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/model.h"
 
 static int32_t *int_array(struct json_object *a, int *n) {

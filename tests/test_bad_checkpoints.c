@@ -8,7 +8,7 @@
 
 #include "tests/check.h"
 #include "engine/load/config.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/model.h"
 
 static char tmpdir[256];

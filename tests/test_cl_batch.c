@@ -11,7 +11,7 @@
 
 #include "tests/check.h"
 #include "engine/backend/registry.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/model.h"
 #include "engine/run/kv_cache.h"
 #include "tests/reference.h"

@@ -12,8 +12,8 @@
 #include "tests/check.h"
 #include "engine/backend/registry.h"
 #include "engine/load/model.h"
-#include "engine/base/dtype.h"
-#include "engine/base/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 #include "kernels/cpu/qmatmul.h"
 
 /* |y - oracle| <= TOL x sum_k |w_k x_k|: float32 sums of at most a few hundred products in another

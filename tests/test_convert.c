@@ -9,7 +9,7 @@
 #include "tests/check.h"
 #include "engine/run/context.h"
 #include "engine/convert/convert.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 
 static char tmp[256];
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/grammar/grammar_cache.h"
 #include "engine/grammar/json_schema.h"
 #include "engine/grammar/regex.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/run/kv_cache.h"
 #include "tests/check.h"
 

@@ -6,8 +6,8 @@
 
 #include "tests/check.h"
 #include "engine/run/context.h"
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "tests/reference.h"
 #include "kernels/cpu/qpack.h"
 

@@ -7,7 +7,7 @@
 #include "tests/check.h"
 #include "engine/run/context.h"
 #include "engine/backend/registry.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/run/generate.h"
 #include "tests/reference.h"
 

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "tests/check.h"
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_avx512.h"

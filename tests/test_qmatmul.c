@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "tests/check.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/safetensors.h"
 #include "kernels/cpu/qmatmul.h"
 #include "kernels/cpu/cpu_features.h"

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/qpack.h"
 #include "kernels/cpu/qpack_amx.h"

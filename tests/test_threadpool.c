@@ -4,7 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "engine/base/threadpool.h"
+#include "base/threadpool.h"
 #include "tests/check.h"
 
 #define THREADS 16

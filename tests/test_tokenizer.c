@@ -9,7 +9,7 @@
 #include <utf8proc.h>
 
 #include "tests/check.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "tokenizer/tok_internal.h"
 
 #define BPE_CACHE_MAX_PIECE 256 /* longer pieces are rare and not cached */

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "tokenizer/jinja/jinja.h"
 
 #define CHAT_CONFIG_MAX_BYTES (16u << 20)

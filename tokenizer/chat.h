@@ -5,7 +5,7 @@
 #ifndef TLLM_CHAT_H
 #define TLLM_CHAT_H
 
-#include "engine/base/buf.h"
+#include "base/buf.h"
 #include "engine/tllm.h" /* struct tllm_chat_msg */
 
 enum tllm_chat_kind {

@@ -1,7 +1,7 @@
 /* Decode: ids -> bytes -> UTF-8 (invalid sequences become U+FFFD), whole or streamed. */
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "tokenizer/tok_internal.h"
 
 static const char REPLACEMENT[] = "\xEF\xBF\xBD"; /* U+FFFD */

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include "tokenizer/tok_internal.h"
 
 /* The split regex comes from the tokenizer file, so it may backtrack without end (a{0,3000}a{0,3000}b

@@ -4,8 +4,8 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "tokenizer/tok_internal.h"
 
 #define BPE_CACHE_SIZE 65536 /* pieces; a direct-mapped cache, so a full one just overwrites */

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 uint64_t tllm_hash_bytes(const void *data, size_t len) { /* FNV-1a */
     const unsigned char *p = data;

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base/buf.h"
+#include "base/buf.h"
 
 /* tokenizer.json larger than this is refused (Qwen2.5's is 7 MB). */
 #define TLLM_TOK_MAX_FILE (256u << 20)

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "engine/backend/opencl/opencl.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 
 int tllm_device_index(const char *spec, int *index) {
     if (!spec || !strcmp(spec, "auto")) *index = -2;

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "engine/load/checkpoint.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 
 int tllm_prepare_out_dir(const char *dir, int force) {
     struct stat st;

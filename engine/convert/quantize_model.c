@@ -7,9 +7,9 @@
 #include "kernels/cpu/quantize.h"
 #include "engine/convert/convert.h"
 #include "engine/convert/convert_util.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/gguf.h"
-#include "engine/base/json_util.h"
+#include "base/json_util.h"
 #include "engine/convert/st_writer.h"
 
 /* One side of a mixed recipe: a number of bits (affine, in groups of group_size) or a float mode's name

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 size_t tllm_st_spec_nbytes(const struct tllm_st_spec *s) {
     size_t n = tllm_dtype_size(s->dtype);

@@ -7,8 +7,8 @@
 #include "engine/load/checkpoint.h"
 #include "engine/convert/convert.h"
 #include "engine/convert/convert_util.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 #include "engine/convert/st_writer.h"
 
 static uint64_t next(uint64_t *s) { /* xorshift64* */

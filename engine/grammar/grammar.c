@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 /* An element: its kind in the top two bits, its argument (a set or a rule) below */
 enum { GE_END = 0, GE_ALT = 1, GE_SET = 2, GE_REF = 3 };

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "tokenizer/tokenizer.h"
 
 /* A character class: ASCII members, and whether characters past ASCII belong */

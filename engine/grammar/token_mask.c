@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 #include <stdio.h>
 
 struct tllm_vocab_index {

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 
 char *tllm_path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);

@@ -5,8 +5,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 
 int tllm_quant_supported(int bits, int group_size) {
     return bits >= 1 && bits <= 8 && bits != 7 && (group_size == 32 || group_size == 64 || group_size == 128);

@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/ggml_types.h"
 
 #define MAX_KEY 65536         /* bytes of a key or tensor name */

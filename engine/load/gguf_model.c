@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "engine/load/ggml_types.h"
 #include "engine/load/gguf.h"
 #include "engine/load/model.h"

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 #define TT_NORMAL 1
 #define TT_CONTROL 3

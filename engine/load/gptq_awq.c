@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/model.h"
 
 /* AWQ's nibble order: output k of a word of 8 is in nibble awq_slot[k] */

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 
 #define HF_MAX_ID 256 /* owner/name as the Hub allows them (96 + 96), with room for a revision */
 

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "kernels/cpu/qpack.h"
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "engine/load/gguf.h"
 
 static void fmt_shape(char *buf, size_t n, const struct tllm_tensor *t) {

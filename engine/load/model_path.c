@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/load/hf_cache.h"
 
 #ifndef TLLM_DEMO_MODEL_DIR

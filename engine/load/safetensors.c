@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 static int cmp_tensor(const void *a, const void *b) {
     return strcmp(((const struct tllm_tensor *)a)->name, ((const struct tllm_tensor *)b)->name);

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 #define TLLM_ST_MAX_DIMS 8
 /* A header larger than this is refused: real ones are a few hundred KiB. */

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "engine/backend/registry.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 
 int tllm_ctx_init(struct tllm_ctx *ctx, const struct tllm_model *m, int n_ctx, int n_batch) {
     return tllm_ctx_init_kv(ctx, m, n_ctx, n_batch, TLLM_DT_F32);

@@ -7,8 +7,8 @@
 
 #include "tokenizer/tokenizer.h"
 #include "engine/load/checkpoint.h"
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 
 const char *tllm_finish_name(enum tllm_finish f) {
     switch (f) {

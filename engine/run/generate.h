@@ -3,8 +3,8 @@
 #ifndef TLLM_GENERATE_H
 #define TLLM_GENERATE_H
 
-#include "engine/base/buf.h"
-#include "engine/base/clock.h"
+#include "base/buf.h"
+#include "base/clock.h"
 #include "engine/run/context.h"
 #include "engine/run/sampler.h"
 #include "engine/tllm.h" /* enum tllm_finish, tllm_gen_cb */

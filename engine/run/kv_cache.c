@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 /* Large and mostly never touched: mapped, so that pages cost memory only once written. */
 static void *map_zero(size_t bytes) {

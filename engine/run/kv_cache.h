@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 #define TLLM_KV_BLOCK 16 /* positions per block */
 

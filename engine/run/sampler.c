@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "kernels/cpu/ops.h"
 
 struct tllm_sampler_params tllm_sampler_defaults(void) {

@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "engine/run/generate.h"
 
 #define TLLM_SCHED_MAX_TOP 20 /* top_logprobs at most (OpenAI's limit) */

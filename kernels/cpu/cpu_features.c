@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 /* A flag computed on first use and then read by any thread (the kernels ask from the pool's workers):
  * atomic, so that two first uses at once are not a data race (both compute the same value) */

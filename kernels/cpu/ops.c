@@ -1,6 +1,6 @@
 #include "kernels/cpu/ops.h"
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_avx512.h"
 #include "kernels/cpu/ops_ref.h"

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops_avx512.h"
 #include "kernels/cpu/ops_ref.h" /* where AVX-512 is not compiled */

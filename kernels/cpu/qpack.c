@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "kernels/cpu/cpu_features.h"
 
 int tllm_qpack_supported(const struct tllm_qweights *w) {

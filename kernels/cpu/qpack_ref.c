@@ -4,7 +4,7 @@
 
 #include <math.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 static void load_vec16(const void *src, enum tllm_dtype dt, size_t off, float *out) {
     for (int i = 0; i < TLLM_QPACK_ROWS; i++) out[i] = tllm_load_f32(src, dt, off + (size_t)i);

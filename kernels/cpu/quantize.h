@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/qweights.h"
 
 /* Quantize one row of `cols` float32 values (cols % group_size == 0) to codes of `bits` packed

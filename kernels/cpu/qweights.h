@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 #include "kernels/cpu/mxfp.h"
 
 struct tllm_qpack;

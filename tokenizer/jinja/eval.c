@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "tokenizer/jinja/render.h"
 #include "tokenizer/jinja/jinja.h"
 #include "tokenizer/jinja/jinja_int.h"

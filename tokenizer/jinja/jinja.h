@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "engine/base/buf.h"
+#include "base/buf.h"
 
 struct json_object;
 struct tllm_jinja;

@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/base/buf.h"
+#include "base/buf.h"
 
 /* ---- arena: every parse and every rendering allocates from one, freed at once ---- */
 struct jj_chunk;

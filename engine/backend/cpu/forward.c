@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
-#include "engine/base/threadpool.h"
+#include "base/error.h"
+#include "base/threadpool.h"
 #include "engine/load/model.h"
 #include "engine/run/kv_cache.h"
 #include "kernels/cpu/ops.h"

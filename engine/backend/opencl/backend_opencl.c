@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "engine/backend/opencl/cl.h"
-#include "engine/base/error.h"
+#include "base/error.h"
 
 struct cl_backend {
     struct tllm_backend base;

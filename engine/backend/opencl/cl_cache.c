@@ -11,8 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
-#include "engine/base/json_util.h"
+#include "base/error.h"
+#include "base/json_util.h"
 
 #define CACHE_MAX_BYTES (256u << 20)
 

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 /* kernels/opencl/'s files in the order they are joined, embedded at build time (cmake/embed_cl.cmake) */
 extern const char *const tllm_cl_sources[], *const tllm_cl_source_names[];

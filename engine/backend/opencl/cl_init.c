@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, int index) {
     *out = NULL;

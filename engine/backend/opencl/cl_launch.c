@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 /* Sweeps that `groups` work-groups of MV_LWS threads take over `rows` row slots of tpr threads */
 static size_t cl_sweeps(const struct tllm_cl *cl, int rows, int tpr, size_t groups) {

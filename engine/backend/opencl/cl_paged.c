@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 #include "engine/run/kv_cache.h"
 
 #ifndef PG_SPLIT_TOKENS

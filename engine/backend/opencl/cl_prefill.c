@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 #define PF_LOGIT_ROWS 64 /* tokens whose logits one lm_head GEMM computes (several tokens' logits or argmaxes) */
 #define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/clock.h"
-#include "engine/base/error.h"
+#include "base/clock.h"
+#include "base/error.h"
 
 /* Waits for every pending step and forgets them (after an error, or to drop a guess) */
 void tllm_cl_drop_pending(struct tllm_cl *cl) {

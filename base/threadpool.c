@@ -1,5 +1,5 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
-#include "engine/base/threadpool.h"
+#include "base/threadpool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 #include <sched.h>
 

@@ -1,4 +1,4 @@
-#include "engine/base/dtype.h"
+#include "base/dtype.h"
 
 static const struct {
     const char *name;

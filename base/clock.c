@@ -1,4 +1,4 @@
-#include "engine/base/clock.h"
+#include "base/clock.h"
 
 #include <sys/resource.h>
 #include <time.h>

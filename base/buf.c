@@ -1,9 +1,9 @@
-#include "engine/base/buf.h"
+#include "base/buf.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 static int grow(void **data, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return TLLM_OK;

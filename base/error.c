@@ -1,4 +1,4 @@
-#include "engine/base/error.h"
+#include "base/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

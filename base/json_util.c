@@ -1,4 +1,4 @@
-#include "engine/base/json_util.h"
+#include "base/json_util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/base/error.h"
+#include "base/error.h"
 
 int tllm_read_file(const char *path, size_t max_bytes, char **out, size_t *len) {
     *out = NULL;
