@@ -218,22 +218,19 @@ static int brute_allows(const struct tllm_grammar *g, const struct tllm_tok *tok
     return ok;
 }
 
-/* Random walks under each grammar: at every step the mask equals the brute force over the whole
- * vocabulary; then the walk takes a random allowed token */
-static void check_masks(const struct tllm_tok *tok, int brute_steps) {
-    static const char *const schemas[] = {
-        NULL,
-        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":120},"
-        "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a b\",\"\\u00e9t\\u00e9\",\"x\\\"y\"]},\"maxItems\":2}},\"required\":[\"name\",\"n\",\"tags\"]}",
-        "{\"type\":\"string\",\"pattern\":\"^[A-Z][a-z]{1,5}( [0-9]+)?$\"}",
-    };
-    int n_ids = tllm_tok_n_vocab(tok);
+/* Random walks under each grammar: at every step the mask equals the brute force over the ids below
+ * n_ids (0: the whole vocabulary; fewer: shorter tokens, so a walk crosses from where a counted string's
+ * states share one mask to where each count has its own); then the walk takes a random allowed token.
+ * max_computed > 0: the masks computed by each schema's walks together are at most that many. */
+static void check_masks(const struct tllm_tok *tok, int brute_steps, int n_ids, const char *const *schemas, size_t n_schemas,
+                        int max_computed) {
+    if (n_ids <= 0) n_ids = tllm_tok_n_vocab(tok);
     int32_t eos[2] = {tllm_tok_find(tok, "<|im_end|>"), tllm_tok_find(tok, "<|endoftext|>")};
     struct tllm_vocab_index *vi = NULL;
     CHECK(!tllm_vocab_index_init(tok, n_ids, &vi), "vocab index: %s", tllm_errmsg());
     if (!vi) return;
     float *logits = malloc((size_t)n_ids * sizeof *logits);
-    for (size_t si = 0; si < sizeof schemas / sizeof *schemas; si++) {
+    for (size_t si = 0; si < n_schemas; si++) {
         struct tllm_grammar *g = schema(schemas[si]);
         CHECK(g, "mask schema %zu", si);
         if (!g) continue;
@@ -274,6 +271,10 @@ static void check_masks(const struct tllm_tok *tok, int brute_steps) {
             tllm_gram_state_free(&st);
             tllm_gmatch_free(m);
         }
+        long computed = 0, cached = 0;
+        tllm_gmatch_counts(first, &computed, &cached);
+        CHECK(max_computed <= 0 || computed <= max_computed, "schema %zu: %ld masks computed over %d steps (at most %d)", si,
+              computed, 2 * brute_steps, max_computed);
         tllm_gmatch_free(first);
         tllm_grammar_free(g);
     }
@@ -365,7 +366,28 @@ int main(int argc, char **argv) {
     }
     if (tok) {
         const char *steps = getenv("TLLM_TEST_MASK_STEPS");
-        check_masks(tok, steps ? atoi(steps) : 6);
+        static const char *const schemas[] = {
+            NULL,
+            "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":6},\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":120},"
+            "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a b\",\"\\u00e9t\\u00e9\",\"x\\\"y\"]},\"maxItems\":2}},\"required\":[\"name\",\"n\",\"tags\"]}",
+            "{\"type\":\"string\",\"pattern\":\"^[A-Z][a-z]{1,5}( [0-9]+)?$\"}",
+            /* counted strings: states deep in the count share a mask (tllm_gram_mask_key) */
+            "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"minLength\":300}},\"required\":[\"a\"]}",
+            "{\"type\":\"string\",\"maxLength\":400}",
+            "{\"type\":\"string\",\"minLength\":200,\"maxLength\":500}",
+        };
+        int n = steps ? atoi(steps) : 6;
+        check_masks(tok, n, 0, schemas, sizeof schemas / sizeof *schemas, 0);
+        /* inside a long counted string every count past the longest token's bytes has the same mask: the
+         * start, the string's first state and (maxLength) the one past the opening quote, whatever the walk */
+        check_masks(tok, 8, 0, schemas + 4, 2, 4);
+        /* ids below 3000 (tokens of at most a dozen bytes): the walks cross into the counts that differ */
+        static const char *const short_counts[] = {
+            "{\"type\":\"string\",\"minLength\":40}",
+            "{\"type\":\"string\",\"maxLength\":40}",
+            "{\"type\":\"string\",\"minLength\":30,\"maxLength\":60}",
+        };
+        check_masks(tok, 40, 3000, short_counts, 3, 0);
         check_sampling(tok);
         tllm_gram_state_free(&brute_a);
         tllm_gram_state_free(&brute_c);

@@ -15,6 +15,7 @@ enum { GE_END = 0, GE_ALT = 1, GE_SET = 2, GE_REF = 3 };
 struct brule {
     uint32_t *el; /* alternatives separated by GE_ALT, no GE_END yet */
     int n, cap;
+    int chain_k;  /* o_k of a bounded repeat (tllm_gram_repeat: "" | x o_(k-1)), else 0 */
 };
 
 struct tllm_gram_builder {
@@ -35,6 +36,12 @@ struct tllm_grammar {
     uint8_t (*sets)[32];  /* [n_sets] the byte sets GE_SET elements name */
     int root;
     int refs;             /* holders (tllm_grammar_ref); atomic: a server's threads share grammars */
+    /* counted repeats, for tllm_gram_mask_key (NULL when the grammar has none): */
+    int32_t *run;         /* [n_el] at a reference to a rule that reads at least a byte: how many equal
+                           * references follow from here (x{min}'s copies), else 0 */
+    int32_t *chain_k;     /* [n_el] in rule o_k of x{0,max}'s chain: k (o_(k-1) is laid out just before,
+                           * chain_len elements earlier), else 0 */
+    int32_t *chain_len;   /* [n_el] the size of that rule's elements */
 };
 
 int tllm_gram_builder_init(struct tllm_gram_builder **out) {
@@ -123,7 +130,8 @@ int tllm_gram_repeat(struct tllm_gram_builder *b, int x, int min, int max) {
         tllm_gram_alt(b, tail);
     } else { /* o_k ::= "" | x o_(k-1), built from o_0 up */
         for (int k = 1; k <= max - min && !b->failed; k++) {
-            int o = tllm_gram_rule(b);
+            int o = tllm_gram_rule(b); /* o_k: the rule just after o_(k-1), every o of the same elements */
+            if (o >= 0) b->rules[o].chain_k = k;
             tllm_gram_alt(b, o);
             tllm_gram_ref(b, o, x);
             tllm_gram_ref(b, o, tail);
@@ -148,6 +156,9 @@ void tllm_grammar_free(struct tllm_grammar *g) {
     free(g->alts);
     free(g->alt_off);
     free(g->sets);
+    free(g->run);
+    free(g->chain_k);
+    free(g->chain_len);
     free(g);
 }
 
@@ -163,6 +174,29 @@ static int left_recursive(const struct tllm_grammar *g, const uint8_t *nullable,
             if (!nullable[x]) break;
         }
     mark[r] = 2;
+    return 0;
+}
+
+/* g->run, g->chain_k, g->chain_len (left NULL when no repeat is long enough to matter); -1 out of memory */
+static int counted_repeats(struct tllm_grammar *g, const struct tllm_gram_builder *b, const uint8_t *nullable) {
+    int any = 0;
+    for (int r = 0; r < b->n_rules && !any; r++) any = b->rules[r].chain_k > 1;
+    for (int e = 0; e + 2 < g->n_el && !any; e++)
+        any = GE_KIND(g->el[e]) == GE_REF && g->el[e + 1] == g->el[e] && g->el[e + 2] == g->el[e];
+    if (!any) return 0;
+    g->run = calloc((size_t)g->n_el + 1, sizeof *g->run);
+    g->chain_k = calloc((size_t)g->n_el + 1, sizeof *g->chain_k);
+    g->chain_len = calloc((size_t)g->n_el + 1, sizeof *g->chain_len);
+    if (!g->run || !g->chain_k || !g->chain_len) return -1;
+    for (int e = g->n_el - 1; e >= 0; e--)
+        if (GE_KIND(g->el[e]) == GE_REF && !nullable[GE_ARG(g->el[e])]) g->run[e] = g->el[e + 1] == g->el[e] ? g->run[e + 1] + 1 : 1;
+    for (int r = 0, e = 0; r < b->n_rules; r++) {
+        int len = b->rules[r].n + 1; /* with its GE_END */
+        /* the chain's x reads a byte (a string's character): else o_k's texts need not be longer */
+        int k = b->rules[r].chain_k, x_ok = b->rules[r].n == 3 && !nullable[GE_ARG(b->rules[r].el[1])];
+        for (int i = 0; i < len; i++, e++)
+            if (k > 1 && x_ok) g->chain_k[e] = k, g->chain_len[e] = len;
+    }
     return 0;
 }
 
@@ -220,6 +254,10 @@ int tllm_gram_build(struct tllm_gram_builder *b, int root, struct tllm_grammar *
     int bad = -1;
     for (int r = 0; r < g->n_rules && bad < 0; r++)
         if (left_recursive(g, nullable, r, mark)) bad = r;
+    if (bad < 0 && counted_repeats(g, b, nullable)) {
+        free(nullable), free(mark);
+        goto nomem;
+    }
     free(nullable), free(mark);
     if (bad >= 0) {
         rc = tllm_fail(TLLM_ERR_FORMAT, "grammar rule %d refers to itself before reading anything (left recursion)", bad);
@@ -376,6 +414,31 @@ int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state
     }
     seen_done(sn);
     return rc;
+}
+
+/* Where position e goes in a mask key: a run of references (x{min}) with more than keep still to come, or
+ * a chain rule o_k (x{0,max}) with k > keep, moved to where keep remain */
+static uint32_t key_position(const struct tllm_grammar *g, uint32_t e, int keep) {
+    if (g->run[e] > keep) return e + (uint32_t)(g->run[e] - keep);
+    if (g->chain_k[e] > keep) return e - (uint32_t)((g->chain_k[e] - keep) * g->chain_len[e]);
+    return e;
+}
+
+int tllm_gram_mask_key(const struct tllm_grammar *g, const struct tllm_gram_state *st, int max_len,
+                       struct tllm_gram_state *out) {
+    if (!g->run) return 0;
+    int keep = max_len + 1, moved = 0;
+    for (int i = 0; i < st->n_words && !moved; i += 1 + (int)st->w[i])
+        for (int k = 1; k <= (int)st->w[i] && !moved; k++) moved = key_position(g, st->w[i + k], keep) != st->w[i + k];
+    if (!moved) return 0;
+    out->n_words = out->n_stacks = 0;
+    uint32_t buf[TLLM_GRAMMAR_MAX_DEPTH + 1];
+    for (int i = 0; i < st->n_words; i += 1 + (int)st->w[i]) {
+        int len = (int)st->w[i];
+        for (int k = 0; k < len; k++) buf[k] = key_position(g, st->w[i + 1 + k], keep);
+        if (add_stack(out, buf, len)) return -1;
+    }
+    return 1;
 }
 
 int tllm_gram_match(const struct tllm_grammar *g, const char *text, size_t n) {

@@ -78,6 +78,13 @@ int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state
 /* 1 when the text so far is a whole sentence of the grammar */
 int tllm_gram_accepting(const struct tllm_gram_state *st);
 int tllm_gram_state_copy(struct tllm_gram_state *dst, const struct tllm_gram_state *src);
+/* What st looks like to texts of at most max_len bytes (a token's longest): deep in a counted string
+ * (x{n} with n over max_len left to read: minLength; or x{0,n}: maxLength) where it stands in the count
+ * makes no difference to them, so the positions are moved to where max_len + 1 copies remain. 1 with
+ * that state in out; 0 when st is its own key (out untouched); -1 out of memory. st and out then accept
+ * the same texts of up to max_len bytes (and either both or neither is accepting): the same token mask. */
+int tllm_gram_mask_key(const struct tllm_grammar *g, const struct tllm_gram_state *st, int max_len,
+                       struct tllm_gram_state *out);
 void tllm_gram_state_free(struct tllm_gram_state *st);
 /* Bytes no byte set of g tells apart share a class: cls[byte] in [0, n), n returned (a JSON schema's
  * grammar has a few dozen; an automaton's transition rows need only that many entries) */

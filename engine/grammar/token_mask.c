@@ -137,6 +137,8 @@ struct dstate {
     int32_t *list;     /* its mask once made (else NULL): the ids allowed (list_allows) or refused, whichever
                         * are fewer, ascending */
     int n_list, list_allows;
+    int32_t mask_at;   /* the state whose mask is this one's (tllm_gram_mask_key: deep in a counted string,
+                        * one state stands for every count), or -1 not looked up yet */
 };
 #define NEXT_UNKNOWN (-2)
 #define NEXT_DEAD (-1)
@@ -242,7 +244,7 @@ static int intern(struct gdfa *d, const struct tllm_gram_state *st) {
         return -1;
     }
     if (st->n_words) memcpy(x->w, st->w, (size_t)st->n_words * sizeof *x->w);
-    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->list = NULL;
+    x->n_words = st->n_words, x->n_stacks = st->n_stacks, x->list = NULL, x->mask_at = -1;
     for (int c = 0; c < d->n_classes; c++) x->next[c] = NEXT_UNKNOWN;
     d->ht[slot] = d->n_ds;
     return d->n_ds++;
@@ -353,21 +355,37 @@ static int compute(struct gdfa *d, int from, uint64_t *bits) {
     return TLLM_OK;
 }
 
-/* The mask of m's state, computed when no sequence has stood there yet */
+/* The state whose mask is state id's (itself, or its key: tllm_gram_mask_key); -1 out of memory */
+static int mask_state(struct gdfa *d, int id) {
+    if (d->ds[id].mask_at >= 0) return d->ds[id].mask_at;
+    struct tllm_gram_state st = view(&d->ds[id]);
+    int moved = tllm_gram_mask_key(d->g, &st, d->v->max_len, &d->tmp), at = id;
+    if (moved < 0 || (moved && (at = intern(d, &d->tmp)) < 0)) return -1;
+    d->ds[id].mask_at = at, d->ds[at].mask_at = at; /* a key is its own key */
+    return at;
+}
+
+/* The mask of m's state, computed when no sequence has stood there (or at a state of the same key) yet */
 static const struct dstate *lookup(struct tllm_gmatch *m) {
     struct gdfa *d = m->d;
-    if (d->ds[m->cur].list) {
+    int at = d->ds[m->cur].mask_at;
+    if (at >= 0 && d->ds[at].list) {
         d->cached++;
-        return &d->ds[m->cur];
+        return &d->ds[at];
     }
-    if (bound_states(d)) return NULL;
+    if (bound_states(d)) return NULL; /* (may number the states anew) */
+    if ((at = mask_state(d, m->cur)) < 0) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
+    if (d->ds[at].list) {
+        d->cached++;
+        return &d->ds[at];
+    }
     int n_ids = d->v->n_ids;
     size_t words = ((size_t)n_ids + 63) / 64;
     if (!d->bits && !(d->bits = malloc(words * sizeof *d->bits))) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
     uint64_t *bits = d->bits;
     memset(bits, 0, words * sizeof *bits);
     double t0 = tllm_now();
-    if (compute(d, m->cur, bits)) return NULL;
+    if (compute(d, at, bits)) return NULL;
     int n_allowed = 0;
     for (int i = 0; i < n_ids; i++) n_allowed += (int)(bits[i >> 6] >> (i & 63) & 1);
     int allows = n_allowed <= n_ids / 2, n = allows ? n_allowed : n_ids - n_allowed, k = 0;
@@ -376,7 +394,7 @@ static const struct dstate *lookup(struct tllm_gmatch *m) {
     for (int i = 0; i < n_ids; i++)
         if ((int)(bits[i >> 6] >> (i & 63) & 1) == allows) list[k++] = i;
     d->secs += tllm_now() - t0;
-    struct dstate *x = &d->ds[m->cur];
+    struct dstate *x = &d->ds[at]; /* (the walk may have moved ds) */
     x->list = list, x->n_list = n, x->list_allows = allows;
     d->n_masks++;
     d->computed++;
