@@ -156,6 +156,26 @@ def test_tools(demo):
         demo.chat(ASK, tools=[WEATHER], tool_choice="maybe")
 
 
+def test_tools_real_model():
+    """The real Qwen2.5-Coder-0.5B GGUF (scripts/fetch_model.sh) asked for Paris' weather with a tool
+    offered: the call comes back from chat() and from generate_batch(), as `tllm serve` returns it."""
+    path = os.path.join(REPO, "models", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    if not os.path.exists(path):
+        pytest.skip("the real model is not there (scripts/fetch_model.sh qwen2.5-coder-0.5b)")
+    if os.environ.get("TLLM_TEST_SANITIZED"):
+        pytest.skip("the real model under the sanitizers: the plain run checks it")
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    with tllm.Model(path, device="cpu", threads=2) as m:
+        msg = m.chat(ask, tools=[weather], temperature=0, max_tokens=64)
+        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg.get("tool_calls", [])]
+        assert calls == [("get_weather", {"city": "Paris"})], msg
+        out = m.generate_batch([{"messages": ask, "tools": [weather]}], temperature=0, max_tokens=64)[0]
+        assert out.finish_reason == "tool_calls" and [c["function"] for c in out.tool_calls] == \
+            [c["function"] for c in msg["tool_calls"]], out
+
+
 def test_logits_match_reference():
     np = pytest.importorskip("numpy")
     ref_dir = os.path.join(SMALL, "reference")
