@@ -75,16 +75,18 @@ void tllm_api_chat_free(struct tllm_api_chat *c) {
 }
 
 int tllm_session_chat_json(struct tllm_session *s, const char *request, const struct tllm_generate_params *p,
-                           tllm_gen_cb cb, void *user, char **text, char **tool_calls, struct tllm_stats *stats) {
+                           tllm_gen_cb cb, void *user, char **text, char **tool_calls, int32_t **ids, size_t *n_ids,
+                           struct tllm_stats *stats) {
     if (text) *text = NULL;
     if (tool_calls) *tool_calls = NULL;
+    if (ids) *ids = NULL, *n_ids = 0;
     if (stats) memset(stats, 0, sizeof *stats);
     struct tllm_api_chat c;
     int rc = tllm_api_chat_prepare(s->e, request, p, &c);
     if (rc) return rc;
     char *answer = NULL;
     struct tllm_stats st;
-    rc = tllm_api_complete(s, c.prompt.data, c.prompt.len, p, c.grammar, cb, user, &answer, NULL, NULL, &st);
+    rc = tllm_api_complete(s, c.prompt.data, c.prompt.len, p, c.grammar, cb, user, &answer, ids, n_ids, &st);
     char *calls = NULL, *content = NULL;
     int called = rc ? 0 : tllm_api_chat_calls(&c, answer, strlen(answer), &calls, &content);
     tllm_api_chat_free(&c);
@@ -99,5 +101,6 @@ int tllm_session_chat_json(struct tllm_session *s, const char *request, const st
     else free(calls);
     if (!rc && text) *text = answer;
     else free(answer);
+    if (rc && ids) free(*ids), *ids = NULL, *n_ids = 0;
     return rc;
 }

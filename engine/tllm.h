@@ -197,10 +197,12 @@ int tllm_session_chat(struct tllm_session *s, const struct tllm_chat_msg *msgs, 
  * *text receives the answer; when it called tools, *tool_calls receives the calls as OpenAI's
  * message.tool_calls (a JSON array's text: ids, names, arguments as JSON text), *text what was around
  * them ("" when nothing) and stats->finish is TLLM_FINISH_TOOL_CALLS; else *tool_calls is NULL. cb sees
- * the text as it is generated, a call's markup included. text, tool_calls (tllm_free) and stats may be
- * NULL. A bad request fails with TLLM_ERR_ARG and a message naming the field. */
+ * the text as it is generated, a call's markup included; ids receives the generated ids. text,
+ * tool_calls, ids (tllm_free) and stats may be NULL. A bad request fails with TLLM_ERR_ARG and a message
+ * naming the field. */
 int tllm_session_chat_json(struct tllm_session *s, const char *request, const struct tllm_generate_params *p,
-                           tllm_gen_cb cb, void *user, char **text, char **tool_calls, struct tllm_stats *stats);
+                           tllm_gen_cb cb, void *user, char **text, char **tool_calls, int32_t **ids, size_t *n_ids,
+                           struct tllm_stats *stats);
 
 /* ---- raw logits ---- */
 

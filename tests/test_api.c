@@ -355,7 +355,7 @@ static void test_chat_json(const char *demo) {
     const char *required = "{" ASK ", " WEATHER ", \"tool_choice\": \"required\"}";
     char *text = NULL, *calls = NULL, call[256];
     struct tllm_stats st;
-    CHECK(tllm_session_chat_json(s, required, &p, NULL, NULL, &text, &calls, &st) == TLLM_OK, "required: %s", tllm_errmsg());
+    CHECK(tllm_session_chat_json(s, required, &p, NULL, NULL, &text, &calls, NULL, NULL, &st) == TLLM_OK, "required: %s", tllm_errmsg());
     one_call(calls, call, sizeof call);
     struct json_object *args = call[0] ? json_tokener_parse(strchr(call, ' ') + 1) : NULL, *city = NULL;
     CHECK(!strncmp(call, "get_weather ", 12) && args && json_object_object_length(args) == 1 &&
@@ -373,7 +373,7 @@ static void test_chat_json(const char *demo) {
     p.max_tokens = 12;
     CHECK(tllm_session_chat(s, &msg, 1, &p, NULL, NULL, &plain, NULL) == TLLM_OK, "chat: %s", tllm_errmsg());
     const char *none = "{" ASK ", " WEATHER ", \"tool_choice\": \"none\"}";
-    CHECK(tllm_session_chat_json(s, none, &p, NULL, NULL, &text, &calls, &st) == TLLM_OK && !calls && plain && text &&
+    CHECK(tllm_session_chat_json(s, none, &p, NULL, NULL, &text, &calls, NULL, NULL, &st) == TLLM_OK && !calls && plain && text &&
               !strcmp(text, plain),
           "tool_choice none: '%s' (calls %s), the plain chat '%s'", text ? text : "", calls ? calls : "none", plain ? plain : "");
     tllm_free(text);
@@ -401,11 +401,11 @@ static void test_chat_json(const char *demo) {
     tllm_free(plain);
 
     /* bad requests: statuses and messages naming what is wrong */
-    CHECK(tllm_session_chat_json(s, "{\"messages\": [", &p, NULL, NULL, &text, &calls, NULL) == TLLM_ERR_ARG && !text &&
+    CHECK(tllm_session_chat_json(s, "{\"messages\": [", &p, NULL, NULL, &text, &calls, NULL, NULL, NULL) == TLLM_ERR_ARG && !text &&
               !calls && strstr(tllm_errmsg(), "chat request"),
           "not JSON: %s", tllm_errmsg());
     CHECK(tllm_session_chat_json(s, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"maybe\"}",
-                                 &p, NULL, NULL, &text, &calls, NULL) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "tool_choice"),
+                                 &p, NULL, NULL, &text, &calls, NULL, NULL, NULL) == TLLM_ERR_ARG && strstr(tllm_errmsg(), "tool_choice"),
           "a bad tool_choice: %s", tllm_errmsg());
     tllm_session_free(s);
     tllm_engine_free(e);

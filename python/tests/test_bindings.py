@@ -146,6 +146,7 @@ def test_tools(demo):
                                 {"messages": ASK, "tools": [WEATHER], "tool_choice": "nope"},
                                 {"messages": history, "tools": [WEATHER], "tool_choice": "none"}], **GREEDY)
     assert outs[0].finish_reason == "tool_calls" and [x["function"] for x in outs[0].tool_calls] == [call["function"]]
+    assert c.token_ids and c.token_ids == outs[0].token_ids and c.completion_tokens == len(c.token_ids)
     assert isinstance(outs[1], tllm.Error) and "tool_choice" in str(outs[1])
     assert outs[2].text == again["content"] and outs[2].tool_calls is None
     with pytest.raises(TypeError, match="messages"):

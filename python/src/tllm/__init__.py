@@ -364,6 +364,7 @@ class Model:
     def _chat_json(self, request: bytes, params: _Params, on_text: Optional[Any]) -> Completion:
         """One chat given as OpenAI's request (tllm_session_chat_json)."""
         text, calls, st = ctypes.c_void_p(), ctypes.c_void_p(), _lib.Stats()
+        out_ids, n_ids = ctypes.POINTER(ctypes.c_int32)(), ctypes.c_size_t()
         raised: List[BaseException] = []
 
         def piece(ptr: int, n: int, user: int) -> int:
@@ -377,13 +378,15 @@ class Model:
         self._open()
         with _lock:
             _check(lib.tllm_session_chat_json(self._session, request, ctypes.byref(params.c), cb, None,
-                                              ctypes.byref(text), ctypes.byref(calls), ctypes.byref(st)))
+                                              ctypes.byref(text), ctypes.byref(calls), ctypes.byref(out_ids),
+                                              ctypes.byref(n_ids), ctypes.byref(st)))
         try:
-            result = _completion(ctypes.string_at(text).decode("utf-8", "replace"), [], st,
+            result = _completion(ctypes.string_at(text).decode("utf-8", "replace"), out_ids[:n_ids.value], st,
                                  ctypes.string_at(calls) if calls.value else None)
         finally:
             lib.tllm_free(text)
             lib.tllm_free(calls)
+            lib.tllm_free(out_ids)
         if raised:
             raise raised[0]
         return result

@@ -98,7 +98,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tllm_generate_params_default": (None, [vp, P(GenerateParams)]),
         "tllm_session_complete_ids": (c_int, [vp, P(c_int32), c_size_t, P(GenerateParams), GEN_CB, vp, P(vp),
                                               P(P(c_int32)), P(c_size_t), P(Stats)]),
-        "tllm_session_chat_json": (c_int, [vp, c_char_p, P(GenerateParams), GEN_CB, vp, P(vp), P(vp), P(Stats)]),
+        "tllm_session_chat_json": (c_int, [vp, c_char_p, P(GenerateParams), GEN_CB, vp, P(vp), P(vp), P(P(c_int32)),
+                                           P(c_size_t), P(Stats)]),
         "tllm_session_logits": (c_int, [vp, P(c_int32), c_size_t, c_int, P(c_float)]),
         "tllm_session_generate_batch": (c_int, [vp, P(BatchItem), c_size_t, P(BatchParams), BATCH_CB, vp]),
     }
