@@ -77,6 +77,14 @@ static void test_reference_ids(const char *dir) {
 }
 
 /* What a batch callback saw, by item */
+/* The model on 2 threads and a session on the CPU */
+static void open_on_cpu(const char *dir, struct tllm_engine **e, struct tllm_session **s) {
+    struct tllm_engine_params ep = {.threads = 2};
+    CHECK(tllm_engine_open(dir, &ep, e) == TLLM_OK, "open %s: %s", dir, tllm_errmsg());
+    struct tllm_session_params sp = {.device = "cpu"};
+    CHECK(tllm_session_open(*e, &sp, s) == TLLM_OK, "session: %s", tllm_errmsg());
+}
+
 struct batch_seen {
     int n_calls[8], status[8], finish[8], stop_at;
     char *text[8], error[8][160];
@@ -99,10 +107,8 @@ static int on_item(size_t i, const struct tllm_batch_result *r, void *user) {
 static void test_batch(const char *demo) {
     struct tllm_engine *e;
     struct tllm_session *s;
-    struct tllm_engine_params ep = {.threads = 2};
-    CHECK(tllm_engine_open(demo, &ep, &e) == TLLM_OK, "open %s: %s", demo, tllm_errmsg());
+    open_on_cpu(demo, &e, &s);
     struct tllm_session_params sp = {.device = "cpu"};
-    CHECK(tllm_session_open(e, &sp, &s) == TLLM_OK, "session: %s", tllm_errmsg());
     struct tllm_generate_params p, pj;
     tllm_generate_params_default(e, &p);
     p.sampling = tllm_sampler_defaults();
@@ -339,10 +345,7 @@ static int on_chat_item(size_t i, const struct tllm_batch_result *r, void *user)
 static void test_chat_json(const char *demo) {
     struct tllm_engine *e;
     struct tllm_session *s;
-    struct tllm_engine_params ep = {.threads = 2};
-    CHECK(tllm_engine_open(demo, &ep, &e) == TLLM_OK, "open %s: %s", demo, tllm_errmsg());
-    struct tllm_session_params sp = {.device = "cpu"};
-    CHECK(tllm_session_open(e, &sp, &s) == TLLM_OK, "session: %s", tllm_errmsg());
+    open_on_cpu(demo, &e, &s);
     struct tllm_generate_params p;
     tllm_generate_params_default(e, &p);
     p.sampling = tllm_sampler_defaults();
