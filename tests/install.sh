@@ -33,6 +33,8 @@ if cc -std=c11 -Wall -Wextra -Werror $extra "$src/docs/examples/embed.c" -o "$tm
   if (cd "$tmp" && ./embed "$demo" "What does tar do?" >"$tmp/embed.out" 2>&1); then
     grep -q "round trip ok" "$tmp/embed.out" && grep -q "generated, finish" "$tmp/embed.out" \
       && ok "the embedded engine tokenizes and generates" || { cat "$tmp/embed.out"; bad "embed's output"; }
+    grep -q 'tool calls \[{"id":"call_.*"name":"get_weather".*finish tool_calls' "$tmp/embed.out" \
+      && ok "and answers an OpenAI request with a tool call" || { cat "$tmp/embed.out"; bad "embed's tool call"; }
   else
     cat "$tmp/embed.out"; bad "embed exited non-zero"
   fi

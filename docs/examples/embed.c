@@ -1,5 +1,5 @@
 /* A program that embeds tllm through its C API: load a model, chat one turn with the reply streamed,
- * tokenize and detokenize, print the statistics.
+ * tokenize and detokenize, print the statistics; then an agent's turn (OpenAI's request with a tool).
  *
  *     cc embed.c $(pkg-config --cflags --libs tllm) -o embed
  *     ./embed [MODEL] ["question"]      (MODEL: a directory or owner/name; default $TLLM_MODEL or the demo)
@@ -59,8 +59,22 @@ int main(int argc, char **argv) {
     printf("\n%d prompt tokens, %d generated, finish %s, reply %zu bytes\n", st.n_prompt, st.n_generated,
            tllm_finish_name(st.finish), strlen(reply));
     tllm_free(reply);
+    int generated = st.n_generated;
+
+    /* an agent's turn: the chat as OpenAI's request body, with a tool the answer must call */
+    const char *request =
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"What is the weather in Paris?\"}],"
+        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\","
+        " \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 20}}, \"required\": [\"city\"]}}}],"
+        " \"tool_choice\": \"required\"}";
+    char *calls;
+    gp.max_tokens = 64;
+    if (tllm_session_chat_json(s, request, &gp, NULL, NULL, &reply, &calls, NULL, NULL, &st)) return fail("chat_json");
+    printf("tool calls %s, finish %s\n", calls ? calls : "(none)", tllm_finish_name(st.finish));
+    tllm_free(reply);
+    tllm_free(calls);
 
     tllm_session_free(s);
     tllm_engine_free(e);
-    return st.n_generated > 0 ? 0 : 1;
+    return generated > 0 ? 0 : 1;
 }
