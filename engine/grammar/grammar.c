@@ -192,10 +192,14 @@ static int counted_repeats(struct tllm_grammar *g, const struct tllm_gram_builde
         if (GE_KIND(g->el[e]) == GE_REF && !nullable[GE_ARG(g->el[e])]) g->run[e] = g->el[e + 1] == g->el[e] ? g->run[e + 1] + 1 : 1;
     for (int r = 0, e = 0; r < b->n_rules; r++) {
         int len = b->rules[r].n + 1; /* with its GE_END */
-        /* the chain's x reads a byte (a string's character): else o_k's texts need not be longer */
-        int k = b->rules[r].chain_k, x_ok = b->rules[r].n == 3 && !nullable[GE_ARG(b->rules[r].el[1])];
+        /* o_k is "" | x o_(k-1), o_(k-1) the rule before, and its x reads a byte (a string's character: else
+         * o_k's texts need not be longer) */
+        const uint32_t *el = b->rules[r].el;
+        int k = b->rules[r].chain_k;
+        int ok = k > 1 && b->rules[r].n == 3 && GE_KIND(el[0]) == GE_ALT && GE_KIND(el[1]) == GE_REF &&
+                 GE_KIND(el[2]) == GE_REF && (int)GE_ARG(el[2]) == r - 1 && !nullable[GE_ARG(el[1])];
         for (int i = 0; i < len; i++, e++)
-            if (k > 1 && x_ok) g->chain_k[e] = k, g->chain_len[e] = len;
+            if (ok) g->chain_k[e] = k, g->chain_len[e] = len;
     }
     return 0;
 }
