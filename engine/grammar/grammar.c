@@ -40,9 +40,10 @@ struct tllm_grammar {
     int32_t *run;         /* [n_el] at a reference to a rule that reads at least a byte: how many equal
                            * references follow from here (x{min}'s copies), else 0 */
     int32_t *chain_k;     /* [n_el] in rule o_k of x{0,max}'s chain: k (o_(k-1) is laid out just before,
-                           * chain_len elements earlier), else 0 */
-    int32_t *chain_len;   /* [n_el] the size of that rule's elements */
+                           * CHAIN_RULE_LEN elements earlier), else 0 */
 };
+/* a chain rule's elements: GE_ALT, x, o_(k-1), GE_END */
+#define CHAIN_RULE_LEN 4
 
 int tllm_gram_builder_init(struct tllm_gram_builder **out) {
     *out = calloc(1, sizeof **out);
@@ -158,7 +159,6 @@ void tllm_grammar_free(struct tllm_grammar *g) {
     free(g->sets);
     free(g->run);
     free(g->chain_k);
-    free(g->chain_len);
     free(g);
 }
 
@@ -177,7 +177,7 @@ static int left_recursive(const struct tllm_grammar *g, const uint8_t *nullable,
     return 0;
 }
 
-/* g->run, g->chain_k, g->chain_len (left NULL when no repeat is long enough to matter); -1 out of memory */
+/* g->run, g->chain_k (left NULL when no repeat is long enough to matter); -1 out of memory */
 static int counted_repeats(struct tllm_grammar *g, const struct tllm_gram_builder *b, const uint8_t *nullable) {
     int any = 0;
     for (int r = 0; r < b->n_rules && !any; r++) any = b->rules[r].chain_k > 1;
@@ -186,8 +186,7 @@ static int counted_repeats(struct tllm_grammar *g, const struct tllm_gram_builde
     if (!any) return 0;
     g->run = calloc((size_t)g->n_el + 1, sizeof *g->run);
     g->chain_k = calloc((size_t)g->n_el + 1, sizeof *g->chain_k);
-    g->chain_len = calloc((size_t)g->n_el + 1, sizeof *g->chain_len);
-    if (!g->run || !g->chain_k || !g->chain_len) return -1;
+    if (!g->run || !g->chain_k) return -1;
     for (int e = g->n_el - 1; e >= 0; e--)
         if (GE_KIND(g->el[e]) == GE_REF && !nullable[GE_ARG(g->el[e])]) g->run[e] = g->el[e + 1] == g->el[e] ? g->run[e + 1] + 1 : 1;
     for (int r = 0, e = 0; r < b->n_rules; r++) {
@@ -196,10 +195,10 @@ static int counted_repeats(struct tllm_grammar *g, const struct tllm_gram_builde
          * o_k's texts need not be longer) */
         const uint32_t *el = b->rules[r].el;
         int k = b->rules[r].chain_k;
-        int ok = k > 1 && b->rules[r].n == 3 && GE_KIND(el[0]) == GE_ALT && GE_KIND(el[1]) == GE_REF &&
+        int ok = k > 1 && b->rules[r].n + 1 == CHAIN_RULE_LEN && GE_KIND(el[0]) == GE_ALT && GE_KIND(el[1]) == GE_REF &&
                  GE_KIND(el[2]) == GE_REF && (int)GE_ARG(el[2]) == r - 1 && !nullable[GE_ARG(el[1])];
         for (int i = 0; i < len; i++, e++)
-            if (ok) g->chain_k[e] = k, g->chain_len[e] = len;
+            if (ok) g->chain_k[e] = k;
     }
     return 0;
 }
@@ -424,7 +423,7 @@ int tllm_gram_advance(const struct tllm_grammar *g, const struct tllm_gram_state
  * a chain rule o_k (x{0,max}) with k > keep, moved to where keep remain */
 static uint32_t key_position(const struct tllm_grammar *g, uint32_t e, int keep) {
     if (g->run[e] > keep) return e + (uint32_t)(g->run[e] - keep);
-    if (g->chain_k[e] > keep) return e - (uint32_t)((g->chain_k[e] - keep) * g->chain_len[e]);
+    if (g->chain_k[e] > keep) return e - (uint32_t)((g->chain_k[e] - keep) * CHAIN_RULE_LEN);
     return e;
 }
 
