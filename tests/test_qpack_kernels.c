@@ -42,9 +42,11 @@ static void fill(void *dst, enum tllm_dtype dt, size_t n, float lo, float hi) {
 typedef void kernel_fn(const struct tllm_qpack *, const struct tllm_xq *, float *, int, int);
 
 static int cases;
+static void kernels(const struct tllm_qweights *w, int forms);
 
-/* fmt: affine (scales and biases of dt), or mxfp4 / nvfp4 (E8M0 / E4M3 scale bytes, dt ignored) */
-static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
+/* fmt: affine (scales and biases of dt), or mxfp4 / nvfp4 (E8M0 / E4M3 scale bytes, dt ignored); forms:
+ * the pack's compact forms (qpack.h), where the weights allow them */
+static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt, int rows, int cols, int forms) {
     size_t words = (size_t)rows * cols * bits / 32, ng = (size_t)rows * (cols / gs);
     uint32_t *q = malloc(words * 4);
     void *sc = malloc(ng * 4), *bi = malloc(ng * 4);
@@ -58,8 +60,17 @@ static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt,
             ((uint8_t *)sc)[i] = (uint8_t)(fmt == TLLM_WF_NVFP4 ? next() % 0x7f : 115 + next() % 10);
     }
     struct tllm_qweights w = {"w", rows, cols, fmt, dt, bits, gs, q, sc, fmt == TLLM_WF_AFFINE ? bi : NULL, NULL, NULL};
+    kernels(&w, forms);
+    free(q), free(sc), free(bi);
+}
+
+/* w packed (forms: the compact forms, where they apply), every kernel this CPU runs against the portable one */
+static void kernels(const struct tllm_qweights *wp, int forms) {
+    const struct tllm_qweights w = *wp;
+    const int rows = w.rows, cols = w.cols, bits = w.bits, gs = w.group_size;
+    const enum tllm_dtype dt = w.dtype;
     struct tllm_qpack p;
-    if (tllm_qpack_init(&p, &w) != TLLM_OK) {
+    if (tllm_qpack_init_as(&p, &w, forms) != TLLM_OK) {
         CHECK(0, "pack: %s", tllm_errmsg());
         return;
     }
@@ -93,17 +104,150 @@ static void one_fmt(enum tllm_wformat fmt, int bits, int gs, enum tllm_dtype dt,
                 int split = p.n_blocks / 2; /* two calls over split block ranges, as two threads would */
                 k[j].fn(&p, &xq, y1, 0, split);
                 k[j].fn(&p, &xq, y1, split, p.n_blocks);
-                CHECK(memcmp(y0, y1, (size_t)nt * rows * 4) == 0, "%s: bits %d g%d %s rows %d cols %d tokens %d levels %d: != portable",
-                      k[j].name, bits, gs, tllm_dtype_name(dt), rows, cols, nt, levels);
+                CHECK(memcmp(y0, y1, (size_t)nt * rows * 4) == 0, "%s: bits %d (pack %d%s) g%d %s rows %d cols %d tokens %d levels %d: != portable",
+                      k[j].name, bits, p.bits, p.super ? ", two-level" : "", gs, tllm_dtype_name(dt), rows, cols, nt, levels);
                 cases++;
             }
             free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16);
         }
     tllm_qpack_free(&p);
-    free(q), free(sc), free(bi), free(x), free(y0), free(y1);
+    free(x), free(y0), free(y1);
 }
 
-static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) { one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols); }
+static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) { one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols, 0); }
+
+/* 5- and 6-bit codes as planes and as 8-bit codes: the same products. Against a float sum of the
+ * dequantized weights too, so that a plane layout the portable kernel misreads the same way as the SIMD
+ * ones cannot pass: the two packs must agree with each other, and the 8-bit pack is the tested old form. */
+static void planes(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
+    size_t words = (size_t)rows * cols * bits / 32 + 1, ng = (size_t)rows * (cols / gs);
+    uint32_t *q = malloc(words * 4);
+    void *sc = malloc(ng * 4), *bi = malloc(ng * 4);
+    for (size_t i = 0; i < words; i++) q[i] = next();
+    fill(sc, dt, ng, 0.001f, 0.02f);
+    fill(bi, dt, ng, -0.05f, 0.05f);
+    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL, NULL};
+    struct tllm_qpack p8, pp;
+    if (tllm_qpack_init_as(&p8, &w, 0) || tllm_qpack_init_as(&pp, &w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
+        CHECK(0, "pack: %s", tllm_errmsg());
+        return;
+    }
+    CHECK(p8.bits == 8 && pp.bits == (bits == 5 && gs < 32 ? 8 : bits), "bits %d g%d: packs of %d and %d bits", bits, gs, p8.bits, pp.bits);
+    CHECK(pp.block_bytes * 8 == p8.block_bytes * (size_t)pp.bits, "bits %d g%d: plane pack of %zu bytes a block", bits, gs, pp.block_bytes);
+    const int n = 3;
+    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform();
+    const int nb = cols / TLLM_XQ_BLOCK;
+    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
+                         malloc((size_t)n * nb * 4), 2, malloc((size_t)n * 2 * nb * 4)};
+    tllm_xq_quantize(&xq, x, 0, n);
+    tllm_qpack_matmul_ref(&p8, &xq, y0, 0, p8.n_blocks);
+    tllm_qpack_matmul_ref(&pp, &xq, y1, 0, pp.n_blocks);
+    CHECK(!memcmp(y0, y1, (size_t)n * rows * 4), "bits %d g%d %s: the plane pack's products != the 8-bit pack's", bits, gs, tllm_dtype_name(dt));
+    double err = 0, ref = 0; /* and the 8-bit pack against the float weights (int8 activations: ~1e-2 one level, 1e-4 two) */
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < rows; r++) {
+            double sum = 0;
+            for (int j = 0; j < cols; j++) {
+                size_t gi = (size_t)r * (size_t)(cols / gs) + (size_t)(j / gs);
+                double wv = (double)tllm_load_f32(sc, dt, gi) * tllm_qw_code(&w, r, j) + tllm_load_f32(bi, dt, gi);
+                sum += wv * x[(size_t)t * cols + j];
+            }
+            err += (sum - y0[(size_t)t * rows + r]) * (sum - y0[(size_t)t * rows + r]), ref += sum * sum;
+        }
+    CHECK(sqrt(err / ref) < 2e-2, "bits %d g%d: 8-bit pack vs float weights, relative error %.3g", bits, gs, sqrt(err / ref));
+    cases += 2;
+    tllm_qpack_free(&p8), tllm_qpack_free(&pp);
+    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16);
+    free(q), free(sc), free(bi), free(x), free(y0), free(y1);
+    for (int pl = 0; pl <= 1; pl++) one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols, pl ? TLLM_QPACK_PLANES | TLLM_QPACK_SCALES : 0);
+}
+
+/* k-quant-like float32 scales and biases (a float16 a superblock of 256 columns times a small integer a
+ * group: Q4_K's d * sc and -dmin * m with sym 0, Q6_K's d * sc and -32 d * sc, -2^(bits-1) scales, with sym 1) become two
+ * levels where planes are asked for; the products equal the plain float32 pack's bit for bit, on every
+ * kernel. A scale that does not factor keeps the whole matrix plain. */
+static void kquant(int bits, int gs, int sym, int rows, int cols, int spoil) {
+    size_t words = (size_t)rows * cols * bits / 32 + 1, ng = (size_t)rows * (cols / gs);
+    uint32_t *q = malloc(words * 4);
+    float *sc = malloc(ng * 4), *bi = malloc(ng * 4);
+    for (size_t i = 0; i < words; i++) q[i] = next();
+    const int G = 256 / gs;
+    for (size_t i = 0; i < ng; i += (size_t)G) {
+        float d = tllm_f16_to_f32(tllm_f32_to_f16(0.0005f + 0.001f * (uniform() + 1.0f)));
+        float dmin = tllm_f16_to_f32(tllm_f32_to_f16(0.001f * (uniform() + 1.0f)));
+        for (int g = 0; g < G; g++) {
+            int a = sym ? (int)(next() % 256) - 128 : (int)(next() % 64), m = (int)(next() % 64);
+            sc[i + g] = d * (float)a;
+            bi[i + g] = sym ? -(float)(1 << (bits - 1)) * sc[i + g] : -dmin * (float)m;
+        }
+    }
+    if (spoil) sc[ng / 2] = 0.0123456789f; /* not a float16 times an integer with the others */
+    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, TLLM_DT_F32, bits, gs, q, sc, bi, NULL, NULL};
+    struct tllm_qpack p0, p1;
+    if (tllm_qpack_init_as(&p0, &w, 0) || tllm_qpack_init_as(&p1, &w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
+        CHECK(0, "pack: %s", tllm_errmsg());
+        return;
+    }
+    CHECK(p0.super == 0 && p1.super == (spoil ? 0 : G) && (p1.sym != 0) == sym, "bits %d g%d%s: superblocks of %d groups, symmetric %g", bits,
+          gs, spoil ? " (spoiled)" : "", p1.super, (double)p1.sym);
+    if (!spoil) CHECK(tllm_qpack_nbytes(&p1) < tllm_qpack_nbytes(&p0), "two-level scales take no fewer bytes");
+    const int n = 5, nb = cols / TLLM_XQ_BLOCK;
+    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform();
+    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
+                         malloc((size_t)n * nb * 4), 3, malloc((size_t)n * 2 * nb * 4)};
+    tllm_xq_quantize(&xq, x, 0, n);
+    tllm_qpack_matmul_ref(&p0, &xq, y0, 0, p0.n_blocks);
+    tllm_qpack_matmul_ref(&p1, &xq, y1, 0, p1.n_blocks);
+    CHECK(!memcmp(y0, y1, (size_t)n * rows * 4), "bits %d g%d: two-level scales' products != float32 scales'", bits, gs);
+    cases++;
+    tllm_qpack_free(&p0), tllm_qpack_free(&p1);
+    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16), free(x), free(y0), free(y1);
+    kernels(&w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES); /* every kernel on the two-level pack */
+    kernels(&w, TLLM_QPACK_SCALES);                     /* and without planes (AVX2's form) */
+    free(q), free(sc), free(bi);
+}
+
+/* Symmetric codes (bias = -2^(bits-1) x scale, as GGUF's Q4_0, Q5_0, Q8_0 map): the biases are dropped
+ * where the compact forms are asked for, with the same products; one bias off by an ulp keeps them. */
+static void symm(int bits, int gs, enum tllm_dtype dt, int rows, int cols, int spoil) {
+    size_t words = (size_t)rows * cols * bits / 32 + 1, ng = (size_t)rows * (cols / gs), esz = tllm_dtype_size(dt);
+    uint32_t *q = malloc(words * 4);
+    void *sc = malloc(ng * 4), *bi = malloc(ng * 4);
+    for (size_t i = 0; i < words; i++) q[i] = next();
+    fill(sc, dt, ng, -0.02f, 0.02f);
+    for (size_t i = 0; i < ng; i++) { /* -2^(bits-1) x the scale, exact in every dtype */
+        float v = -(float)(1 << (bits - 1)) * tllm_load_f32(sc, dt, i);
+        if (dt == TLLM_DT_F32) ((float *)bi)[i] = v;
+        else if (dt == TLLM_DT_F16) ((uint16_t *)bi)[i] = tllm_f32_to_f16(v);
+        else memcpy((char *)bi + i * esz, (const char *)&v + 2, 2);
+    }
+    if (spoil) ((uint8_t *)bi)[(ng / 3) * esz] ^= 1;
+    struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL, NULL};
+    struct tllm_qpack p0, p1;
+    if (tllm_qpack_init_as(&p0, &w, 0) || tllm_qpack_init_as(&p1, &w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
+        CHECK(0, "pack: %s", tllm_errmsg());
+        return;
+    }
+    CHECK(!p0.sym && (p1.sym != 0) == !spoil && (p1.biases == NULL) == !spoil, "bits %d g%d %s%s: symmetric %g", bits, gs,
+          tllm_dtype_name(dt), spoil ? " (spoiled)" : "", (double)p1.sym);
+    const int n = 4, nb = cols / TLLM_XQ_BLOCK;
+    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform();
+    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
+                         malloc((size_t)n * nb * 4), 2, malloc((size_t)n * 2 * nb * 4)};
+    tllm_xq_quantize(&xq, x, 0, n);
+    tllm_qpack_matmul_ref(&p0, &xq, y0, 0, p0.n_blocks);
+    tllm_qpack_matmul_ref(&p1, &xq, y1, 0, p1.n_blocks);
+    CHECK(!memcmp(y0, y1, (size_t)n * rows * 4), "bits %d g%d %s: symmetric pack's products != the biases'", bits, gs, tllm_dtype_name(dt));
+    cases++;
+    tllm_qpack_free(&p0), tllm_qpack_free(&p1);
+    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16), free(x), free(y0), free(y1);
+    kernels(&w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES);
+    kernels(&w, TLLM_QPACK_SCALES);
+    free(q), free(sc), free(bi);
+}
 
 /* The activation quantizer the dispatcher picks (AVX-512 here where the CPU has it) against the
  * portable one, bit for bit: codes of both levels, scales and (half-)block sums. Blocks of every scale,
@@ -147,9 +291,31 @@ int main(int argc, char **argv) {
         for (int d = 0; d < 3; d++) one(bits[b], 16, dts[d], 16 * (1 + (b + d) % 3) + 7, 32 * (1 + d));
     one(4, 64, TLLM_DT_BF16, 3, 64);  /* a single partial row block, one group */
     one(8, 32, TLLM_DT_F16, 40, 896); /* the decode shapes' group count */
-    one_fmt(TLLM_WF_MXFP4, 4, 32, TLLM_DT_U8, 21, 96); /* E2M1 codes in the 8-bit pack */
-    one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 37, 160); /* groups of half an activation block */
-    one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 16, 32);
+    one_fmt(TLLM_WF_MXFP4, 4, 32, TLLM_DT_U8, 21, 96, 0); /* E2M1 codes in the 8-bit pack */
+    one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 37, 160, 0); /* groups of half an activation block */
+    one_fmt(TLLM_WF_NVFP4, 4, 16, TLLM_DT_U8, 16, 32, 0);
+    /* 5- and 6-bit codes (GGUF's Q5_*, Q6_K; mlx's 5/6-bit modes): planes, groups of 16 to 128 */
+    planes(5, 32, TLLM_DT_F16, 37, 96);
+    planes(5, 64, TLLM_DT_BF16, 16, 128);
+    planes(5, 128, TLLM_DT_F32, 21, 256);
+    planes(5, 16, TLLM_DT_F32, 19, 64); /* no planes: 8-bit codes */
+    planes(6, 16, TLLM_DT_F32, 35, 96);
+    planes(6, 32, TLLM_DT_F16, 16, 64);
+    planes(6, 64, TLLM_DT_BF16, 40, 192);
+    /* k-quants' float32 scales as two levels: Q4_K-like (4-bit g32), Q5_K (5-bit g32), Q6_K (6-bit g16),
+     * Q2_K / Q3_K-like (2- and 3-bit g16), and one whose scales do not factor */
+    kquant(4, 32, 0, 37, 512, 0);
+    kquant(5, 32, 0, 16, 256, 0);
+    kquant(6, 16, 1, 21, 512, 0);
+    kquant(2, 16, 0, 19, 256, 0);
+    kquant(3, 16, 1, 16, 256, 0);
+    kquant(4, 32, 0, 16, 256, 1);
+    /* symmetric codes: Q5_0 (5-bit planes), Q8_0, Q4_0 with float16 scales; bf16 and f32; one spoiled */
+    symm(5, 32, TLLM_DT_F16, 37, 128, 0);
+    symm(8, 32, TLLM_DT_F16, 21, 96, 0);
+    symm(4, 32, TLLM_DT_BF16, 16, 64, 0);
+    symm(6, 64, TLLM_DT_F32, 19, 128, 0);
+    symm(5, 32, TLLM_DT_F16, 16, 64, 1);
     quantizer();
     printf("packed kernels: %d comparisons with the portable kernel, bit for bit; path %s\n", cases, tllm_cpu_path());
     if (argc > 1) CHECK(!strcmp(argv[1], tllm_cpu_path()), "the path that runs is %s, not %s", tllm_cpu_path(), argv[1]);

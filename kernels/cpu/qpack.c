@@ -18,10 +18,12 @@ int tllm_qpack_supported(const struct tllm_qweights *w) {
 
 static int is_fp4(const struct tllm_qweights *w) { return w->format == TLLM_WF_MXFP4 || w->format == TLLM_WF_NVFP4; }
 
-/* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8); E2M1
- * codes (mxfp4, nvfp4) as they are, read through tllm_e2m1_u8 */
-static int pack_bits(const struct tllm_qweights *w) {
+/* The pack's code width: affine codes in the next of 2/4/8 bits (1 -> 2, 3 -> 4, 5 and 6 -> 8), or 5 and 6
+ * as planes (qpack.h); E2M1 codes (mxfp4, nvfp4) as they are, read through tllm_e2m1_u8 */
+static int pack_bits(const struct tllm_qweights *w, int planes) {
     if (is_fp4(w)) return 4;
+    /* planes come in whole 64-byte chunks a sub-block: not 5-bit codes in groups of 16 */
+    if (planes && (w->bits == 6 || (w->bits == 5 && w->group_size >= TLLM_XQ_BLOCK))) return w->bits;
     return w->bits <= 2 ? 2 : w->bits <= 4 ? 4 : 8;
 }
 
@@ -62,10 +64,103 @@ static void group_params(const struct tllm_qweights *w, int r, int g, enum tllm_
     memcpy(b, (const char *)w->biases + i, esz);
 }
 
-int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
+/* Row block b's codes (tmp: [16][cols] bytes) as a plane pack's sub-blocks (qpack.h) */
+static void pack_planes(const struct tllm_qpack *p, const uint8_t *tmp, uint8_t *dst) {
+    const int R = TLLM_QPACK_ROWS, S = tllm_qpack_subcols(p), V = S / 4, cols = p->cols;
+    for (int s0 = 0; s0 < cols; s0 += S) {
+        for (int c = 0; c < S / 8; c++, dst += 64) /* the low four bits, in the 4-bit layout */
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < 4; j++)
+                    dst[4 * i + j] = (uint8_t)((tmp[(size_t)i * cols + s0 + 8 * c + j] & 15) |
+                                               (tmp[(size_t)i * cols + s0 + 8 * c + 4 + j] & 15) << 4);
+        for (int h = 0; h < p->bits - 4; h++)
+            for (int v = 0; v < V; v++, dst += 8) {
+                uint64_t word = 0;
+                for (int i = 0; i < R; i++)
+                    for (int j = 0; j < 4; j++)
+                        word |= (uint64_t)(tmp[(size_t)i * cols + s0 + 4 * v + j] >> (4 + h) & 1) << (4 * i + j);
+                for (int e = 0; e < 8; e++) dst[e] = (uint8_t)(word >> (8 * e));
+            }
+    }
+}
+
+/* v[0 .. n) (float32, at stride `stride`) as D * q exactly, D a float16 and q int8; 1 if found. The
+ * largest |v| is q = k or -k for some k <= 128, so D is that value / k: tried first with k = 63 (the
+ * largest of k-quants' 6-bit scales, what their quantizers give the largest group), then every k. */
+static int factor(const float *v, size_t stride, int n, uint16_t *D, int8_t *q) {
+    float big = 0.0f;
+    for (int i = 0; i < n; i++) big = fabsf(v[i * stride]) > fabsf(big) ? v[i * stride] : big;
+    if (!(fabsf(big) <= 65504.0f * 128.0f)) return 0; /* NaN or out of range */
+    if (big == 0.0f) {
+        *D = 0;
+        for (int i = 0; i < n; i++) q[i] = 0;
+        return 1;
+    }
+    for (int t = 0; t <= 2 * 128; t++) {
+        int k = t == 0 ? 63 : t <= 128 ? t : 128 - t; /* 63, then 1 .. 128, then -1 .. -128 */
+        float d = big / (float)k;
+        uint16_t h = tllm_f32_to_f16(d);
+        if (tllm_f16_to_f32(h) != d || d == 0.0f) continue;
+        int ok = 1;
+        for (int i = 0; i < n && ok; i++) {
+            float r = rintf(v[i * stride] / d);
+            ok = r >= -128.0f && r <= 127.0f && r * d == v[i * stride];
+            q[i] = ok ? (int8_t)r : 0;
+        }
+        if (ok) {
+            *D = h;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* p's biases dropped if each is exactly -2^(bits - 1) times its scale (qpack.h: sym); bits, the codes' width */
+static void symmetric(struct tllm_qpack *p, int bits) {
+    const size_t n = (size_t)p->n_blocks * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS;
+    const float sym = -(float)(1 << (bits - 1));
+    if (p->lut || !p->biases) return;
+    for (size_t i = 0; i < n; i++)
+        if (tllm_load_f32(p->biases, p->dtype, i) != sym * tllm_load_f32(p->scales, p->dtype, i)) return;
+    free(p->biases);
+    p->biases = NULL, p->sym = sym;
+}
+
+/* p's float32 scales and biases (or only scales, sym) as two levels (qpack.h), if every superblock of 256
+ * columns factors */
+static int two_level(struct tllm_qpack *p) {
+    const int R = TLLM_QPACK_ROWS, G = 256 / p->group_size, ng = p->cols / p->group_size;
+    if (p->dtype != TLLM_DT_F32 || p->lut || 256 % p->group_size || p->cols % 256) return 0;
+    const size_t n = (size_t)p->n_blocks * ng * R, n2 = n / G;
+    int8_t *qs = alloc64(n), *qb = p->sym ? NULL : alloc64(n);
+    uint16_t *ds = alloc64(n2 * 2), *db = p->sym ? NULL : alloc64(n2 * 2);
+    int ok = qs && ds && (p->sym || (qb && db));
+    for (int b = 0; b < p->n_blocks && ok; b++)
+        for (int j = 0; j < ng / G && ok; j++)
+            for (int i = 0; i < R && ok; i++) {
+                size_t o = ((size_t)b * ng + (size_t)j * G) * R + i, o2 = ((size_t)b * (ng / G) + j) * R + i;
+                int8_t tq[256], tb[256];
+                ok = factor((const float *)p->scales + o, R, G, ds + o2, tq) && (p->sym || factor((const float *)p->biases + o, R, G, db + o2, tb));
+                for (int g = 0; g < G && ok; g++) {
+                    qs[o + (size_t)g * R] = tq[g];
+                    if (qb) qb[o + (size_t)g * R] = tb[g];
+                }
+            }
+    if (!ok) {
+        free(qs), free(qb), free(ds), free(db);
+        return 0;
+    }
+    free(p->scales), free(p->biases);
+    p->scales = qs, p->biases = qb, p->scales2 = ds, p->biases2 = db, p->super = G;
+    return 1;
+}
+
+int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) { return tllm_qpack_init_as(p, w, tllm_qpack_forms_native()); }
+
+int tllm_qpack_init_as(struct tllm_qpack *p, const struct tllm_qweights *w, int forms) {
     memset(p, 0, sizeof *p);
     if (!tllm_qpack_supported(w)) return tllm_fail(TLLM_ERR_ARG, "%s: cannot be packed for int8 activations", w->name);
-    const int R = TLLM_QPACK_ROWS, bits = pack_bits(w), per = 8 / bits, ng = w->cols / w->group_size;
+    const int R = TLLM_QPACK_ROWS, bits = pack_bits(w, forms & TLLM_QPACK_PLANES), per = 8 / bits, ng = w->cols / w->group_size;
     const enum tllm_dtype pdt = is_fp4(w) ? TLLM_DT_BF16 : w->dtype;
     const size_t esz = tllm_dtype_size(pdt);
     p->rows = w->rows, p->cols = w->cols, p->bits = bits, p->group_size = w->group_size, p->dtype = pdt, p->lut = is_fp4(w);
@@ -88,13 +183,17 @@ int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
             else memset(tmp + (size_t)i * w->cols, 0, (size_t)w->cols);
         }
         uint8_t *dst = p->codes + (size_t)b * p->block_bytes;
-        for (int c = 0; c < w->cols / chunk_cols; c++, dst += 64)
-            for (int i = 0; i < R; i++)
-                for (int j = 0; j < 4; j++) {
-                    unsigned byte = 0;
-                    for (int m = 0; m < per; m++) byte |= (unsigned)tmp[(size_t)i * w->cols + c * chunk_cols + 4 * m + j] << (bits * m);
-                    dst[4 * i + j] = (uint8_t)byte;
-                }
+        if (tllm_qpack_planes(p)) {
+            pack_planes(p, tmp, dst);
+        } else {
+            for (int c = 0; c < w->cols / chunk_cols; c++, dst += 64)
+                for (int i = 0; i < R; i++)
+                    for (int j = 0; j < 4; j++) {
+                        unsigned byte = 0;
+                        for (int m = 0; m < per; m++) byte |= (unsigned)tmp[(size_t)i * w->cols + c * chunk_cols + 4 * m + j] << (bits * m);
+                        dst[4 * i + j] = (uint8_t)byte;
+                    }
+        }
         for (int g = 0; g < ng; g++)
             for (int i = 0; i < R; i++) {
                 int r = b * R + i;
@@ -108,6 +207,10 @@ int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w) {
             }
     }
     free(tmp);
+    if (forms & TLLM_QPACK_SCALES) {
+        symmetric(p, w->bits);
+        two_level(p);
+    }
     return TLLM_OK;
 }
 
@@ -115,12 +218,16 @@ void tllm_qpack_free(struct tllm_qpack *p) {
     free(p->codes);
     free(p->scales);
     free(p->biases);
+    free(p->scales2);
+    free(p->biases2);
     memset(p, 0, sizeof *p);
 }
 
 size_t tllm_qpack_nbytes(const struct tllm_qpack *p) {
-    return (size_t)p->n_blocks * (p->block_bytes + (p->lut ? 1 : 2) * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS *
-                                                         tllm_dtype_size(p->dtype));
+    const size_t ng = (size_t)(p->cols / p->group_size), R = TLLM_QPACK_ROWS;
+    const size_t params = p->lut || p->sym ? 1 : 2; /* scales, and biases where kept */
+    if (p->super) return (size_t)p->n_blocks * (p->block_bytes + params * (ng * R + (ng / (size_t)p->super) * R * 2));
+    return (size_t)p->n_blocks * (p->block_bytes + params * ng * R * tllm_dtype_size(p->dtype));
 }
 
 /* Written out as v = x / d rounded to float, then to the nearest integer (ties to even) by the

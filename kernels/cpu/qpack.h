@@ -9,7 +9,26 @@
  * column order; a chunk covers 16 rows x 4*(8/bits) columns: byte 4i+j holds, in its bits
  * [bits*m, bits*m + bits), the code of row i at column 4m + j of the chunk. So the m-th unpacked
  * 64-byte vector has 4 consecutive codes of each of the 16 rows: one lane of a dot product per row.
- * Scales and biases are [block][group][16] in the source dtype. */
+ * Scales and biases are [block][group][16] in the source dtype.
+ *
+ * 5- and 6-bit codes (GGUF's Q5_0/Q5_1/Q5_K/Q6_K, mlx's 5- and 6-bit modes) as bit planes where the
+ * kernel that runs reads them (tllm_qpack_forms_native: AVX-512 and AMX): each activation sub-block of S columns (32, or
+ * 16 for groups of 16) is its codes' low four bits in the 4-bit layout (S/8 chunks), then one plane per
+ * higher bit h (bit 4 + h): for each of the sub-block's S/4 unpacked vectors v (columns 4v .. 4v + 3), a
+ * 64-bit little-endian word whose bit 4i + j is bit 4 + h of the code of row i, column 4v + j, i.e. of
+ * byte 4i + j of that vector. So a sub-block takes 16 S bits / 8 bytes (5 or 6 chunks for S = 32, 3 for
+ * 6-bit S = 16), and AVX-512 adds a plane to an unpacked vector with one masked byte add. Elsewhere
+ * (AVX2, NEON) they stay 8-bit codes: 9 or 12 bits a weight with their scales, not 6 or 10 (AVX2 has no
+ * mask registers; its expansion of the planes cost more than the bytes saved, on a Xeon pinned to 2 cores).
+ *
+ * Two-level scales (`super`, where the x86 kernels run): float32 scales and biases that are exactly a
+ * float16 per superblock of 256 columns times an int8 per group (GGUF's k-quants: Q4_K's d * sc and
+ * -dmin * m, Q6_K's d * sc and -32 d * sc) are kept as that: scales and biases are int8
+ * [block][group][16], scales2 and biases2 float16 [block][superblock][16], and a kernel multiplies them
+ * back in float32, where the product is exact (at most 19 significant bits): the same values, so the
+ * same results, from 8.25 bits a group instead of 32. And where every bias is the same power-of-two
+ * multiple of its scale (`sym`: symmetric codes), the biases are not kept at all. With both, a GGUF file's
+ * Q5_0, Q6_K and Q8_0 matrices are read at the file's own bits a weight (5.5, 6.5625, 8.5), Q4_K at 4.625. */
 #ifndef TLLM_QPACK_H
 #define TLLM_QPACK_H
 
@@ -22,7 +41,7 @@
 #define TLLM_XQ_BLOCK 32    /* activation elements per int8 scale */
 
 struct tllm_qpack {
-    int rows, cols, bits, group_size; /* bits: the pack's code width, 2, 4 or 8 */
+    int rows, cols, bits, group_size; /* bits: the pack's code width, 2, 4 or 8; or 5, 6 as planes (above) */
     int lut;                 /* 1: 4-bit E2M1 codes read through tllm_e2m1_u8 (kernels/cpu/mxfp.h) as
                               * u = 2 x value + 12, w = s (u - 12): one scale a group (half the format's), no biases */
     enum tllm_dtype dtype;   /* of scales and biases */
@@ -31,7 +50,19 @@ struct tllm_qpack {
     uint8_t *codes;          /* [n_blocks x block_bytes], 64-byte aligned */
     void *scales;            /* [n_blocks x cols/group_size x 16] */
     void *biases;            /* [n_blocks x cols/group_size x 16]; NULL with lut */
+    float sym;               /* where every bias is exactly sym x its scale (GGUF's Q4_0, Q5_0, Q8_0, Q6_K: -2^(bits-1)),
+                              * the biases are not kept (NULL) and the kernels take sym x scale; 0: kept */
+    int super;               /* two-level scales: groups a superblock (scales, biases are then int8); 0: none */
+    uint16_t *scales2, *biases2; /* super: float16 [n_blocks x cols/group_size/super x 16] */
 };
+
+/* Offsets of group g of row block b's 16 scales (or biases), and of its superblock's 16 float16 factors */
+static inline size_t tllm_qpack_param_off(const struct tllm_qpack *p, int b, int g) {
+    return ((size_t)b * (size_t)(p->cols / p->group_size) + (size_t)g) * 16;
+}
+static inline size_t tllm_qpack_super_off(const struct tllm_qpack *p, int b, int g) {
+    return ((size_t)b * (size_t)(p->cols / p->group_size / p->super) + (size_t)(g / p->super)) * 16;
+}
 
 /* Activations of n tokens, quantized per block of 32: x ~ d * q with d = max|x| / 127, or with a
  * second level, x ~ d * (q + q2 / 128): the residual, quantized again. One level is llama.cpp's Q8_1
@@ -61,10 +92,14 @@ static inline struct tllm_xq tllm_xq_view(const struct tllm_xq *x, int t0, int t
     return v;
 }
 
-/* Which tile family runs p: 0, 1, 2 for 2-, 4-, 8-bit codes, 3 for 4-bit codes through the E2M1 table */
+/* Which tile family runs p: 0, 1, 2 for 2-, 4-, 8-bit codes, 3 for 4-bit codes through the E2M1 table,
+ * 4 and 5 for 5- and 6-bit codes as a 4-bit layout and planes */
+enum { TLLM_QPACK_KINDS = 6 };
 static inline int tllm_qpack_kind(const struct tllm_qpack *p) {
-    return p->lut ? 3 : p->bits == 2 ? 0 : p->bits == 4 ? 1 : 2;
+    return p->lut ? 3 : p->bits == 2 ? 0 : p->bits == 4 ? 1 : p->bits == 8 ? 2 : p->bits == 5 ? 4 : 5;
 }
+/* 1 if p holds 5- or 6-bit codes as planes */
+static inline int tllm_qpack_planes(const struct tllm_qpack *p) { return p->bits == 5 || p->bits == 6; }
 
 /* A group of a pack is bpg activation sub-blocks of subcols columns: whole blocks of 32, or (groups of
  * 16) half a block, whose bias term then takes the half block's sum. */
@@ -89,8 +124,16 @@ static inline float tllm_xq_group_sum(const struct tllm_xq *x, const float *xs, 
  * stored column order: where w->perm is set, the caller quantizes the activations in that order.
  * mxfp8's E4M3 codes do not fit the integer form: it takes the float kernels. */
 int tllm_qpack_supported(const struct tllm_qweights *w);
-/* Pack w (rows [0, rows)); returns TLLM_OK or TLLM_ERR_NOMEM. */
+/* The compact forms of a pack (above): 5- and 6-bit codes as planes; two-level scales and symmetric
+ * codes' biases left out */
+enum { TLLM_QPACK_PLANES = 1, TLLM_QPACK_SCALES = 2 };
+/* Pack w (rows [0, rows)); returns TLLM_OK or TLLM_ERR_NOMEM. In the compact forms that the kernel
+ * tllm_qpack_matmul runs reads itself (tllm_qpack_forms_native, qpack_matmul.c); _as chooses them, where
+ * the weights allow them (every kernel reads every form; those without one of their own through the
+ * portable kernel). */
 int tllm_qpack_init(struct tllm_qpack *p, const struct tllm_qweights *w);
+int tllm_qpack_init_as(struct tllm_qpack *p, const struct tllm_qweights *w, int forms);
+int tllm_qpack_forms_native(void);
 void tllm_qpack_free(struct tllm_qpack *p);
 size_t tllm_qpack_nbytes(const struct tllm_qpack *p);
 

@@ -70,6 +70,28 @@ TGT static void configure(void) {
 
 /* Row block b's codes as bytes: 64-byte vector q holds columns 4q .. 4q + 3 of each of the 16 rows */
 TGT static void unpack(const struct tllm_qpack *p, int b, uint8_t *out) {
+    if (tllm_qpack_planes(p)) { /* each sub-block's 4-bit codes, each vector's planes added by masked byte adds */
+        const int S = tllm_qpack_subcols(p), V = S / 4, PL = p->bits - 4;
+        const __m512i nib = _mm512_set1_epi8(0x0F);
+        const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
+        for (int s0 = 0; s0 < p->cols; s0 += S) {
+            const uint8_t *pl = c + 64 * (size_t)(S / 8);
+            for (int ch = 0; ch < S / 8; ch++, c += 64) {
+                __m512i v = _mm512_load_si512((const void *)c);
+                for (int m = 0; m < 2; m++) {
+                    __m512i w = _mm512_and_si512(m ? _mm512_srli_epi16(v, 4) : v, nib);
+                    for (int e = 0; e < PL; e++) {
+                        uint64_t word;
+                        memcpy(&word, pl + 8 * (e * V + 2 * ch + m), 8);
+                        w = _mm512_mask_add_epi8(w, _cvtu64_mask64(word), w, _mm512_set1_epi8((char)(16 << e)));
+                    }
+                    _mm512_store_si512((void *)(out + 64 * ((size_t)s0 / 4 + 2 * (size_t)ch + (size_t)m)), w);
+                }
+            }
+            c += 8 * (size_t)PL * V;
+        }
+        return;
+    }
     const int per = 8 / p->bits, n = (int)(p->block_bytes / 64);
     const __m512i mask = _mm512_set1_epi8((char)((1 << p->bits) - 1));
     const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
@@ -86,11 +108,10 @@ TGT static void unpack(const struct tllm_qpack *p, int b, uint8_t *out) {
  * acc = fma(f, s, acc) and acc = fma(b, the blocks' x sums, acc). MB is a constant at every call site. */
 TGT INLINE void epilogue(const struct tllm_qpack *p, const struct tllm_xq *x, float (*acc)[AMX_TOKENS][16],
                          int32_t (*dots)[4][AMX_TOKENS][16], int c, int b, int t0, int g, int bpg, const int MB) {
-    const int ng = p->cols / p->group_size, nb = p->cols / TLLM_XQ_BLOCK;
-    const size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS, so1 = so + (size_t)ng * TLLM_QPACK_ROWS;
-    const __m512 S0 = tllm_qpack_load16_avx512(p->scales, p->dtype, so), B0 = tllm_qpack_load16_avx512(p->biases, p->dtype, so);
-    const __m512 S1 = MB > 1 ? tllm_qpack_load16_avx512(p->scales, p->dtype, so1) : S0;
-    const __m512 B1 = MB > 1 ? tllm_qpack_load16_avx512(p->biases, p->dtype, so1) : B0;
+    const int nb = p->cols / TLLM_XQ_BLOCK;
+    const __m512 S0 = tllm_qpack_params16_avx512(p, 0, b, g), B0 = tllm_qpack_params16_avx512(p, 1, b, g);
+    const __m512 S1 = MB > 1 ? tllm_qpack_params16_avx512(p, 0, b + 1, g) : S0;
+    const __m512 B1 = MB > 1 ? tllm_qpack_params16_avx512(p, 1, b + 1, g) : B0;
     for (int t = 0; t < AMX_TOKENS; t++) {
         const size_t o = (size_t)(t0 + t) * nb + (size_t)g * bpg;
         __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();

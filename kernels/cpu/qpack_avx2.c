@@ -50,6 +50,23 @@ TGT INLINE __m256 load8(const void *src, enum tllm_dtype dt, size_t off) {
     return _mm256_loadu_ps((const float *)src + off);
 }
 
+/* Rows 8h .. 8h + 7 of group g of row block b's scales (bias 0) or biases (1); two-level ones multiplied
+ * back, symmetric codes' biases made from the scales */
+TGT INLINE __m256 params8(const struct tllm_qpack *p, int bias, int b, int g, int h) {
+    const int own = bias && !p->sym; /* the biases' own values */
+    const void *src = own ? p->biases : p->scales;
+    const size_t off = tllm_qpack_param_off(p, b, g) + 8 * (size_t)h;
+    __m256 v;
+    if (!p->super) {
+        v = load8(src, p->dtype, off);
+    } else {
+        const __m128i q = _mm_loadl_epi64((const __m128i *)((const int8_t *)src + off));
+        const __m128i d = _mm_loadu_si128((const __m128i *)((own ? p->biases2 : p->scales2) + tllm_qpack_super_off(p, b, g) + 8 * (size_t)h));
+        v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtph_ps(d));
+    }
+    return bias && p->sym ? _mm256_mul_ps(v, _mm256_set1_ps(p->sym)) : v;
+}
+
 TGT INLINE __m256i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -90,7 +107,6 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     __m256 acc[8][2];
     for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS;
         __m256 f[8][2];
         float ssum[8];
         for (int t = 0; t < NT; t++) f[t][0] = f[t][1] = _mm256_setzero_ps(), ssum[t] = 0.0f;
@@ -139,14 +155,14 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             }
         }
         for (int h = 0; h < 2; h++) {
-            __m256 S = load8(p->scales, p->dtype, so + 8 * h);
+            __m256 S = params8(p, 0, b, g, h);
             if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
                 for (int t = 0; t < NT; t++)
                     acc[t][h] = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(-(float)TLLM_E2M1_OFFSET), _mm256_set1_ps(ssum[t]), f[t][h]),
                                                 S, acc[t][h]);
                 continue;
             }
-            __m256 B = load8(p->biases, p->dtype, so + 8 * h);
+            __m256 B = params8(p, 1, b, g, h);
             for (int t = 0; t < NT; t++) {
                 acc[t][h] = _mm256_fmadd_ps(f[t][h], S, acc[t][h]);
                 acc[t][h] = _mm256_fmadd_ps(B, _mm256_set1_ps(ssum[t]), acc[t][h]);
@@ -192,6 +208,11 @@ static tllm_qpack_tile_fn *const tiles[2][4][8] = {{ROW(2, 1), ROW(4, 1), ROW(8,
 #endif
 
 void MATMUL(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    if (tllm_qpack_planes(p)) { /* not made where this kernel runs (tllm_qpack_forms_native: unpacking planes in AVX2 cost more
+                                 * than the bytes saved, on a Xeon), but read right */
+        tllm_qpack_matmul_ref(p, x, y, b0, b1);
+        return;
+    }
     const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_AVX2_TILE_TOKENS, TLLM_QPACK_AVX2_TILE_TOKENS2},
                                        TLLM_QPACK_AVX2_TILE_BLOCKS};

@@ -39,9 +39,10 @@ TGT INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *p) {
 }
 
 /* Rows of block b for tokens [t0, t0 + NT). NT and BITS are constants at every call site, so the
- * token loops unroll and the accumulators live in registers. */
+ * token loops unroll and the accumulators live in registers. PL: planes of higher bits after each
+ * sub-block's CH chunks of 4-bit codes (5- and 6-bit packs), each added to its vector by a masked byte add. */
 TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
-                     const int BITS, const int LEVELS, const int LUT, const int CH) {
+                     const int BITS, const int LEVELS, const int LUT, const int CH, const int PL) {
     const int per = 8 / BITS, ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p);
     const int nb = p->cols / TLLM_XQ_BLOCK;
     const __m512i mask = _mm512_set1_epi8((char)((1 << BITS) - 1));
@@ -53,7 +54,6 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
     #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        size_t so = ((size_t)b * ng + g) * TLLM_QPACK_ROWS;
         __m512 f[8];    /* the group's sum of dot * d, per token */
         float ssum[8];  /* and of its blocks' x sums: scale and bias are applied once a group */
         #pragma GCC unroll 8
@@ -72,6 +72,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
             for (int t = 0; t < NT && LEVELS == 2; t++)
                 #pragma GCC unroll 8
                 for (int h = 0; h < SPLIT; h++) dot2[t][h] = _mm512_setzero_si512();
+            const uint8_t *pl = c + 64 * CH; /* PL: the sub-block's planes, 2 CH words each */
             #pragma GCC unroll 8
             for (int ch = 0; ch < CH; ch++, c += 64) {
                 if (TLLM_QPACK_PREFETCH) _mm_prefetch((const char *)c + TLLM_QPACK_PREFETCH, _MM_HINT_T0);
@@ -80,6 +81,12 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 for (int m = 0; m < per; m++) {
                     __m512i w = BITS == 8 ? v : _mm512_and_si512(m ? _mm512_srli_epi16(v, BITS * m) : v, mask);
                     if (LUT) w = _mm512_shuffle_epi8(lut, w);
+                    #pragma GCC unroll 2
+                    for (int e = 0; e < PL; e++) {
+                        uint64_t word;
+                        memcpy(&word, pl + 8 * (e * 2 * CH + ch * per + m), 8);
+                        w = _mm512_mask_add_epi8(w, _cvtu64_mask64(word), w, _mm512_set1_epi8((char)(16 << e)));
+                    }
                     const int h = (ch * per + m) % SPLIT;
                     const size_t off = (size_t)col0 + ch * 4 * per + 4 * m;
                     #pragma GCC unroll 8
@@ -90,6 +97,7 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                     }
                 }
             }
+            c += 8 * PL * 2 * CH;
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 #pragma GCC unroll 8
@@ -107,13 +115,13 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
                 ssum[t] += tllm_xq_group_sum(x, xs, t0, t, nb, kb, p->group_size, col0);
             }
         }
-        __m512 S = tllm_qpack_load16_avx512(p->scales, p->dtype, so);
+        __m512 S = tllm_qpack_params16_avx512(p, 0, b, g);
         if (LUT) { /* w = s (u - offset): one scale, the offset times the x sum taken out first */
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++)
                 acc[t] = _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(-(float)TLLM_E2M1_OFFSET), _mm512_set1_ps(ssum[t]), f[t]), S, acc[t]);
         } else {
-            __m512 B = tllm_qpack_load16_avx512(p->biases, p->dtype, so);
+            __m512 B = tllm_qpack_params16_avx512(p, 1, b, g);
             #pragma GCC unroll 8
             for (int t = 0; t < NT; t++) {
                 acc[t] = _mm512_fmadd_ps(f[t], S, acc[t]);
@@ -132,35 +140,42 @@ TGT INLINE void tile(const struct tllm_qpack *p, const struct tllm_xq *x, float 
  * 16) as a constant, so that their loop unrolls: with a counted loop GCC 12 peeled it and spilled
  * accumulators */
 TGT INLINE void tile_chunks(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, int t0, const int NT,
-                            const int BITS, const int LEVELS, const int LUT) {
-    if (tllm_qpack_subcols(p) == TLLM_XQ_BLOCK) tile(p, x, y, b, t0, NT, BITS, LEVELS, LUT, BITS);
-    else tile(p, x, y, b, t0, NT, BITS, LEVELS, LUT, BITS / 2);
+                            const int BITS, const int LEVELS, const int LUT, const int PL) {
+    if (tllm_qpack_subcols(p) == TLLM_XQ_BLOCK) tile(p, x, y, b, t0, NT, BITS, LEVELS, LUT, BITS, PL);
+    else tile(p, x, y, b, t0, NT, BITS, LEVELS, LUT, BITS / 2, PL);
 }
 
+/* BITS: 2, 4, 8; 41 for E2M1 codes; 5 and 6 for plane packs (4-bit codes and 1 or 2 planes) */
+#define LOW_BITS(BITS) (BITS == 41 || BITS == 5 || BITS == 6 ? 4 : BITS)
+#define PLANES(BITS) (BITS == 5 ? 1 : BITS == 6 ? 2 : 0)
 #define TILE(BITS, NT)                                                                                     \
     TGT static void tile_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                        int t0) {                                                           \
-        tile_chunks(p, x, y, b, t0, NT, BITS == 41 ? 4 : BITS, 1, BITS == 41);                             \
+        tile_chunks(p, x, y, b, t0, NT, LOW_BITS(BITS), 1, BITS == 41, PLANES(BITS));                      \
     }
 #define TILE2(BITS, NT)                                                                                     \
     TGT static void tile2_##BITS##_##NT(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b, \
                                         int t0) {                                                           \
-        tile_chunks(p, x, y, b, t0, NT, BITS == 41 ? 4 : BITS, 2, BITS == 41);                              \
+        tile_chunks(p, x, y, b, t0, NT, LOW_BITS(BITS), 2, BITS == 41, PLANES(BITS));                       \
     }
 #define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4) TILE(BITS, 5) TILE(BITS, 6) TILE(BITS, 7) TILE(BITS, 8)
 TILES(2)
 TILES(4)
 TILES(8)
 TILES(41) /* 4-bit codes through the E2M1 table */
+TILES(5)
+TILES(6)
 #define TILES2(BITS) TILE2(BITS, 1) TILE2(BITS, 2) TILE2(BITS, 3) TILE2(BITS, 4) TILE2(BITS, 5) TILE2(BITS, 6) TILE2(BITS, 7) TILE2(BITS, 8)
 TILES2(2)
 TILES2(4)
 TILES2(8)
 TILES2(41)
+TILES2(5)
+TILES2(6)
 #define ROW(BITS) {tile_##BITS##_1, tile_##BITS##_2, tile_##BITS##_3, tile_##BITS##_4, tile_##BITS##_5, tile_##BITS##_6, tile_##BITS##_7, tile_##BITS##_8}
-static tllm_qpack_tile_fn *const tiles[4][8] = {ROW(2), ROW(4), ROW(8), ROW(41)};
+static tllm_qpack_tile_fn *const tiles[TLLM_QPACK_KINDS][8] = {ROW(2), ROW(4), ROW(8), ROW(41), ROW(5), ROW(6)};
 #define ROW2(BITS) {tile2_##BITS##_1, tile2_##BITS##_2, tile2_##BITS##_3, tile2_##BITS##_4, tile2_##BITS##_5, tile2_##BITS##_6, tile2_##BITS##_7, tile2_##BITS##_8}
-static tllm_qpack_tile_fn *const tiles2[4][8] = {ROW2(2), ROW2(4), ROW2(8), ROW2(41)};
+static tllm_qpack_tile_fn *const tiles2[TLLM_QPACK_KINDS][8] = {ROW2(2), ROW2(4), ROW2(8), ROW2(41), ROW2(5), ROW2(6)};
 
 #if TLLM_QPACK_TILE_TOKENS > 8 || TLLM_QPACK_TILE_TOKENS < 1 || TLLM_QPACK_TILE_TOKENS2 > 8 || TLLM_QPACK_TILE_TOKENS2 < 1
 #error "TLLM_QPACK_TILE_TOKENS and TLLM_QPACK_TILE_TOKENS2 must be 1..8"

@@ -21,6 +21,22 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512 tllm_qpac
     if (dt == TLLM_DT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)src + off)));
     return _mm512_loadu_ps((const float *)src + off);
 }
+/* Group g of row block b's 16 scales (bias 0) or biases (1), two-level ones multiplied back, symmetric
+ * codes' biases made from the scales (qpack.h) */
+static inline __attribute__((always_inline, target("avx512f"))) __m512 tllm_qpack_params16_avx512(const struct tllm_qpack *p, int bias,
+                                                                                                    int b, int g) {
+    const int own = bias && !p->sym; /* the biases' own values */
+    const void *src = own ? p->biases : p->scales;
+    __m512 v;
+    if (!p->super) {
+        v = tllm_qpack_load16_avx512(src, p->dtype, tllm_qpack_param_off(p, b, g));
+    } else {
+        const __m128i q = _mm_loadu_si128((const __m128i *)((const int8_t *)src + tllm_qpack_param_off(p, b, g)));
+        const __m256i d = _mm256_loadu_si256((const __m256i *)((own ? p->biases2 : p->scales2) + tllm_qpack_super_off(p, b, g)));
+        v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_cvtph_ps(d));
+    }
+    return bias && p->sym ? _mm512_mul_ps(v, _mm512_set1_ps(p->sym)) : v;
+}
 #endif
 
 #endif

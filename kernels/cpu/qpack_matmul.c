@@ -17,6 +17,13 @@ void tllm_qpack_matmul(const struct tllm_qpack *p, const struct tllm_xq *x, floa
     else tllm_qpack_matmul_ref(p, x, y, b0, b1);
 }
 
+/* The compact forms the kernel tllm_qpack_matmul runs reads itself (qpack.h; NEON's would hand them all to the
+ * portable kernel, AVX2's the planes) */
+int tllm_qpack_forms_native(void) {
+    if (tllm_cpu_has_amx() || tllm_cpu_has_avx512vnni()) return TLLM_QPACK_PLANES | TLLM_QPACK_SCALES;
+    return tllm_cpu_has_avxvnni() || tllm_cpu_has_avx2() ? TLLM_QPACK_SCALES : 0;
+}
+
 void tllm_xq_quantize(struct tllm_xq *xq, const float *x, int t0, int t1) {
     if (tllm_cpu_has_avx512()) tllm_xq_quantize_avx512(xq, x, t0, t1);
     else tllm_xq_quantize_ref(xq, x, t0, t1);

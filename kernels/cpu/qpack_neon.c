@@ -144,6 +144,10 @@ static tllm_qpack_tile_fn *const tiles[2][4][4] = {{ROW(2, 1), ROW(4, 1), ROW(8,
 #endif
 
 void tllm_qpack_matmul_neon(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
+    if (tllm_qpack_planes(p) || p->super || p->sym) { /* not made where this kernel runs (tllm_qpack_forms_native), but read right */
+        tllm_qpack_matmul_ref(p, x, y, b0, b1);
+        return;
+    }
     const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[0][bi], tiles[1][bi]}, {TLLM_QPACK_NEON_TILE_TOKENS, TLLM_QPACK_NEON_TILE_TOKENS}, 1};
     tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
