@@ -74,6 +74,42 @@ void tllm_api_chat_free(struct tllm_api_chat *c) {
     memset(c, 0, sizeof *c);
 }
 
+/* With tools offered, the caller's callback sees the answer's content only, as `tllm serve` streams it:
+ * text that may begin a call (oai_tool_calls_safe) waits for the answer's end; then the rest goes too
+ * when it made no call, else only the text around its calls (which come in *tool_calls). */
+struct held_text {
+    tllm_gen_cb cb;
+    void *user;
+    struct tllm_buf text; /* the answer so far */
+    size_t sent;          /* bytes of it the callback has seen */
+    int nomem;
+};
+
+static int held_piece(const char *piece, size_t n, void *u) {
+    struct held_text *h = u;
+    if (tllm_buf_append(&h->text, piece, n)) return h->nomem = 1; /* stops the answer; reported after */
+    size_t safe = oai_tool_calls_safe(h->text.data, h->text.len);
+    if (safe <= h->sent) return 0;
+    int stop = h->cb(h->text.data + h->sent, safe - h->sent, h->user);
+    h->sent = safe;
+    return stop;
+}
+
+/* The held-back end of the answer, once it is complete */
+static void held_flush(struct held_text *h, const struct tllm_api_chat *c, int called) {
+    const char *rest = h->text.data ? h->text.data + h->sent : "";
+    size_t n = h->text.len - h->sent;
+    struct json_object *arr = NULL;
+    char *content = NULL;
+    if (!called) {
+        if (n) h->cb(rest, n, h->user);
+    } else if (oai_tool_calls_parse(rest, n, c->tools, c->max_calls, &arr, &content) && content && *content) {
+        h->cb(content, strlen(content), h->user);
+    }
+    json_object_put(arr);
+    free(content);
+}
+
 int tllm_session_chat_json(struct tllm_session *s, const char *request, const struct tllm_generate_params *p,
                            tllm_gen_cb cb, void *user, char **text, char **tool_calls, int32_t **ids, size_t *n_ids,
                            struct tllm_stats *stats) {
@@ -86,9 +122,15 @@ int tllm_session_chat_json(struct tllm_session *s, const char *request, const st
     if (rc) return rc;
     char *answer = NULL;
     struct tllm_stats st;
-    rc = tllm_api_complete(s, c.prompt.data, c.prompt.len, p, c.grammar, cb, user, &answer, ids, n_ids, &st);
+    struct held_text held = {cb, user, {0}, 0, 0};
+    int hold = cb && c.tools;
+    rc = tllm_api_complete(s, c.prompt.data, c.prompt.len, p, c.grammar, hold ? held_piece : cb, hold ? &held : user, &answer,
+                           ids, n_ids, &st);
+    if (!rc && held.nomem) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     char *calls = NULL, *content = NULL;
     int called = rc ? 0 : tllm_api_chat_calls(&c, answer, strlen(answer), &calls, &content);
+    if (!rc && hold && called >= 0) held_flush(&held, &c, called);
+    tllm_buf_free(&held.text);
     tllm_api_chat_free(&c);
     if (called < 0) rc = TLLM_ERR_NOMEM;
     if (called > 0) {

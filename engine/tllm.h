@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define TLLM_VERSION "0.5.0"
+#define TLLM_VERSION "0.5.1"
 
 /* The library's version (TLLM_VERSION of the header it was built from) */
 const char *tllm_version(void);
@@ -197,7 +197,9 @@ int tllm_session_chat(struct tllm_session *s, const struct tllm_chat_msg *msgs, 
  * *text receives the answer; when it called tools, *tool_calls receives the calls as OpenAI's
  * message.tool_calls (a JSON array's text: ids, names, arguments as JSON text), *text what was around
  * them ("" when nothing) and stats->finish is TLLM_FINISH_TOOL_CALLS; else *tool_calls is NULL. cb sees
- * the text as it is generated, a call's markup included; ids receives the generated ids. text,
+ * the text as it is generated; with tools offered, only the answer's content, as `tllm serve` streams it:
+ * text that may begin a call is held back until the answer ends, then given if it was no call (a call's
+ * markup never reaches cb; the text after the calls does). ids receives the generated ids. text,
  * tool_calls, ids (tllm_free) and stats may be NULL. A bad request fails with TLLM_ERR_ARG and a message
  * naming the field. */
 int tllm_session_chat_json(struct tllm_session *s, const char *request, const struct tllm_generate_params *p,

@@ -342,6 +342,19 @@ static int on_chat_item(size_t i, const struct tllm_batch_result *r, void *user)
 
 /* chats given as OpenAI's request: tools rendered into the prompt, tool_choice "required" answered with a call
  * that follows the function's parameters, the same call from a batch, and bad requests named */
+/* What a chat's callback saw */
+struct streamed {
+    char text[4096];
+    size_t len;
+    int calls;
+};
+static int collect_piece(const char *t, size_t n, void *user) {
+    struct streamed *sd = user;
+    sd->calls++;
+    if (sd->len + n < sizeof sd->text) memcpy(sd->text + sd->len, t, n), sd->len += n, sd->text[sd->len] = '\0';
+    return 0;
+}
+
 static void test_chat_json(const char *demo) {
     struct tllm_engine *e;
     struct tllm_session *s;
@@ -369,6 +382,21 @@ static void test_chat_json(const char *demo) {
     json_object_put(args);
     tllm_free(text);
     tllm_free(calls);
+
+    /* streamed with tools offered: the callback sees the content only, never a call's markup, and all of it
+     * (the same text as returned), whether the answer called (required) or not (auto, on the demo model) */
+    const char *streams[] = {required, "{" ASK ", " WEATHER "}"};
+    for (int k = 0; k < 2; k++) {
+        struct streamed sd = {{0}, 0, 0};
+        CHECK(tllm_session_chat_json(s, streams[k], &p, collect_piece, &sd, &text, &calls, NULL, NULL, &st) == TLLM_OK,
+              "streamed: %s", tllm_errmsg());
+        CHECK(text && !strcmp(sd.text, text) && !strstr(sd.text, "<tool_call>") && (k == 0) == (calls != NULL),
+              "streamed %s: the callback saw '%s', the answer's content is '%s' (calls %s)", k ? "auto" : "required", sd.text,
+              text ? text : "", calls ? calls : "none");
+        if (k == 1) CHECK(sd.calls > 1 && sd.len > 0, "streamed auto: %d pieces", sd.calls);
+        tllm_free(text);
+        tllm_free(calls);
+    }
 
     /* tool_choice none: the tools are left out, so the answer is the plain chat's */
     char *plain = NULL;

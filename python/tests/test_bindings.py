@@ -151,8 +151,14 @@ def test_tools(demo):
     assert outs[2].text == again["content"] and outs[2].tool_calls is None
     with pytest.raises(TypeError, match="messages"):
         demo.generate_batch([{"prompt": "x", "tools": [WEATHER]}])
-    with pytest.raises(ValueError, match="stream"):
-        demo.chat(ASK, tools=[WEATHER], stream=True)
+    # streamed: content deltas (never a call's markup), then the calls once, as the message has them
+    deltas = list(demo.chat(ASK, tools=[WEATHER], tool_choice="required", stream=True, **GREEDY | {"max_tokens": 96}))
+    assert deltas[-1].keys() == {"tool_calls"} and [x["function"] for x in deltas[-1]["tool_calls"]] == [call["function"]]
+    assert "".join(d["content"] for d in deltas[:-1]) == msg["content"] == ""
+    free = list(demo.chat(ASK, tools=[WEATHER], stream=True, **GREEDY))  # auto: the demo model answers in text
+    text = demo.chat(ASK, tools=[WEATHER], **GREEDY)
+    assert len(free) > 1 and all(d.keys() == {"content"} for d in free) and "tool_calls" not in text
+    assert "".join(d["content"] for d in free) == text["content"] and "<tool_call>" not in text["content"]
     with pytest.raises(tllm.Error, match="tool_choice"):
         demo.chat(ASK, tools=[WEATHER], tool_choice="maybe")
 
@@ -175,6 +181,11 @@ def test_tools_real_model():
         out = m.generate_batch([{"messages": ask, "tools": [weather]}], temperature=0, max_tokens=64)[0]
         assert out.finish_reason == "tool_calls" and [c["function"] for c in out.tool_calls] == \
             [c["function"] for c in msg["tool_calls"]], out
+        # streamed: no markup shown, the same call at the end
+        deltas = list(m.chat(ask, tools=[weather], stream=True, temperature=0, max_tokens=64))
+        shown = "".join(d.get("content", "") for d in deltas)
+        assert "<tool_call>" not in shown and shown == msg["content"], deltas
+        assert [c["function"] for c in deltas[-1]["tool_calls"]] == [c["function"] for c in msg["tool_calls"]]
 
 
 def test_logits_match_reference():

@@ -288,16 +288,20 @@ class Model:
             raise raised[0]
         return result
 
-    def _stream(self, complete: Any) -> Iterator[str]:
+    def _stream(self, complete: Any, last: Optional[Any] = None) -> Iterator[Any]:
         """The pieces of a completion (complete(on_text)) as they come: it runs on a thread of its own (the
-        GIL released); leaving the loop early stops it."""
+        GIL released); leaving the loop early stops it. last(completion), if given, makes the last item
+        (None: no more)."""
         q: "queue.Queue[Any]" = queue.Queue()
         stop = threading.Event()
         done = object()
 
         def run() -> None:
             try:
-                complete(lambda t: (q.put(t), stop.is_set())[1])
+                result = complete(lambda t: (q.put(t), stop.is_set())[1])
+                end = last(result) if last else None
+                if end is not None:
+                    q.put(end)
                 q.put(done)
             except BaseException as e:  # noqa: BLE001
                 q.put(e)
@@ -344,18 +348,21 @@ class Model:
         ...}}), parallel_tool_calls and response_format are OpenAI's, and messages may hold assistant
         "tool_calls" and "tool" results; the request is read as `tllm serve` reads it. With tools offered
         the answer is an assistant message ({"role", "content", "tool_calls" when it called}: append it
-        to messages), or with details=True a Completion whose tool_calls holds the calls. stream=True
-        takes no tools (the calls are known only once the answer is complete).
+        to messages), or with details=True a Completion whose tool_calls holds the calls. stream=True with
+        tools yields the message in deltas, as OpenAI's stream does: {"content": piece} as the answer's
+        content comes (a call's markup is never shown: text that may begin one waits for the answer's end),
+        then {"tool_calls": [...]} once, at the end, when it called.
         """
         extra = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
                  "response_format": response_format}
         if all(v is None for v in extra.values()) and _plain_messages(messages):
             return self.generate(self.tokenize(self.apply_chat_template(messages)), stream=stream, details=details,
                                  **sampling)
-        if stream and tools:
-            raise ValueError("chat: stream=True with tools: the calls are known only once the answer is "
-                             "complete (use details=True)")
         request, params = _chat_request(messages, extra), _Params(self, sampling)
+        if stream and tools:
+            return (d if isinstance(d, dict) else {"content": d}
+                    for d in self._stream(lambda on_text: self._chat_json(request, params, on_text),
+                                          lambda c: {"tool_calls": c.tool_calls} if c.tool_calls else None))
         if stream:
             return self._stream(lambda on_text: self._chat_json(request, params, on_text))
         c = self._chat_json(request, params, None)
