@@ -116,6 +116,37 @@ static void kernels(const struct tllm_qweights *wp, int forms) {
 
 static void one(int bits, int gs, enum tllm_dtype dt, int rows, int cols) { one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols, 0); }
 
+/* w packed plain (p0) and in the compact forms (p1), and the portable kernel's products of both for n
+ * random tokens (the first n2 with two levels): x [n x cols], y0 and y1 [n x rows] (free() them); 0 when
+ * a pack failed (checked) */
+struct two_packs {
+    struct tllm_qpack p0, p1;
+    float *x, *y0, *y1;
+};
+static int two_packs(const struct tllm_qweights *w, int n, int n2, struct two_packs *t) {
+    memset(t, 0, sizeof *t);
+    if (tllm_qpack_init_as(&t->p0, w, 0) || tllm_qpack_init_as(&t->p1, w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
+        CHECK(0, "pack: %s", tllm_errmsg());
+        tllm_qpack_free(&t->p0);
+        return 0;
+    }
+    const int cols = w->cols, rows = w->rows, nb = cols / TLLM_XQ_BLOCK;
+    t->x = malloc((size_t)n * cols * 4), t->y0 = malloc((size_t)n * rows * 4), t->y1 = malloc((size_t)n * rows * 4);
+    for (size_t i = 0; i < (size_t)n * cols; i++) t->x[i] = uniform();
+    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
+                         malloc((size_t)n * nb * 4), n2, malloc((size_t)n * 2 * nb * 4)};
+    tllm_xq_quantize(&xq, t->x, 0, n);
+    tllm_qpack_matmul_ref(&t->p0, &xq, t->y0, 0, t->p0.n_blocks);
+    tllm_qpack_matmul_ref(&t->p1, &xq, t->y1, 0, t->p1.n_blocks);
+    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16);
+    cases++;
+    return 1;
+}
+static void two_packs_free(struct two_packs *t) {
+    tllm_qpack_free(&t->p0), tllm_qpack_free(&t->p1);
+    free(t->x), free(t->y0), free(t->y1);
+}
+
 /* 5- and 6-bit codes as planes and as 8-bit codes: the same products. Against a float sum of the
  * dequantized weights too, so that a plane layout the portable kernel misreads the same way as the SIMD
  * ones cannot pass: the two packs must agree with each other, and the 8-bit pack is the tested old form. */
@@ -127,39 +158,30 @@ static void planes(int bits, int gs, enum tllm_dtype dt, int rows, int cols) {
     fill(sc, dt, ng, 0.001f, 0.02f);
     fill(bi, dt, ng, -0.05f, 0.05f);
     struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL, NULL};
-    struct tllm_qpack p8, pp;
-    if (tllm_qpack_init_as(&p8, &w, 0) || tllm_qpack_init_as(&pp, &w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
-        CHECK(0, "pack: %s", tllm_errmsg());
-        return;
-    }
-    CHECK(p8.bits == 8 && pp.bits == (bits == 5 && gs < 32 ? 8 : bits), "bits %d g%d: packs of %d and %d bits", bits, gs, p8.bits, pp.bits);
-    CHECK(pp.block_bytes * 8 == p8.block_bytes * (size_t)pp.bits, "bits %d g%d: plane pack of %zu bytes a block", bits, gs, pp.block_bytes);
+    struct two_packs t;
     const int n = 3;
-    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
-    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform();
-    const int nb = cols / TLLM_XQ_BLOCK;
-    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
-                         malloc((size_t)n * nb * 4), 2, malloc((size_t)n * 2 * nb * 4)};
-    tllm_xq_quantize(&xq, x, 0, n);
-    tllm_qpack_matmul_ref(&p8, &xq, y0, 0, p8.n_blocks);
-    tllm_qpack_matmul_ref(&pp, &xq, y1, 0, pp.n_blocks);
-    CHECK(!memcmp(y0, y1, (size_t)n * rows * 4), "bits %d g%d %s: the plane pack's products != the 8-bit pack's", bits, gs, tllm_dtype_name(dt));
+    if (!two_packs(&w, n, 2, &t)) return;
+    const float *x = t.x, *y0 = t.y0;
+    CHECK(t.p0.bits == 8 && t.p1.bits == (bits == 5 && gs < 32 ? 8 : bits), "bits %d g%d: packs of %d and %d bits", bits, gs, t.p0.bits,
+          t.p1.bits);
+    CHECK(t.p1.block_bytes * 8 == t.p0.block_bytes * (size_t)t.p1.bits, "bits %d g%d: plane pack of %zu bytes a block", bits, gs,
+          t.p1.block_bytes);
+    CHECK(!memcmp(t.y0, t.y1, (size_t)n * rows * 4), "bits %d g%d %s: the plane pack's products != the 8-bit pack's", bits, gs,
+          tllm_dtype_name(dt));
     double err = 0, ref = 0; /* and the 8-bit pack against the float weights (int8 activations: ~1e-2 one level, 1e-4 two) */
-    for (int t = 0; t < n; t++)
+    for (int tk = 0; tk < n; tk++)
         for (int r = 0; r < rows; r++) {
             double sum = 0;
             for (int j = 0; j < cols; j++) {
                 size_t gi = (size_t)r * (size_t)(cols / gs) + (size_t)(j / gs);
                 double wv = (double)tllm_load_f32(sc, dt, gi) * tllm_qw_code(&w, r, j) + tllm_load_f32(bi, dt, gi);
-                sum += wv * x[(size_t)t * cols + j];
+                sum += wv * x[(size_t)tk * cols + j];
             }
-            err += (sum - y0[(size_t)t * rows + r]) * (sum - y0[(size_t)t * rows + r]), ref += sum * sum;
+            err += (sum - y0[(size_t)tk * rows + r]) * (sum - y0[(size_t)tk * rows + r]), ref += sum * sum;
         }
     CHECK(sqrt(err / ref) < 2e-2, "bits %d g%d: 8-bit pack vs float weights, relative error %.3g", bits, gs, sqrt(err / ref));
-    cases += 2;
-    tllm_qpack_free(&p8), tllm_qpack_free(&pp);
-    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16);
-    free(q), free(sc), free(bi), free(x), free(y0), free(y1);
+    two_packs_free(&t);
+    free(q), free(sc), free(bi);
     for (int pl = 0; pl <= 1; pl++) one_fmt(TLLM_WF_AFFINE, bits, gs, dt, rows, cols, pl ? TLLM_QPACK_PLANES | TLLM_QPACK_SCALES : 0);
 }
 
@@ -184,26 +206,14 @@ static void kquant(int bits, int gs, int sym, int rows, int cols, int spoil) {
     }
     if (spoil) sc[ng / 2] = 0.0123456789f; /* not a float16 times an integer with the others */
     struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, TLLM_DT_F32, bits, gs, q, sc, bi, NULL, NULL};
-    struct tllm_qpack p0, p1;
-    if (tllm_qpack_init_as(&p0, &w, 0) || tllm_qpack_init_as(&p1, &w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
-        CHECK(0, "pack: %s", tllm_errmsg());
-        return;
-    }
-    CHECK(p0.super == 0 && p1.super == (spoil ? 0 : G) && (p1.sym != 0) == sym, "bits %d g%d%s: superblocks of %d groups, symmetric %g", bits,
-          gs, spoil ? " (spoiled)" : "", p1.super, (double)p1.sym);
-    if (!spoil) CHECK(tllm_qpack_nbytes(&p1) < tllm_qpack_nbytes(&p0), "two-level scales take no fewer bytes");
-    const int n = 5, nb = cols / TLLM_XQ_BLOCK;
-    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
-    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform();
-    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
-                         malloc((size_t)n * nb * 4), 3, malloc((size_t)n * 2 * nb * 4)};
-    tllm_xq_quantize(&xq, x, 0, n);
-    tllm_qpack_matmul_ref(&p0, &xq, y0, 0, p0.n_blocks);
-    tllm_qpack_matmul_ref(&p1, &xq, y1, 0, p1.n_blocks);
-    CHECK(!memcmp(y0, y1, (size_t)n * rows * 4), "bits %d g%d: two-level scales' products != float32 scales'", bits, gs);
-    cases++;
-    tllm_qpack_free(&p0), tllm_qpack_free(&p1);
-    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16), free(x), free(y0), free(y1);
+    struct two_packs t;
+    const int n = 5;
+    if (!two_packs(&w, n, 3, &t)) return;
+    CHECK(t.p0.super == 0 && t.p1.super == (spoil ? 0 : G) && (t.p1.sym != 0) == sym, "bits %d g%d%s: superblocks of %d groups, symmetric %g",
+          bits, gs, spoil ? " (spoiled)" : "", t.p1.super, (double)t.p1.sym);
+    if (!spoil) CHECK(tllm_qpack_nbytes(&t.p1) < tllm_qpack_nbytes(&t.p0), "two-level scales take no fewer bytes");
+    CHECK(!memcmp(t.y0, t.y1, (size_t)n * rows * 4), "bits %d g%d: two-level scales' products != float32 scales'", bits, gs);
+    two_packs_free(&t);
     kernels(&w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES); /* every kernel on the two-level pack */
     kernels(&w, TLLM_QPACK_SCALES);                     /* and without planes (AVX2's form) */
     free(q), free(sc), free(bi);
@@ -225,25 +235,14 @@ static void symm(int bits, int gs, enum tllm_dtype dt, int rows, int cols, int s
     }
     if (spoil) ((uint8_t *)bi)[(ng / 3) * esz] ^= 1;
     struct tllm_qweights w = {"w", rows, cols, TLLM_WF_AFFINE, dt, bits, gs, q, sc, bi, NULL, NULL};
-    struct tllm_qpack p0, p1;
-    if (tllm_qpack_init_as(&p0, &w, 0) || tllm_qpack_init_as(&p1, &w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES)) {
-        CHECK(0, "pack: %s", tllm_errmsg());
-        return;
-    }
-    CHECK(!p0.sym && (p1.sym != 0) == !spoil && (p1.biases == NULL) == !spoil, "bits %d g%d %s%s: symmetric %g", bits, gs,
-          tllm_dtype_name(dt), spoil ? " (spoiled)" : "", (double)p1.sym);
-    const int n = 4, nb = cols / TLLM_XQ_BLOCK;
-    float *x = malloc((size_t)n * cols * 4), *y0 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * rows * 4);
-    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = uniform();
-    struct tllm_xq xq = {n, cols, malloc((size_t)n * cols), malloc((size_t)n * cols), malloc((size_t)n * nb * 4),
-                         malloc((size_t)n * nb * 4), 2, malloc((size_t)n * 2 * nb * 4)};
-    tllm_xq_quantize(&xq, x, 0, n);
-    tllm_qpack_matmul_ref(&p0, &xq, y0, 0, p0.n_blocks);
-    tllm_qpack_matmul_ref(&p1, &xq, y1, 0, p1.n_blocks);
-    CHECK(!memcmp(y0, y1, (size_t)n * rows * 4), "bits %d g%d %s: symmetric pack's products != the biases'", bits, gs, tllm_dtype_name(dt));
-    cases++;
-    tllm_qpack_free(&p0), tllm_qpack_free(&p1);
-    free(xq.q), free(xq.q2), free(xq.d), free(xq.sum), free(xq.sum16), free(x), free(y0), free(y1);
+    struct two_packs t;
+    const int n = 4;
+    if (!two_packs(&w, n, 2, &t)) return;
+    CHECK(!t.p0.sym && (t.p1.sym != 0) == !spoil && (t.p1.biases == NULL) == !spoil, "bits %d g%d %s%s: symmetric %g", bits, gs,
+          tllm_dtype_name(dt), spoil ? " (spoiled)" : "", (double)t.p1.sym);
+    CHECK(!memcmp(t.y0, t.y1, (size_t)n * rows * 4), "bits %d g%d %s: symmetric pack's products != the biases'", bits, gs,
+          tllm_dtype_name(dt));
+    two_packs_free(&t);
     kernels(&w, TLLM_QPACK_PLANES | TLLM_QPACK_SCALES);
     kernels(&w, TLLM_QPACK_SCALES);
     free(q), free(sc), free(bi);
