@@ -79,7 +79,7 @@ static const char *quant_name(const struct tllm_model *m, char *buf, size_t n) {
     char kind[32];
     if (w->format != TLLM_WF_AFFINE && w->format != TLLM_WF_DENSE) snprintf(kind, sizeof kind, "%s", tllm_wformat_name(w->format));
     else snprintf(kind, sizeof kind, "Q%d g%d", w->bits ? w->bits : m->cfg.quant.bits, w->bits ? w->group_size : m->cfg.quant.group_size);
-    snprintf(buf, n, "%s%s %.2f bpw", kind, m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m));
+    snprintf(buf, n, "%s%s %.2f bpw", kind, m->cfg.n_overrides ? " mixed" : "", tllm_model_bits_per_weight(m, 0));
     return buf;
 }
 
@@ -180,7 +180,7 @@ int cmd_bench(int argc, char **argv) {
             }
     }
     const char *name = strrchr(mo.dir, '/') && strrchr(mo.dir, '/')[1] ? strrchr(mo.dir, '/') + 1 : mo.dir;
-    size_t size = tllm_model_file_bytes(s.m), bpt = tllm_model_bytes_per_token(s.m), params = tllm_model_n_params(s.m);
+    size_t size = tllm_model_file_bytes(s.m), bpt = tllm_model_bytes_per_token(s.m, 0), params = tllm_model_n_params(s.m);
     char qbuf[64];
     const char *quant = quant_name(s.m, qbuf, sizeof qbuf);
     if (!strcmp(fmt, "json")) {
@@ -192,7 +192,7 @@ int cmd_bench(int argc, char **argv) {
             json_object_object_add(o, "model_type", json_object_new_string(quant));
             json_object_object_add(o, "model_size", json_object_new_int64((int64_t)size));
             json_object_object_add(o, "model_n_params", json_object_new_int64((int64_t)params));
-            json_object_object_add(o, "model_bpw", json_object_new_double(tllm_model_bits_per_weight(s.m)));
+            json_object_object_add(o, "model_bpw", json_object_new_double(tllm_model_bits_per_weight(s.m, 0)));
             json_object_object_add(o, "backend", json_object_new_string(s.dev ? "OpenCL" : "CPU"));
             json_object_object_add(o, "backends", json_object_new_string(cli_session_backend(&s)));
             json_object_object_add(o, "cpu_kernels", json_object_new_string(tllm_cpu_path()));

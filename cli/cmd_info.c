@@ -12,7 +12,6 @@
 #include "engine/load/ggml_types.h"
 #include "engine/load/gguf.h"
 #include "engine/load/model.h"
-#include "kernels/cpu/qpack.h"
 
 static void describe(const struct tllm_qweights *w, char *buf, size_t n) {
     static const char *const scale_kind[] = {"", "", "E8M0", "E4M3", "E8M0"};
@@ -40,29 +39,6 @@ static void list_formats(const struct tllm_model *m) {
         }
     }
     for (int k = 0; k < n; k++) printf("%s%d x %s\n", k ? "                 " : "linears          ", count[k], seen[k]);
-}
-
-/* What the CPU's int8 path reads a decoded token: the linears as packed (kernels/cpu/qpack.h: 5- and 6-bit
- * codes as planes, k-quants' two-level scales, symmetric codes without biases where this CPU's kernel reads
- * them), the others as stored */
-static void cpu_bytes(struct tllm_model *m) {
-    if (tllm_model_pack(m)) {
-        printf("CPU int8 path    cannot pack: %s\n", tllm_errmsg());
-        return;
-    }
-    size_t bytes = 0, weights = 0;
-    for (int l = 0; l <= m->cfg.n_layers; l++) {
-        const struct tllm_layer *L = l < m->cfg.n_layers ? &m->layers[l] : NULL;
-        const struct tllm_qweights *ws[] = {L ? &L->wq : &m->lm_head, L ? &L->wk : NULL, L ? &L->wv : NULL, L ? &L->wo : NULL,
-                                            L ? &L->w_gate : NULL, L ? &L->w_up : NULL, L ? &L->w_down : NULL};
-        for (int i = 0; i < 7; i++) {
-            if (!ws[i]) continue;
-            bytes += ws[i]->pack ? tllm_qpack_nbytes(ws[i]->pack) : tllm_qw_nbytes(ws[i]);
-            weights += (size_t)ws[i]->rows * (size_t)ws[i]->cols;
-        }
-    }
-    printf("CPU int8 path    %.1f MiB read per decoded token (%.2f bits per weight, the linears as packed)\n", (double)bytes / (1 << 20),
-           8.0 * (double)bytes / (double)weights);
 }
 
 /* A GGUF file: its name, and each tensor type with its count and bits per weight as stored */
@@ -131,13 +107,20 @@ int cmd_info(int argc, char **argv) {
     printf("tensors          %d in %d file%s\n", n_tensors, n_files, n_files > 1 ? "s" : "");
     printf("parameters       %.1f M\n", (double)tllm_model_n_params(m) / 1e6);
     printf("weight bytes     %zu (%.1f MiB)%s\n", weight_bytes, (double)weight_bytes / (1 << 20), m->gguf ? " in the file" : "");
-    size_t bpt = tllm_model_bytes_per_token(m);
+    size_t bpt = tllm_model_bytes_per_token(m, 0);
     printf("bytes per token  %zu (%.1f MiB read per decoded token; %.2f bits per weight)\n", bpt, (double)bpt / (1 << 20),
-           tllm_model_bits_per_weight(m));
+           tllm_model_bits_per_weight(m, 0));
     size_t kv = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     printf("KV cache         %zu bytes per token (float32; %.1f MiB for 4096 tokens)\n", kv, (double)kv * 4096 / (1 << 20));
     printf("CPU kernels      %s (TLLM_CPU=ref|avx2|avxvnni|avx512|amx picks another this CPU runs)\n", tllm_cpu_path());
-    cpu_bytes(m);
+    /* and what the CPU's int8 path reads (kernels/cpu/qpack.h: the compact forms where this CPU's kernel reads them) */
+    if (tllm_model_pack(m)) {
+        printf("CPU int8 path    cannot pack: %s\n", tllm_errmsg());
+    } else {
+        bpt = tllm_model_bytes_per_token(m, 1);
+        printf("CPU int8 path    %.1f MiB read per decoded token (%.2f bits per weight, the linears as packed)\n",
+               (double)bpt / (1 << 20), tllm_model_bits_per_weight(m, 1));
+    }
     /* the chat template, as chat and serve will run it (a broken one is reported, not fatal here) */
     struct tllm_chat_template tpl;
     char *cfg = m->gguf ? NULL : tllm_path_join(m->dir, "tokenizer_config.json");

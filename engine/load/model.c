@@ -343,23 +343,27 @@ size_t tllm_model_file_bytes(const struct tllm_model *m) {
     return b;
 }
 
-size_t tllm_model_bytes_per_token(const struct tllm_model *m) {
-    size_t b = tllm_qw_nbytes(&m->lm_head) + tllm_qw_nbytes(&m->embed) / (size_t)m->cfg.vocab_size;
+/* Bytes of w one decoded token reads: as packed for the CPU's int8 path (packed, where it is), else as stored */
+static size_t read_bytes(const struct tllm_qweights *w, int packed) {
+    return packed && w->pack ? tllm_qpack_nbytes(w->pack) : tllm_qw_nbytes(w);
+}
+
+size_t tllm_model_bytes_per_token(const struct tllm_model *m, int packed) {
+    size_t b = read_bytes(&m->lm_head, packed) + tllm_qw_nbytes(&m->embed) / (size_t)m->cfg.vocab_size;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct tllm_layer *L = &m->layers[l];
-        b += tllm_qw_nbytes(&L->wq) + tllm_qw_nbytes(&L->wk) + tllm_qw_nbytes(&L->wv) +
-             tllm_qw_nbytes(&L->wo) + tllm_qw_nbytes(&L->w_gate) + tllm_qw_nbytes(&L->w_up) +
-             tllm_qw_nbytes(&L->w_down);
+        b += read_bytes(&L->wq, packed) + read_bytes(&L->wk, packed) + read_bytes(&L->wv, packed) + read_bytes(&L->wo, packed) +
+             read_bytes(&L->w_gate, packed) + read_bytes(&L->w_up, packed) + read_bytes(&L->w_down, packed);
     }
     return b;
 }
 
-double tllm_model_bits_per_weight(const struct tllm_model *m) {
-    double bits = 8.0 * (double)tllm_qw_nbytes(&m->lm_head), n = (double)m->lm_head.rows * m->lm_head.cols;
+double tllm_model_bits_per_weight(const struct tllm_model *m, int packed) {
+    double bits = 8.0 * (double)read_bytes(&m->lm_head, packed), n = (double)m->lm_head.rows * m->lm_head.cols;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct tllm_layer *L = &m->layers[l];
         const struct tllm_qweights *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) bits += 8.0 * (double)tllm_qw_nbytes(ws[i]), n += (double)ws[i]->rows * ws[i]->cols;
+        for (int i = 0; i < 7; i++) bits += 8.0 * (double)read_bytes(ws[i], packed), n += (double)ws[i]->rows * ws[i]->cols;
     }
     return bits / n;
 }

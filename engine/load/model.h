@@ -89,11 +89,12 @@ int tllm_model_pack(struct tllm_model *m);
 
 /* Bytes of the tensors in the checkpoint's files (as stored, before any conversion) */
 size_t tllm_model_file_bytes(const struct tllm_model *m);
-/* Bytes of weights read to decode one token (every linear once, the lm_head, one embedding row). */
-size_t tllm_model_bytes_per_token(const struct tllm_model *m);
+/* Bytes of weights read to decode one token (every linear once, the lm_head, one embedding row); packed:
+ * the linears as tllm_model_pack packed them for the CPU's int8 path (those it packed), else as stored. */
+size_t tllm_model_bytes_per_token(const struct tllm_model *m, int packed);
 /* Bits per weight of the matrices a decoded token reads (the linears and the lm_head; scales and
- * biases included), as stored. */
-double tllm_model_bits_per_weight(const struct tllm_model *m);
+ * biases included), as stored or (packed) as tllm_model_bytes_per_token counts them. */
+double tllm_model_bits_per_weight(const struct tllm_model *m, int packed);
 /* Number of parameters (unquantized count). */
 size_t tllm_model_n_params(const struct tllm_model *m);
 
