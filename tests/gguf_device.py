@@ -7,6 +7,9 @@
          Q6_K, Q8_0 come as 8-bit codes, Q3_K as 4-bit in groups of 16; for a mix of formats on a CPU
          device, asked for with -DQ_INT8=1) against the device's own float decode on the same cache:
          within 1e-3 (two int8 levels; measured <= 2e-4); said to be int8.
+  copies the mix's decode with a copy of the weight reads per format (-DMIX_COPIES=1, a GPU's default)
+         against one copy for all (-DMIX_COPIES=0), float and int8: within 1e-6 (the same sums; PoCL
+         gives the same bits).
 Needs numpy (the test venv) for synth_gguf.py; skips (77) without it or without an OpenCL device.
 usage: gguf_device.py TLLM REPO"""
 import os
@@ -84,6 +87,16 @@ with tempfile.TemporaryDirectory() as d:
                 check(e == 0, f"{t}: device --int8 decode differs from its float decode ({e:.3e})")
             else:
                 check(0 < e <= 1e-3, f"{t}: device int8 decode vs float: relative RMS {e:.3e} (0: not int8)")
+        if t == "mix":  # a copy of the weight reads per format (the default on GPUs): the same sums
+            for lv, base in (("float", dev), ("int8", xq)):
+                more = ["--int8"] if lv == "int8" else []
+                extra_opts = ("-DQ_INT8=1 " if lv == "int8" and cpu_device else "-DQ_INT8=0 " if lv == "float" else "")
+                cp = logits(model, out, *more, "--device", "opencl", "--prefill", "cpu", opts=extra_opts + "-DMIX_COPIES=1")
+                gen = logits(model, out, *more, "--device", "opencl", "--prefill", "cpu", opts=extra_opts + "-DMIX_COPIES=0")
+                if check(cp is not None and gen is not None, f"mix: {lv} logits with and without a copy a format"):
+                    e = rel_rms(cp, gen)
+                    print(f"  mix: {lv} decode, a copy a format vs one for all: relative RMS {e:.2e}")
+                    check(e <= 1e-6, f"mix: {lv} decode with a copy a format vs without: relative RMS {e:.3e} > 1e-6")
         if t != "Q2_K":  # 2-bit codes have no int8 form on the device
             env = dict(os.environ, **({"TLLM_CL_OPTS": ask} if ask else {}))
             b = subprocess.run([tllm, "bench", "-m", model, "--device", "opencl", "-p", "0", "-n", "2", "-r", "1"],

@@ -2,7 +2,7 @@
  * lm_head), attn_out, gate_up (with down_proj fused in: FFN_FUSED), qkv with RoPE and the cache write. */
 
 /* x[j] = element j of embedding row `id` */
-inline float embed_one(WARGS(0), int cols, int id, int j) {
+inline float embed_one_f(WARGS(0), int cols, int id, int j) {
     Q_FIX(bits0, gs0, dt0);
     if (bits0 == 0) return ld(W0, dt0, (size_t)id * cols + j);
     int per = 32 / bits0, ng = cols / gs0;
@@ -10,6 +10,14 @@ inline float embed_one(WARGS(0), int cols, int id, int j) {
     float q = (float)((word >> ((j % per) * bits0)) & ((1u << bits0) - 1u));
     return ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
 }
+
+#if Q_COPIES
+#define EMBED_ONE_AT(i) embed_one_f(W0, S0, B0, Q_B##i, Q_G##i, Q_D##i, cols, id, j)
+inline float embed_one(WARGS(0), int cols, int id, int j) { Q_PICK(EMBED_ONE_AT, bits0, gs0, dt0); }
+#undef EMBED_ONE_AT
+#else
+#define embed_one embed_one_f
+#endif
 
 /* The step's token: id, or with id < 0 the previous step's argmax, still on the device (the host
  * enqueues the next greedy step before it has read it back); clamped, so a bad one reads no wild row

@@ -249,8 +249,8 @@ struct qrow {
     struct qvec v[QROW_N];
 };
 
-inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                            int dt, int r, int rows, int cols, int lane, int tpr) {
+inline struct qrow load_row_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                              int dt, int r, int rows, int cols, int lane, int tpr) {
     Q_FIX(bits, gs, dt);
     struct qrow q;
     int vpr = cols * bits / 128;
@@ -262,6 +262,18 @@ inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __
     }
     return q;
 }
+
+/* load_row with the matrix's format a constant (Q_COPIES), or load_row_f itself */
+#if Q_COPIES
+#define LOAD_ROW_AT(i) load_row_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, rows, cols, lane, tpr)
+inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                            int dt, int r, int rows, int cols, int lane, int tpr) {
+    Q_PICK(LOAD_ROW_AT, bits, gs, dt);
+}
+#undef LOAD_ROW_AT
+#else
+#define load_row load_row_f
+#endif
 
 /* uint4 number v of row r (starting at group g0 = r * groups per row) . its inputs, with scales and biases */
 inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
@@ -346,9 +358,9 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
 }
 
 /* This thread's share of row r . xs, from the reads load_row issued (and any beyond QROW_N). */
-inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                     int dt, int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs,
-                     __local const float *xsum) {
+inline float row_dot_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                       int dt, int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs,
+                       __local const float *xsum) {
     Q_FIX(bits, gs, dt);
     float acc = 0.0f;
     if (bits == 0) {
@@ -367,9 +379,20 @@ inline float row_dot(__global const uchar *W, __global const uchar *S, __global 
     return acc;
 }
 
+#if Q_COPIES
+#define ROW_DOT_AT(i) row_dot_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, cols, lane, tpr, q, xs, xsum)
+inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
+                     int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs, __local const float *xsum) {
+    Q_PICK(ROW_DOT_AT, bits, gs, dt);
+}
+#undef ROW_DOT_AT
+#else
+#define row_dot row_dot_f
+#endif
+
 /* Inputs too long to stage (cols > MV_LOCAL_X: only down_proj of large models), read from global. */
-inline float row_dot_global(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
-                            int gs, int dt, int r, int cols, int lane, int tpr, __global const float *x) {
+inline float row_dot_global_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
+                              int gs, int dt, int r, int cols, int lane, int tpr, __global const float *x) {
     Q_FIX(bits, gs, dt);
     float acc = 0.0f;
     if (bits == 0) {
@@ -393,6 +416,17 @@ inline float row_dot_global(__global const uchar *W, __global const uchar *S, __
     }
     return acc;
 }
+
+#if Q_COPIES
+#define ROW_DOT_GLOBAL_AT(i) row_dot_global_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, cols, lane, tpr, x)
+inline float row_dot_global(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                            int dt, int r, int cols, int lane, int tpr, __global const float *x) {
+    Q_PICK(ROW_DOT_GLOBAL_AT, bits, gs, dt);
+}
+#undef ROW_DOT_GLOBAL_AT
+#else
+#define row_dot_global row_dot_global_f
+#endif
 
 /* (value, row as int bits) pairs: b beats a when larger, or equal at an earlier row */
 inline int beats(float2 b, float2 a) { return b.x > a.x || (b.x == a.x && as_int(b.y) < as_int(a.y)); }

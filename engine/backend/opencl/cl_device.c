@@ -183,7 +183,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     cl_int e;
     cl_ulong local_mem = 0;
     clGetDeviceInfo(cl->dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof local_mem, &local_mem, NULL);
-    char opts[768], fit[64] = "", lws[48] = "";
+    char opts[1024], fit[64] = "", lws[48] = "";
     const struct tllm_config *c = &cl->m->cfg;
     /* CPU devices get 64-thread matvec groups: PoCL 3.1 (Debian 12, what CI runs) miscompiles the matvec kernels
      * at 128 and 256 (a vectorized store with a wild trip count; correct with -cl-opt-disable) */
@@ -196,21 +196,46 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
     /* and whether every matrix holds 4- or 8-bit codes (codes48), some with each half block's sum (halves):
      * the int8 activations' formats, below */
-    int fmt[3] = {-1, -1, -1}, uniform = 1, codes48 = 1, halves = 0;
+    /* and, for several formats, each one's weight bytes (mix: most first) */
+    enum { MIX_MAX = 4 };
+    int fmt[3] = {-1, -1, -1}, uniform = 1, codes48 = 1, halves = 0, mix[MIX_MAX + 1][3], n_mix = 0;
+    size_t mix_bytes[MIX_MAX + 1] = {0};
     for (int i = 0; i < tllm_cl_n_mats(cl->m); i++) {
         const struct tllm_qweights *w = &cl->mats[i];
         int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, tllm_cl_dt_code(w->dtype)};
         if (i == 0) memcpy(fmt, f, sizeof f);
         uniform = uniform && !memcmp(fmt, f, sizeof f);
+        int k = 0;
+        while (k < n_mix && memcmp(mix[k], f, sizeof f)) k++;
+        if (k == n_mix && n_mix <= MIX_MAX) memcpy(mix[n_mix++], f, sizeof f);
+        if (k <= MIX_MAX) mix_bytes[k] += tllm_qw_nbytes(w);
         int bits = w->format == TLLM_WF_AFFINE ? w->bits : 0;
         codes48 = codes48 && (bits == 4 || bits == 8) && w->group_size % 16 == 0;
         halves = halves || bits == 8 || w->group_size < 32;
     }
     /* and the head size, so attention's loops and branches fold (H200: the `token` kernel's attention
      * then has one form, not three, and the other phases run faster for the smaller program) */
-    char fixed[128] = "";
+    char fixed[256] = "";
     int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
-    if (uniform) snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
+    int cpu_dev = (type & CL_DEVICE_TYPE_CPU) != 0;
+    if (uniform) {
+        snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
+    } else if (n_mix <= MIX_MAX && (cpu_dev ? extra && strstr(extra, "MIX_COPIES=1") : !(extra && strstr(extra, "MIX_COPIES=0")))) {
+        /* a copy of the weight reads per format (Q_COPIES in kernels/opencl/common.cl). Not on CPU devices
+         * unless asked (-DMIX_COPIES=1): PoCL's code ran the real 0.5B Q4_K_M 12% slower with them */
+        for (int a = 0; a < n_mix; a++) /* most bytes first: the first test a read makes is the likeliest */
+            for (int b = a + 1; b < n_mix; b++)
+                if (mix_bytes[b] > mix_bytes[a]) {
+                    int t[3];
+                    size_t tb = mix_bytes[a];
+                    memcpy(t, mix[a], sizeof t), memcpy(mix[a], mix[b], sizeof t), memcpy(mix[b], t, sizeof t);
+                    mix_bytes[a] = mix_bytes[b], mix_bytes[b] = tb;
+                }
+        n_fixed += snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_NF=%d", n_mix);
+        for (int a = 0; a < n_mix; a++)
+            n_fixed += snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_B%d=%d -DQ_G%d=%d -DQ_D%d=%d", a, mix[a][0], a,
+                                mix[a][1], a, mix[a][2]);
+    }
     /* int8 activations (XQ in kernels/opencl/common.cl) where the CPU path takes them too (a packed model, i.e. not
      * --exact), for models of 4- and 8-bit codes (as the device holds them: GGUF's 5- and 6-bit ones, E2M1 too,
      * come as 8-bit) whose inputs split into blocks of 32; 8-bit codes and groups of 16 also need each half
@@ -219,7 +244,6 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* On a CPU device only with the format compiled in: PoCL (LLVM 15) took over ten minutes to compile the
      * run-time-format int8 kernels for Qwen2.5-0.5B's mixed GGUF, and had not finished (a small model's
      * compile in seconds: tests/gguf_device.py asks for them with -DQ_INT8=1) */
-    int cpu_dev = (type & CL_DEVICE_TYPE_CPU) != 0;
     int xq = int8_ok && codes48 && (uniform || !cpu_dev) && cl->mats[2].pack && c->dim % 32 == 0 && c->ffn_dim % 32 == 0 &&
              (c->n_heads * c->head_dim) % 32 == 0 && !(extra && strstr(extra, "Q_INT8"));
     cl->int8 = xq || (extra && strstr(extra, "Q_INT8=1") && codes48);
