@@ -88,7 +88,7 @@ struct held_text {
 static int held_piece(const char *piece, size_t n, void *u) {
     struct held_text *h = u;
     if (tllm_buf_append(&h->text, piece, n)) return h->nomem = 1; /* stops the answer; reported after */
-    size_t safe = oai_tool_calls_safe(h->text.data, h->text.len);
+    size_t safe = oai_tool_calls_safe(h->text.data, h->text.len, h->sent);
     if (safe <= h->sent) return 0;
     int stop = h->cb(h->text.data + h->sent, safe - h->sent, h->user);
     h->sent = safe;

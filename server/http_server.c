@@ -522,7 +522,7 @@ static void stream_events(struct stream *st) {
     } else {
         const char *finish = oai_finish(j->finish);
         if (st->tools) { /* text that may be a tool call waits for the answer's end */
-            size_t safe = oai_tool_calls_safe(j->text.data ? j->text.data : "", j->text.len);
+            size_t safe = oai_tool_calls_safe(j->text.data ? j->text.data : "", j->text.len, st->text_sent);
             nt = safe > st->text_sent ? safe - st->text_sent : 0;
             if (j->done) {
                 struct json_object *calls;

@@ -64,9 +64,18 @@ int main(void) {
         {"", 0}, {"a<tool_cal", 1}, {"a<b", 3},
     };
     for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {
-        size_t got = oai_tool_calls_safe(S[i].text, strlen(S[i].text));
+        size_t got = oai_tool_calls_safe(S[i].text, strlen(S[i].text), 0);
         CHECK(got == S[i].safe, "safe(%s) = %zu, want %zu", S[i].text, got, S[i].safe);
     }
+    /* streamed a byte at a time, each call starting from the last answer: the same as reading it all */
+    static const char *const grow[] = {"Let me <tool_call>{\"name\": 1}</tool_call> then <tool_call>", "a <tool_ca <tool_call>x",
+                                       "<<tool_call", "x<tool_cal<tool_call>", "  {\"name\": \"a\"}", " x {"};
+    for (size_t i = 0; i < sizeof grow / sizeof grow[0]; i++)
+        for (size_t n = 0, from = 0; n <= strlen(grow[i]); n++) {
+            size_t all = oai_tool_calls_safe(grow[i], n, 0), got = oai_tool_calls_safe(grow[i], n, from);
+            CHECK(got == all, "safe(%.*s) from %zu = %zu, want %zu", (int)n, grow[i], from, got, all);
+            from = got > from ? got : from;
+        }
     json_object_put(tools);
     return check_done();
 }

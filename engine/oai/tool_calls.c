@@ -21,11 +21,17 @@ static const char *find(const char *s, size_t n, const char *pat, size_t m) {
 
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-size_t oai_tool_calls_safe(const char *text, size_t len) {
-    size_t b = 0;
-    while (b < len && is_space(text[b])) b++;
-    if (b == len || text[b] == '{') return 0;
-    const char *o = find(text, len, OPEN, OPEN_LEN);
+size_t oai_tool_calls_safe(const char *text, size_t len, size_t from) {
+    if (!from) {
+        size_t b = 0;
+        while (b < len && is_space(text[b])) b++;
+        if (b == len || text[b] == '{') return 0;
+    } else if (from > len) {
+        from = len;
+    }
+    /* no "<tool_call>" begins before from: it is at most the first one's start, and any earlier tail
+     * that began one was held back */
+    const char *o = find(text + from, len - from, OPEN, OPEN_LEN);
     if (o) return (size_t)(o - text);
     for (size_t k = OPEN_LEN - 1; k > 0; k--) /* the longest tail that begins "<tool_call>" */
         if (k <= len && !memcmp(text + len - k, OPEN, k)) return len - k;

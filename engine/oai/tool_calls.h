@@ -17,7 +17,9 @@ int oai_tool_calls_parse(const char *text, size_t len, struct json_object *tools
                          struct json_object **calls, char **content);
 
 /* How much of text[0..len) can be streamed as content now: up to the first "<tool_call>", or all but
- * a tail that may be the start of one; nothing while the answer may be a bare JSON call. */
-size_t oai_tool_calls_safe(const char *text, size_t len);
+ * a tail that may be the start of one; nothing while the answer may be a bare JSON call. from: this
+ * function's answer for a prefix of the same text (0 the first time): the text before it is not read
+ * again, so a streamed answer costs its length, not its length squared. */
+size_t oai_tool_calls_safe(const char *text, size_t len, size_t from);
 
 #endif
