@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._lib import lib
@@ -263,26 +263,35 @@ class Model:
     def _complete(self, ids: List[int], params: _Params, on_text: Optional[Any]) -> Completion:
         """One completion on the session (on_text(str) -> bool stop, called with each piece)."""
         arr = (ctypes.c_int32 * len(ids))(*ids)
-        text, out_ids, n_ids, st = ctypes.c_void_p(), ctypes.POINTER(ctypes.c_int32)(), ctypes.c_size_t(), _lib.Stats()
+        return self._session_call(lib.tllm_session_complete_ids, (arr, len(ids), ctypes.byref(params.c)), on_text, False)
+
+    def _session_call(self, fn: Any, args: Tuple[Any, ...], on_text: Optional[Any], with_calls: bool) -> Completion:
+        """fn(session, *args, piece callback, NULL, &text, [&tool_calls,] &ids, &n_ids, &stats): a completion
+        or a chat of the C API, with on_text(str) -> bool stop called with each piece; what on_text raises
+        (KeyboardInterrupt too) stops the reply and is raised once the call returns."""
+        text, calls, st = ctypes.c_void_p(), ctypes.c_void_p(), _lib.Stats()
+        out_ids, n_ids = ctypes.POINTER(ctypes.c_int32)(), ctypes.c_size_t()
         raised: List[BaseException] = []
 
         def piece(ptr: int, n: int, user: int) -> int:
             try:
                 return int(bool(on_text(ctypes.string_at(ptr, n).decode("utf-8", "replace"))))
-            except BaseException as e:  # noqa: BLE001 (KeyboardInterrupt too: it stops the reply, then is raised)
+            except BaseException as e:  # noqa: BLE001
                 raised.append(e)
                 return 1
 
         cb = _lib.GEN_CB(piece) if on_text else _lib.GEN_CB()
+        outs = [ctypes.byref(text)] + ([ctypes.byref(calls)] if with_calls else [])
+        outs += [ctypes.byref(out_ids), ctypes.byref(n_ids), ctypes.byref(st)]
         self._open()
         with _lock:
-            _check(lib.tllm_session_complete_ids(self._session, arr, len(ids), ctypes.byref(params.c), cb, None,
-                                                 ctypes.byref(text), ctypes.byref(out_ids), ctypes.byref(n_ids),
-                                                 ctypes.byref(st)))
+            _check(fn(self._session, *args, cb, None, *outs))
         try:
-            result = _completion(ctypes.string_at(text).decode("utf-8", "replace"), out_ids[:n_ids.value], st)
+            result = _completion(ctypes.string_at(text).decode("utf-8", "replace"), out_ids[:n_ids.value], st,
+                                 ctypes.string_at(calls) if calls.value else None)
         finally:
             lib.tllm_free(text)
+            lib.tllm_free(calls)
             lib.tllm_free(out_ids)
         if raised:
             raise raised[0]
@@ -370,33 +379,7 @@ class Model:
 
     def _chat_json(self, request: bytes, params: _Params, on_text: Optional[Any]) -> Completion:
         """One chat given as OpenAI's request (tllm_session_chat_json)."""
-        text, calls, st = ctypes.c_void_p(), ctypes.c_void_p(), _lib.Stats()
-        out_ids, n_ids = ctypes.POINTER(ctypes.c_int32)(), ctypes.c_size_t()
-        raised: List[BaseException] = []
-
-        def piece(ptr: int, n: int, user: int) -> int:
-            try:
-                return int(bool(on_text(ctypes.string_at(ptr, n).decode("utf-8", "replace"))))
-            except BaseException as e:  # noqa: BLE001
-                raised.append(e)
-                return 1
-
-        cb = _lib.GEN_CB(piece) if on_text else _lib.GEN_CB()
-        self._open()
-        with _lock:
-            _check(lib.tllm_session_chat_json(self._session, request, ctypes.byref(params.c), cb, None,
-                                              ctypes.byref(text), ctypes.byref(calls), ctypes.byref(out_ids),
-                                              ctypes.byref(n_ids), ctypes.byref(st)))
-        try:
-            result = _completion(ctypes.string_at(text).decode("utf-8", "replace"), out_ids[:n_ids.value], st,
-                                 ctypes.string_at(calls) if calls.value else None)
-        finally:
-            lib.tllm_free(text)
-            lib.tllm_free(calls)
-            lib.tllm_free(out_ids)
-        if raised:
-            raise raised[0]
-        return result
+        return self._session_call(lib.tllm_session_chat_json, (request, ctypes.byref(params.c)), on_text, True)
 
     def generate_batch(self, prompts: Sequence[Prompt], *, parallel: int = 0, n_batch: int = 0, kv_tokens: int = 0,
                        **sampling: Any) -> List[Union[Completion, Error]]:
