@@ -282,6 +282,72 @@ static void check_masks(const struct tllm_tok *tok, int brute_steps, int n_ids, 
     tllm_vocab_index_free(vi);
 }
 
+/* tllm_gmatch_prepare (the walks of a step's new states on several threads) gives each sequence the
+ * mask one walk at a time gives: sequences on two schemas' automata (and some in the same state) move
+ * by random allowed tokens; at each step the prepared lists equal those of twins on automata that walk
+ * one mask at a time */
+static void check_prepare(const struct tllm_tok *tok) {
+    enum { N = 7, STEPS = 10 };
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":8},\"n\":{\"type\":\"integer\"}},\"required\":[\"name\",\"n\"]}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"red\",\"green\",\"blue\"]},\"maxItems\":5}",
+    };
+    int n_ids = tllm_tok_n_vocab(tok);
+    int32_t eos[2] = {tllm_tok_find(tok, "<|im_end|>"), tllm_tok_find(tok, "<|endoftext|>")};
+    struct tllm_vocab_index *vi = NULL;
+    CHECK(!tllm_vocab_index_init(tok, n_ids, &vi), "vocab index: %s", tllm_errmsg());
+    struct tllm_grammar *g[2] = {schema(schemas[0]), schema(schemas[1])};
+    if (!vi || !g[0] || !g[1]) goto out;
+    struct tllm_gmatch *m[N] = {0}, *ref[N] = {0};
+    for (int i = 0; i < N; i++) { /* 0, 2, 4, 6 on the first schema, the rest on the second */
+        tllm_gmatch_init(&m[i], g[i % 2], vi, eos, 2, i >= 2 ? m[i - 2] : NULL);
+        tllm_gmatch_init(&ref[i], g[i % 2], vi, eos, 2, i >= 2 ? ref[i - 2] : NULL);
+    }
+    int live = N, total = 0;
+    for (int step = 0; step < STEPS && live; step++) {
+        struct tllm_gmatch *on[N];
+        int n_on = 0, walked = -1;
+        for (int i = 0; i < N; i++)
+            if (m[i]) on[n_on++] = m[i];
+        CHECK(!tllm_gmatch_prepare(on, n_on, 3, &walked), "prepare: %s", tllm_errmsg());
+        total += walked;
+        if (step == 0) CHECK(walked == 2, "step 0: %d walks (the two schemas' starts)", walked);
+        for (int i = 0; i < N; i++) {
+            if (!m[i]) continue;
+            long c0, c1, k0;
+            tllm_gmatch_counts(m[i], &c0, &k0);
+            int n1, a1, n2, a2;
+            const int32_t *l1 = tllm_gmatch_list(m[i], &n1, &a1), *l2 = tllm_gmatch_list(ref[i], &n2, &a2);
+            tllm_gmatch_counts(m[i], &c1, &k0);
+            CHECK(c1 == c0, "step %d seq %d: a mask was walked after prepare", step, i);
+            int same = l1 && l2 && n1 == n2 && a1 == a2 && !memcmp(l1, l2, (size_t)n1 * sizeof *l1);
+            CHECK(same, "step %d seq %d: prepared list (%d, allows %d) != one walk at a time (%d, allows %d)", step, i, n1, a1, n2, a2);
+            /* next: an allowed token picked at random (sequences i and i + 2 alike at even steps: a shared state) */
+            int pick = -1, count = l1 ? (a1 ? n1 : n_ids - n1) : 0;
+            int r = count ? (int)(uniform() * count) % count : 0;
+            if (step % 2 == 0 && i >= 2) r = 0;
+            if (count && a1) pick = l1[r];
+            else if (count)
+                for (int32_t id = 0, j = 0, left = r; id < n_ids && pick < 0; id++) {
+                    if (j < n1 && l1[j] == id) j++;
+                    else if (left-- == 0) pick = id;
+                }
+            if (pick < 0 || pick == eos[0] || pick == eos[1] || tllm_gmatch_accept(m[i], pick) || tllm_gmatch_accept(ref[i], pick)) {
+                live--;
+                tllm_gmatch_free(m[i]), tllm_gmatch_free(ref[i]);
+                m[i] = ref[i] = NULL;
+            }
+        }
+    }
+    CHECK(total > 2, "%d walks prepared in all", total);
+    fprintf(stderr, "prepare: %d walks over %d steps\n", total, STEPS);
+    for (int i = 0; i < N; i++) tllm_gmatch_free(m[i]), tllm_gmatch_free(ref[i]);
+out:
+    tllm_grammar_free(g[0]);
+    tllm_grammar_free(g[1]);
+    tllm_vocab_index_free(vi);
+}
+
 /* Text sampled from random logits under a grammar, until EOS: it matches the grammar, and is JSON */
 static void check_sampling(const struct tllm_tok *tok) {
     static const char *const schemas[] = {
@@ -389,6 +455,7 @@ int main(int argc, char **argv) {
         };
         check_masks(tok, 40, 3000, short_counts, 3, 0);
         check_sampling(tok);
+        check_prepare(tok);
         tllm_gram_state_free(&brute_a);
         tllm_gram_state_free(&brute_c);
         tllm_tok_free(tok);

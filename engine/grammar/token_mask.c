@@ -3,6 +3,7 @@
 #include "engine/grammar/token_mask.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -162,6 +163,9 @@ struct gdfa {
     struct tllm_gmatch *users; /* the sequences on it (their states are re-interned when it starts over) */
     long computed, cached;
     double secs;
+    struct gdfa **walkers; /* [n_walkers] automata of their own for walks on other threads (tllm_gmatch_prepare) */
+    int n_walkers;
+    int walker; /* this is one of them: no sequence is on it, its counts are its owner's */
 };
 
 struct tllm_gmatch {
@@ -184,10 +188,12 @@ static void states_clear(struct gdfa *d) {
 
 static void gdfa_free(struct gdfa *d) {
     if (!d) return;
-    if (getenv("TLLM_GRAMMAR_STATS"))
+    if (!d->walker && getenv("TLLM_GRAMMAR_STATS"))
         fprintf(stderr, "grammar: %ld masks computed in %.1f ms, %ld from the cache, %d states\n", d->computed, d->secs * 1e3,
                 d->cached, d->n_ds);
     states_clear(d);
+    for (int i = 0; i < d->n_walkers; i++) gdfa_free(d->walkers[i]);
+    free(d->walkers);
     free(d->ds);
     free(d->ht);
     free(d->lv);
@@ -266,9 +272,9 @@ static int32_t step(struct gdfa *d, int id, unsigned char c) {
     return n;
 }
 
-/* Too many states or masks kept: start over from the states the sequences are at */
-static int bound_states(struct gdfa *d) {
-    if (d->n_ds < TLLM_GMATCH_STATES && d->n_masks < TLLM_GMATCH_CACHE) return TLLM_OK;
+/* Too many states or masks kept (with `more` masks to come): start over from the states the sequences are at */
+static int bound_states(struct gdfa *d, int more) {
+    if (d->n_ds < TLLM_GMATCH_STATES && d->n_masks + more < TLLM_GMATCH_CACHE) return TLLM_OK;
     int n = 0, rc = TLLM_OK;
     for (struct tllm_gmatch *u = d->users; u; u = u->next_user) n++;
     struct tllm_gram_state *keep = calloc((size_t)n, sizeof *keep);
@@ -289,6 +295,22 @@ static int bound_states(struct gdfa *d) {
     return rc;
 }
 
+/* An automaton with no states yet; NULL out of memory */
+static struct gdfa *gdfa_new(const struct tllm_grammar *g, const struct tllm_vocab_index *v, const int32_t *eos, int n_eos) {
+    struct gdfa *d = calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->g = g, d->v = v, d->n_eos = n_eos;
+    d->n_classes = tllm_gram_byte_classes(g, d->cls);
+    d->lv = malloc(((size_t)v->max_len + 1) * sizeof *d->lv);
+    d->eos = malloc((size_t)(n_eos > 0 ? n_eos : 1) * sizeof *d->eos);
+    if (!d->lv || !d->eos) {
+        gdfa_free(d);
+        return NULL;
+    }
+    if (n_eos > 0) memcpy(d->eos, eos, (size_t)n_eos * sizeof *eos);
+    return d;
+}
+
 int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, const struct tllm_vocab_index *v,
                      const int32_t *eos, int n_eos, struct tllm_gmatch *share) {
     *out = NULL;
@@ -299,17 +321,9 @@ int tllm_gmatch_init(struct tllm_gmatch **out, const struct tllm_grammar *g, con
                          ? share->d
                          : NULL;
     int rc = TLLM_OK;
-    if (!d) {
-        if (!(d = calloc(1, sizeof *d))) {
-            free(m);
-            return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-        }
-        d->g = g, d->v = v, d->n_eos = n_eos;
-        d->n_classes = tllm_gram_byte_classes(g, d->cls);
-        d->lv = malloc(((size_t)v->max_len + 1) * sizeof *d->lv);
-        d->eos = malloc((size_t)(n_eos > 0 ? n_eos : 1) * sizeof *d->eos);
-        if (!d->lv || !d->eos) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-        else if (n_eos > 0) memcpy(d->eos, eos, (size_t)n_eos * sizeof *eos);
+    if (!d && !(d = gdfa_new(g, v, eos, n_eos))) {
+        free(m);
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     m->d = d;
     m->next_user = d->users, d->users = m;
@@ -355,6 +369,22 @@ static int compute(struct gdfa *d, int from, uint64_t *bits) {
     return TLLM_OK;
 }
 
+/* A walk's bits as state at's mask: the shorter list */
+static int keep_mask(struct gdfa *d, int at, const uint64_t *bits) {
+    int n_ids = d->v->n_ids, n_allowed = 0;
+    for (int i = 0; i < n_ids; i++) n_allowed += (int)(bits[i >> 6] >> (i & 63) & 1);
+    int allows = n_allowed <= n_ids / 2, n = allows ? n_allowed : n_ids - n_allowed, k = 0;
+    int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
+    if (!list) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n_ids; i++)
+        if ((int)(bits[i >> 6] >> (i & 63) & 1) == allows) list[k++] = i;
+    struct dstate *x = &d->ds[at];
+    x->list = list, x->n_list = n, x->list_allows = allows;
+    d->n_masks++;
+    d->computed++;
+    return TLLM_OK;
+}
+
 /* The state whose mask is state id's (itself, or its key: tllm_gram_mask_key); -1 out of memory */
 static int mask_state(struct gdfa *d, int id) {
     if (d->ds[id].mask_at >= 0) return d->ds[id].mask_at;
@@ -373,32 +403,125 @@ static const struct dstate *lookup(struct tllm_gmatch *m) {
         d->cached++;
         return &d->ds[at];
     }
-    if (bound_states(d)) return NULL; /* (may number the states anew) */
+    if (bound_states(d, 0)) return NULL; /* (may number the states anew) */
     if ((at = mask_state(d, m->cur)) < 0) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
     if (d->ds[at].list) {
         d->cached++;
         return &d->ds[at];
     }
-    int n_ids = d->v->n_ids;
-    size_t words = ((size_t)n_ids + 63) / 64;
+    size_t words = ((size_t)d->v->n_ids + 63) / 64;
     if (!d->bits && !(d->bits = malloc(words * sizeof *d->bits))) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
-    uint64_t *bits = d->bits;
-    memset(bits, 0, words * sizeof *bits);
+    memset(d->bits, 0, words * sizeof *d->bits);
     double t0 = tllm_now();
-    if (compute(d, at, bits)) return NULL;
-    int n_allowed = 0;
-    for (int i = 0; i < n_ids; i++) n_allowed += (int)(bits[i >> 6] >> (i & 63) & 1);
-    int allows = n_allowed <= n_ids / 2, n = allows ? n_allowed : n_ids - n_allowed, k = 0;
-    int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
-    if (!list) return tllm_fail(TLLM_ERR_NOMEM, "out of memory"), NULL;
-    for (int i = 0; i < n_ids; i++)
-        if ((int)(bits[i >> 6] >> (i & 63) & 1) == allows) list[k++] = i;
+    if (compute(d, at, d->bits) || keep_mask(d, at, d->bits)) return NULL;
     d->secs += tllm_now() - t0;
-    struct dstate *x = &d->ds[at]; /* (the walk may have moved ds) */
-    x->list = list, x->n_list = n, x->list_allows = allows;
-    d->n_masks++;
-    d->computed++;
-    return x;
+    return &d->ds[at];
+}
+
+/* tllm_gmatch_prepare's walks: job j walks from state at[j] of automaton d[j] into bits[j] */
+struct walks {
+    struct gdfa **d;
+    int32_t *at;
+    uint64_t *bits;
+    size_t words;
+    int n, next, rc;
+    pthread_mutex_t lock;
+};
+
+struct walk_thread {
+    struct walks *w;
+    int idx; /* its walker in each automaton */
+    pthread_t t;
+};
+
+/* Jobs taken in turn: the state interned into the thread's own automaton, and walked there (the shared
+ * ones are only read while the threads run) */
+static void *walk_run(void *arg) {
+    struct walk_thread *wt = arg;
+    struct walks *w = wt->w;
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        int j = w->rc ? w->n : w->next++;
+        pthread_mutex_unlock(&w->lock);
+        if (j >= w->n) return NULL;
+        struct gdfa *d = w->d[j], *own = d->walkers[wt->idx];
+        if (own->n_ds >= TLLM_GMATCH_STATES) states_clear(own);
+        struct tllm_gram_state st = view(&d->ds[w->at[j]]);
+        int from = intern(own, &st), rc = from < 0 ? TLLM_ERR_NOMEM : compute(own, from, w->bits + (size_t)j * w->words);
+        if (rc) {
+            pthread_mutex_lock(&w->lock);
+            w->rc = rc;
+            pthread_mutex_unlock(&w->lock);
+        }
+    }
+}
+
+int tllm_gmatch_prepare(struct tllm_gmatch *const *ms, int n, int n_threads, int *walked) {
+    *walked = 0;
+    if (n < 2 || n_threads < 2) return TLLM_OK;
+    struct walks w = {.d = malloc((size_t)n * sizeof *w.d), .at = malloc((size_t)n * sizeof *w.at)};
+    int rc = w.d && w.at ? TLLM_OK : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    /* each automaton first makes room for the masks to come (so none is dropped before it is used) */
+    for (int i = 0; i < n && !rc; i++) {
+        struct gdfa *d = ms[i]->d;
+        int first = 1, more = 0;
+        for (int k = 0; k < i && first; k++) first = ms[k]->d != d;
+        if (!first) continue;
+        for (int k = i; k < n; k++) {
+            int at = ms[k]->d == d ? d->ds[ms[k]->cur].mask_at : 0;
+            more += ms[k]->d == d && (at < 0 || !d->ds[at].list);
+        }
+        rc = bound_states(d, more);
+    }
+    for (int i = 0; i < n && !rc; i++) { /* the distinct states with no mask yet */
+        struct gdfa *d = ms[i]->d;
+        int at = mask_state(d, ms[i]->cur), k = 0;
+        if (at < 0) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        if (rc || d->ds[at].list) continue;
+        while (k < w.n && (w.d[k] != d || w.at[k] != at)) k++;
+        if (k == w.n) w.d[w.n] = d, w.at[w.n++] = at;
+    }
+    int nt = n_threads < w.n ? n_threads : w.n;
+    for (int j = 0; j < w.n && !rc; j++) { /* each automaton's walkers, one a thread */
+        struct gdfa *d = w.d[j];
+        if (d->n_walkers >= nt) continue;
+        struct gdfa **a = realloc(d->walkers, (size_t)nt * sizeof *a);
+        if (!a) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        else d->walkers = a;
+        while (!rc && d->n_walkers < nt) {
+            struct gdfa *own = gdfa_new(d->g, d->v, d->eos, d->n_eos);
+            if (!own) rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+            else own->walker = 1, d->walkers[d->n_walkers++] = own;
+        }
+    }
+    w.words = ((size_t)ms[0]->d->v->n_ids + 63) / 64;
+    if (!rc && nt >= 2) {
+        double t0 = tllm_now();
+        w.bits = calloc((size_t)w.n * w.words, sizeof *w.bits);
+        struct walk_thread *th = calloc((size_t)nt, sizeof *th);
+        if (!w.bits || !th || pthread_mutex_init(&w.lock, NULL)) {
+            rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+        } else {
+            int started = 0;
+            for (; started < nt; started++) {
+                th[started] = (struct walk_thread){&w, started, 0};
+                if (started && pthread_create(&th[started].t, NULL, walk_run, &th[started])) break;
+            }
+            walk_run(&th[0]); /* this thread is walker 0 (and walks alone when no thread could start) */
+            for (int i = 1; i < started; i++) pthread_join(th[i].t, NULL);
+            pthread_mutex_destroy(&w.lock);
+            rc = w.rc ? tllm_fail(TLLM_ERR_NOMEM, "out of memory") : TLLM_OK;
+            for (int j = 0; j < w.n && !rc; j++) rc = keep_mask(w.d[j], w.at[j], w.bits + (size_t)j * w.words);
+            if (!rc) *walked = w.n;
+            double secs = (tllm_now() - t0) / (w.n ? w.n : 1); /* the wall time, shared out */
+            for (int j = 0; j < w.n; j++) w.d[j]->secs += secs;
+        }
+        free(th);
+        free(w.bits);
+    }
+    free(w.d);
+    free(w.at);
+    return rc;
 }
 
 const int32_t *tllm_gmatch_list(struct tllm_gmatch *m, int *n, int *allows) {

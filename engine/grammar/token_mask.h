@@ -47,6 +47,14 @@ void tllm_gmatch_free(struct tllm_gmatch *m);
 /* logits[0..n) of tokens that cannot come next become -inf. Returns how many may come (0: none; the
  * grammar cannot go on with this vocabulary), or < 0 on an error. */
 int tllm_gmatch_mask(struct tllm_gmatch *m, float *logits, int n);
+/* Makes the masks that the sequences ms[0..n) stand at and none has yet (the first walk of each
+ * distinct state), up to n_threads walks at once: each thread walks in an automaton of its own over
+ * the same grammar and vocabulary (kept for the next call), and the masks then join the shared cache,
+ * where tllm_gmatch_list finds them. The same masks as one walk at a time. Called from the thread that
+ * uses these sequences; *walked: the walks made. (A batch whose sequences reach new states together,
+ * as 64 answers to one schema do in their first steps, otherwise walks them one after another while
+ * a GPU waits.) */
+int tllm_gmatch_prepare(struct tllm_gmatch *const *ms, int n, int n_threads, int *walked);
 /* Which tokens may come next as the shorter list, ascending: *allows 1: ids[0..*n) are the only ones
  * that may; 0: every id below the index's n_ids may but ids[0..*n). Valid until m (or a sequence
  * sharing its automaton) moves. NULL on an error. */

@@ -494,8 +494,17 @@ static int list_key(struct tllm_sched *s, int *n_keys, size_t *used, const int32
  * or walked here). Rows in one grammar state (all of a batch inside a JSON string) share one bitset. */
 static int fill_masks(void *user, const int32_t **mask, const uint32_t **allow) {
     struct tllm_sched *s = user;
-    int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0;
+    int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_gm = 0, walked = 0;
     size_t used = 0;
+    /* the states first met in this step are walked on the pool's number of threads at once */
+    struct tllm_gmatch **gm = malloc((size_t)(s->n_rows ? s->n_rows : 1) * sizeof *gm);
+    if (!gm) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    for (int j = 0; j < s->n_rows; j++)
+        if (s->seqs[s->row_slot[j]].smp.gm) gm[n_gm++] = s->seqs[s->row_slot[j]].smp.gm;
+    int rc = tllm_gmatch_prepare(gm, n_gm, tllm_threadpool_size(), &walked);
+    free(gm);
+    if (rc) return rc;
+    s->st.grammar_walks += walked;
     for (int j = 0; j < s->n_rows; j++) {
         struct seq *q = &s->seqs[s->row_slot[j]];
         s->mask[j] = -1;
