@@ -4,6 +4,8 @@
  * A tile is one row block x up to TILE_TOKENS tokens: each chunk of codes is loaded and unpacked once
  * for all the tile's tokens (prefill), and decode is the same code with one token.
  * Compiled for AVX-512 via target attributes and chosen at run time, so the binary runs anywhere. */
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu_features.h"
@@ -222,10 +224,63 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) TLLM_NO_CONTRACT v
         }
 }
 
+/* Row block b of a plane pack (5- or 6-bit codes) as 8-bit codes, in the 8-bit pack's layout, at out:
+ * each vector the plane tile would make, stored once */
+TGT static void unplane_block(const struct tllm_qpack *p, int b, uint8_t *out) {
+    const int ng = p->cols / p->group_size, bpg = tllm_qpack_subblocks(p), PL = p->bits == 5 ? 1 : 2;
+    const int CH = tllm_qpack_subcols(p) == TLLM_XQ_BLOCK ? 4 : 2; /* chunks of 4-bit codes a sub-block */
+    const __m512i mask = _mm512_set1_epi8(15);
+    const uint8_t *c = p->codes + (size_t)b * p->block_bytes;
+    for (int s = 0; s < ng * bpg; s++) {
+        const uint8_t *pl = c + 64 * CH;
+        for (int ch = 0; ch < CH; ch++, c += 64) {
+            __m512i v = _mm512_load_si512((const void *)c);
+            for (int m = 0; m < 2; m++) {
+                __m512i w = _mm512_and_si512(m ? _mm512_srli_epi16(v, 4) : v, mask);
+                for (int e = 0; e < PL; e++) {
+                    uint64_t word;
+                    memcpy(&word, pl + 8 * (e * 2 * CH + ch * 2 + m), 8);
+                    w = _mm512_mask_add_epi8(w, _cvtu64_mask64(word), w, _mm512_set1_epi8((char)(16 << e)));
+                }
+                _mm512_store_si512((void *)(out + 64 * (ch * 2 + m)), w);
+            }
+        }
+        c += 8 * PL * 2 * CH;
+        out += 64 * 2 * CH;
+    }
+}
+
+#ifndef TLLM_QPACK_UNPLANE_TOKENS
+#define TLLM_QPACK_UNPLANE_TOKENS 32 /* steps of this many tokens or more unpack plane blocks once (prefill) */
+#endif
+#ifndef TLLM_QPACK_UNPLANE_BYTES
+#define TLLM_QPACK_UNPLANE_BYTES (512 << 10) /* the unpacked blocks a thread keeps at once (in L2) */
+#endif
+
 void tllm_qpack_matmul_avx512(const struct tllm_qpack *p, const struct tllm_xq *x, float *y, int b0, int b1) {
     const int bi = tllm_qpack_kind(p);
     const struct tllm_qpack_tiles t = {{tiles[bi], tiles2[bi]}, {TLLM_QPACK_TILE_TOKENS, TLLM_QPACK_TILE_TOKENS2}, TLLM_QPACK_TILE_BLOCKS};
-    tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
+    /* A plane pack in a step of many tokens: its masked adds once a block, not once a tile of tokens
+     * (Zen 4 runs 512-bit byte adds on both of its vector pipes, beside vpdpbusd), then the 8-bit tiles
+     * over the unpacked blocks. The same codes, so the same sums to the bit. */
+    size_t bb8 = (size_t)TLLM_QPACK_ROWS * (size_t)p->cols;
+    int per = (int)(TLLM_QPACK_UNPLANE_BYTES / bb8);
+    per = per < 1 ? 1 : per;
+    uint8_t *buf = tllm_qpack_planes(p) && x->n >= TLLM_QPACK_UNPLANE_TOKENS ? aligned_alloc(64, (size_t)per * bb8) : NULL;
+    if (!buf) {
+        tllm_qpack_run_tiles(p, x, y, b0, b1, &t);
+        return;
+    }
+    struct tllm_qpack q8 = *p;
+    q8.bits = 8, q8.block_bytes = bb8;
+    const struct tllm_qpack_tiles t8 = {{tiles[2], tiles2[2]}, {TLLM_QPACK_TILE_TOKENS, TLLM_QPACK_TILE_TOKENS2}, TLLM_QPACK_TILE_BLOCKS};
+    for (int bb = b0; bb < b1; bb += per) {
+        int be = bb + per < b1 ? bb + per : b1;
+        for (int b = bb; b < be; b++) unplane_block(p, b, buf + (size_t)(b - bb) * bb8);
+        q8.codes = (uint8_t *)((uintptr_t)buf - (uintptr_t)bb * bb8); /* block b at buf + (b - bb) * bb8 */
+        tllm_qpack_run_tiles(&q8, x, y, bb, be, &t8);
+    }
+    free(buf);
 }
 
 #else
