@@ -21,6 +21,8 @@ struct tllm_vocab_index {
                                    * them as one stream, not 151k scattered allocations */
     uint32_t *off;                /* [n + 1] token i is bytes[off[i] .. off[i+1]) */
     uint32_t *lcp;                /* [n] bytes in common with the token before */
+    int32_t *skip;                /* [n] the first token after i with fewer bytes in common than lcp[i] (n: none):
+                                   * tokens i .. skip[i] - 1 all begin with token i's first lcp[i] bytes */
 };
 
 static int cmp_tokens(const void *a, const void *b, void *tok) {
@@ -75,6 +77,7 @@ void tllm_vocab_index_free(struct tllm_vocab_index *v) {
     free(v->bytes);
     free(v->off);
     free(v->lcp);
+    free(v->skip);
     free(v);
 }
 
@@ -89,6 +92,7 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
     v->id = malloc((size_t)n_ids * sizeof *v->id);
     v->off = malloc(((size_t)n_ids + 1) * sizeof *v->off);
     v->lcp = malloc((size_t)n_ids * sizeof *v->lcp);
+    v->skip = malloc((size_t)n_ids * sizeof *v->skip);
     size_t total = 0;
     for (int32_t i = 0; v->id && i < n_ids; i++) {
         size_t len;
@@ -98,7 +102,7 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
         }
     }
     v->bytes = malloc(total ? total : 1);
-    if (!v->id || !v->off || !v->lcp || !v->bytes || total >= UINT32_MAX) {
+    if (!v->id || !v->off || !v->lcp || !v->skip || !v->bytes || total >= UINT32_MAX) {
         tllm_vocab_index_free(v);
         return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
@@ -123,6 +127,12 @@ int tllm_vocab_index_init(const struct tllm_tok *tok, int n_ids, struct tllm_voc
         v->lcp[i] = l;
     }
     v->off[v->n] = at;
+    /* skip: the next smaller lcp, from the end, following the skips already made (amortized linear) */
+    for (int i = v->n - 1; i >= 0; i--) {
+        int j = i + 1;
+        while (j < v->n && v->lcp[j] >= v->lcp[i]) j = v->skip[j];
+        v->skip[i] = j;
+    }
     *out = v;
     if (getenv("TLLM_GRAMMAR_STATS")) fprintf(stderr, "grammar index: %d tokens in byte order in %.1f ms\n", v->n, (tllm_now() - t0) * 1e3);
     return TLLM_OK;
@@ -360,7 +370,13 @@ static int compute(struct gdfa *d, int from, uint64_t *bits) {
             lv[++k] = at = n;
         }
         ok = k;
-        if (k == len) bits[v->id[i] >> 6] |= 1ull << (v->id[i] & 63);
+        if (k == len) {
+            bits[v->id[i] >> 6] |= 1ull << (v->id[i] & 63);
+        } else { /* refused at byte k: past every token that begins with the same k + 1 bytes */
+            int j = i + 1;
+            while (j < v->n && (int)lcp[j] > k) j = v->skip[j];
+            i = j - 1;
+        }
     }
     struct tllm_gram_state st = view(&d->ds[from]);
     if (tllm_gram_accepting(&st))
