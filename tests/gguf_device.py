@@ -10,6 +10,8 @@
   copies the mix's decode with a copy of the weight reads per format (-DMIX_COPIES=1, a GPU's default)
          against one copy for all (-DMIX_COPIES=0), float and int8: within 1e-6 (the same sums; PoCL
          gives the same bits).
+  chunks the mix with MV_LOCAL_X at 512, below down_proj's 1024 inputs: staged in two chunks (as a 7B's
+         18944 are on a GPU), float within 1e-5 of the CPU and int8 within 1e-3 of the float decode.
 Needs numpy (the test venv) for synth_gguf.py; skips (77) without it or without an OpenCL device.
 usage: gguf_device.py TLLM REPO"""
 import os
@@ -97,6 +99,16 @@ with tempfile.TemporaryDirectory() as d:
                     e = rel_rms(cp, gen)
                     print(f"  mix: {lv} decode, a copy a format vs one for all: relative RMS {e:.2e}")
                     check(e <= 1e-6, f"mix: {lv} decode with a copy a format vs without: relative RMS {e:.3e} > 1e-6")
+        if t == "mix" and cpu is not None:  # down_proj's 1024 inputs staged in two chunks (as 7B's 18944 are)
+            chunk = "-DMV_LOCAL_X=512 "
+            fc = logits(model, out, "--device", "opencl", "--prefill", "cpu", opts=chunk + "-DQ_INT8=0")
+            ic = logits(model, out, "--int8", "--device", "opencl", "--prefill", "cpu",
+                        opts=chunk + ("-DQ_INT8=1" if cpu_device else ""))
+            if check(fc is not None and ic is not None and fl is not None, "mix: logits with down_proj's input in chunks"):
+                e, e8 = rel_rms(fc, cpu), rel_rms(ic, fl)
+                print(f"  mix, input in chunks: float decode vs the CPU {e:.2e}, int8 vs float {e8:.2e}")
+                check(e <= 1e-5, f"mix: chunked float decode vs the CPU: relative RMS {e:.3e} > 1e-5")
+                check(0 < e8 <= 1e-3, f"mix: chunked int8 decode vs float: relative RMS {e8:.3e}")
         if t != "Q2_K":  # 2-bit codes have no int8 form on the device
             env = dict(os.environ, **({"TLLM_CL_OPTS": ask} if ask else {}))
             b = subprocess.run([tllm, "bench", "-m", model, "--device", "opencl", "-p", "0", "-n", "2", "-r", "1"],

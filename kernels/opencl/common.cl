@@ -79,7 +79,7 @@
 
 /* -DQ_NF=n -DQ_B0 -DQ_G0 -DQ_D0 ... (up to 4 formats; the host adds them on GPUs for a model of several
  * formats, as GGUF's Q4_K_M mixes are, most weight bytes first): each format gets its own copy of the
- * row reads and dot products (load_row, row_dot, row_dot_global, embed_one), with the format a
+ * row reads and dot products (load_row_at, row_dot_at, embed_one), with the format a
  * constant as Q_FIX makes it for one; Q_PICK calls AT(i) for the matrix's format i (the last unchecked:
  * every matrix has one of the n). Without it, a mix's every read divides by the run-time group size
  * and code width, and branches over every format (H200, 1.5B Q4_K_M: 355 tok/s, where a uniform Q4_K

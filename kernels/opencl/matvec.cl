@@ -40,9 +40,9 @@ __kernel void embed(WARGS(0), int cols, __global float *x, __global const int *p
 
 /* The row loop shared by matvec-like kernels: y[r] = W . xs (+ res[r] when add). With best != 0 the
  * group also leaves the largest y[r] and its row (the first on ties) in best[group] for `argmax`. */
-inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const float *x, __local const float *xs,
-                         __local const float *xsum, int staged, __global float *y, __global const float *res,
-                         int add, struct qrow first, __local float2 *red, __global float2 *best) {
+inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __local const float *xs, __local const float *xsum,
+                         __global float *y, __global const float *res, int add, struct qrow first, __local float2 *red,
+                         __global float2 *best) {
     int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr;
     float bv = -INFINITY;
     int bi = 0x7fffffff;
@@ -51,16 +51,13 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
         float part = 0.0f, rv = add && lane == 0 && r < rows ? res[r] : 0.0f; /* read before the dot products */
 #if MV_PIPE
         /* the next sweep's reads are in flight while this one's arithmetic runs */
-        struct qrow next = load_row(WPASS(0), r + rpg * get_num_groups(0), staged ? rows : 0, cols, lane, tpr);
+        struct qrow next = load_row(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane, tpr);
 #endif
-        if (r < rows) {
-            if (staged) part = row_dot(WPASS(0), r, cols, lane, tpr, first, xs, xsum);
-            else part = row_dot_global(WPASS(0), r, cols, lane, tpr, x);
-        }
+        if (r < rows) part = row_dot(WPASS(0), r, cols, lane, tpr, first, xs, xsum);
 #if MV_PIPE
         first = next;
 #else
-        if (staged) first = load_row(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane, tpr); /* next sweep */
+        first = load_row(WPASS(0), r + rpg * get_num_groups(0), rows, cols, lane, tpr); /* next sweep */
 #endif
         float s = row_reduce2((float2)(part, 0.0f), red, tpr).x;
         if (lane == 0 && r < rows) {
@@ -71,6 +68,31 @@ inline void rows_times_x(WARGS(0), int rows, int cols, int tpr, __global const f
     if (!best) return;
     float2 b = wg_best((float2)(bv, as_float(bi)), red);
     if (lid == 0) best[get_group_id(0)] = b;
+}
+
+/* The chunks of an input too long to stage whole: MV_LOCAL_X rounded down to whole groups (of up to 128) */
+#define CHUNK_X (MV_LOCAL_X / 128 * 128)
+
+/* y[r] = W . x (+ res[r] when add) for an input longer than MV_LOCAL_X (down_proj of 7B-class models,
+ * whose 18944 inputs do not fit local memory beside the rest): x is staged a chunk at a time (as int8
+ * blocks where the kernels take them), and each chunk's share of a row is added to y[r] by the thread that
+ * owns the row in every chunk (the groups take the same rows each time), so no other group reads it. */
+inline void chunked_times_x(WARGS(0), int rows, int cols, int tpr, __global const float *x, __local float *xs,
+                            __local float *xsum, __global float *y, __global const float *res, int add,
+                            __local float *red, __local float2 *red2) {
+    int lid = get_local_id(0), lane = lid % tpr, rpg = MV_LWS / tpr;
+    for (int c0 = 0; c0 < cols; c0 += CHUNK_X) {
+        int n = cols - c0 < CHUNK_X ? cols - c0 : CHUNK_X;
+        stage(x + c0, n, 0, 0.0f, xs, xsum, red);
+        for (int r0 = get_group_id(0) * rpg; r0 < rows; r0 += rpg * get_num_groups(0)) {
+            int r = r0 + lid / tpr;
+            struct qrow q = load_row_at(WPASS(0), r, rows, cols, c0, n, lane, tpr);
+            float part = r < rows ? row_dot_at(WPASS(0), r, cols, c0, n, lane, tpr, q, xs, xsum) : 0.0f;
+            float s = row_reduce2((float2)(part, 0.0f), red2, tpr).x;
+            if (lane == 0 && r < rows) y[r] = (c0 ? y[r] : add ? res[r] : 0.0f) + s;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE); /* every read of this chunk's xs before the next is staged */
+    }
 }
 
 /* This thread's share of its row in sweep k of a matvec-like phase (nothing past `rows`) */
@@ -125,8 +147,12 @@ inline void matvec_body(WARGS(0), int rows, int cols, int tpr, __global const fl
         return;
     }
 #endif
-    if (staged) stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
-    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, staged, y, res, add, first, red2, track ? best : 0);
+    if (!staged) { /* (never normalized: only down_proj's input is this long) */
+        chunked_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, y, res, add, red, red2);
+        return;
+    }
+    stage(x, cols, norm_off >= 0 ? vecs + norm_off : 0, eps, xs, xsum, red);
+    rows_times_x(WPASS(0), rows, cols, tpr, xs, xsum, y, res, add, first, red2, track ? best : 0);
 }
 
 __kernel void matvec(WARGS(0), int rows, int cols, int tpr, __global const float *x, __global const float *vecs,
@@ -178,7 +204,7 @@ inline void attn_out_body(WARGS(0), int rows, int cols, int tpr, __global const 
     barrier(CLK_LOCAL_MEM_FENCE);
     stage_done(xs, cols, xsum);
 #endif
-    rows_times_x(WPASS(0), rows, cols, tpr, x, xs, xsum, 1, x_out, x, 1, first, red2, 0);
+    rows_times_x(WPASS(0), rows, cols, tpr, xs, xsum, x_out, x, 1, first, red2, 0);
 }
 
 __kernel void attn_out(WARGS(0), int rows, int cols, int tpr, __global const float *part, int hd,

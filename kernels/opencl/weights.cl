@@ -230,13 +230,14 @@ struct qvec {
     float s, b;
 };
 
+/* uint4 v of row r counted from column c0 (0, or a multiple of 128: chunked_times_x) */
 inline struct qvec load_vec(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
-                            int gs, int dt, int r, int cols, int v) {
+                            int gs, int dt, int r, int cols, int c0, int v) {
     Q_FIX(bits, gs, dt);
     struct qvec q;
     int vpr = cols * bits / 128;
-    size_t g = (size_t)r * (cols / gs) + v * (128 / bits) / gs;
-    q.w = ((__global const uint4 *)W)[(size_t)r * vpr + v];
+    size_t g = (size_t)r * (cols / gs) + (c0 + v * (128 / bits)) / gs;
+    q.w = ((__global const uint4 *)W)[(size_t)r * vpr + c0 * bits / 128 + v];
     q.s = ld(S, dt, g);
     q.b = ld(B, dt, g);
     return q;
@@ -250,30 +251,35 @@ struct qrow {
 };
 
 inline struct qrow load_row_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                              int dt, int r, int rows, int cols, int lane, int tpr) {
+                              int dt, int r, int rows, int cols, int c0, int n, int lane, int tpr) {
     Q_FIX(bits, gs, dt);
     struct qrow q;
-    int vpr = cols * bits / 128;
+    int vpr = n * bits / 128; /* of columns [c0, c0 + n) */
 #pragma unroll
     for (int i = 0; i < QROW_N; i++) {
         int v = lane + i * tpr;
         q.v[i].w = (uint4)(0), q.v[i].s = q.v[i].b = 0.0f;
-        if (bits && r < rows && v < vpr) q.v[i] = load_vec(W, S, B, bits, gs, dt, r, cols, v);
+        if (bits && r < rows && v < vpr) q.v[i] = load_vec(W, S, B, bits, gs, dt, r, cols, c0, v);
     }
     return q;
 }
 
-/* load_row with the matrix's format a constant (Q_COPIES), or load_row_f itself */
+/* load_row_f with the matrix's format a constant (Q_COPIES), or load_row_f itself: columns [c0, c0 + n)
+ * of the row (load_row_at), or all of them (load_row) */
 #if Q_COPIES
-#define LOAD_ROW_AT(i) load_row_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, rows, cols, lane, tpr)
-inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                            int dt, int r, int rows, int cols, int lane, int tpr) {
+#define LOAD_ROW_AT(i) load_row_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, rows, cols, c0, n, lane, tpr)
+inline struct qrow load_row_at(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                               int dt, int r, int rows, int cols, int c0, int n, int lane, int tpr) {
     Q_PICK(LOAD_ROW_AT, bits, gs, dt);
 }
 #undef LOAD_ROW_AT
 #else
-#define load_row load_row_f
+#define load_row_at load_row_f
 #endif
+inline struct qrow load_row(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
+                            int dt, int r, int rows, int cols, int lane, int tpr) {
+    return load_row_at(W, S, B, bits, gs, dt, r, rows, cols, 0, cols, lane, tpr);
+}
 
 /* uint4 number v of row r (starting at group g0 = r * groups per row) . its inputs, with scales and biases */
 inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
@@ -359,74 +365,41 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
 
 /* This thread's share of row r . xs, from the reads load_row issued (and any beyond QROW_N). */
 inline float row_dot_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                       int dt, int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs,
+                       int dt, int r, int cols, int c0, int n, int lane, int tpr, struct qrow q, __local const float *xs,
                        __local const float *xsum) {
     Q_FIX(bits, gs, dt);
     float acc = 0.0f;
     if (bits == 0) {
-        for (int j = lane; j < cols; j += tpr) acc += ld(W, dt, (size_t)r * cols + j) * xs[XP(j)];
+        for (int j = lane; j < n; j += tpr) acc += ld(W, dt, (size_t)r * cols + c0 + j) * xs[XP(j)];
         return acc;
     }
-    const int vpr = cols * bits / 128;
-    size_t g0 = (size_t)r * (cols / gs);
+    const int vpr = n * bits / 128; /* of columns [c0, c0 + n), staged in xs from 0 */
+    size_t g0 = (size_t)r * (cols / gs) + c0 / gs;
 #pragma unroll
     for (int i = 0; i < QROW_N; i++) {
         int v = lane + i * tpr;
         if (v < vpr) acc += vec_dot(q.v[i], v, S, B, bits, gs, dt, g0, xs, xsum);
     }
     for (int v = lane + QROW_N * tpr; v < vpr; v += tpr)
-        acc += vec_dot(load_vec(W, S, B, bits, gs, dt, r, cols, v), v, S, B, bits, gs, dt, g0, xs, xsum);
+        acc += vec_dot(load_vec(W, S, B, bits, gs, dt, r, cols, c0, v), v, S, B, bits, gs, dt, g0, xs, xsum);
     return acc;
 }
 
 #if Q_COPIES
-#define ROW_DOT_AT(i) row_dot_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, cols, lane, tpr, q, xs, xsum)
-inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
-                     int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs, __local const float *xsum) {
+#define ROW_DOT_AT(i) row_dot_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, cols, c0, n, lane, tpr, q, xs, xsum)
+inline float row_dot_at(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
+                        int r, int cols, int c0, int n, int lane, int tpr, struct qrow q, __local const float *xs,
+                        __local const float *xsum) {
     Q_PICK(ROW_DOT_AT, bits, gs, dt);
 }
 #undef ROW_DOT_AT
 #else
-#define row_dot row_dot_f
+#define row_dot_at row_dot_f
 #endif
-
-/* Inputs too long to stage (cols > MV_LOCAL_X: only down_proj of large models), read from global. */
-inline float row_dot_global_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits,
-                              int gs, int dt, int r, int cols, int lane, int tpr, __global const float *x) {
-    Q_FIX(bits, gs, dt);
-    float acc = 0.0f;
-    if (bits == 0) {
-        for (int j = lane; j < cols; j += tpr) acc += ld(W, dt, (size_t)r * cols + j) * x[j];
-        return acc;
-    }
-    const int per = 32 / bits, wpr = cols / per, ng = cols / gs;
-    const uint mask = (1u << bits) - 1u;
-    __global const uint *row = (__global const uint *)W + (size_t)r * wpr;
-    for (int w = lane; w < wpr; w += tpr) {
-        uint word = row[w];
-        int j0 = w * per;
-        float qx = 0.0f, sx = 0.0f;
-        for (int e = 0; e < per; e++) {
-            float xv = x[j0 + e];
-            qx += (float)((word >> (e * bits)) & mask) * xv;
-            sx += xv;
-        }
-        size_t g = (size_t)r * ng + j0 / gs;
-        acc += ld(S, dt, g) * qx + ld(B, dt, g) * sx;
-    }
-    return acc;
+inline float row_dot(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs, int dt,
+                     int r, int cols, int lane, int tpr, struct qrow q, __local const float *xs, __local const float *xsum) {
+    return row_dot_at(W, S, B, bits, gs, dt, r, cols, 0, cols, lane, tpr, q, xs, xsum);
 }
-
-#if Q_COPIES
-#define ROW_DOT_GLOBAL_AT(i) row_dot_global_f(W, S, B, Q_B##i, Q_G##i, Q_D##i, r, cols, lane, tpr, x)
-inline float row_dot_global(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                            int dt, int r, int cols, int lane, int tpr, __global const float *x) {
-    Q_PICK(ROW_DOT_GLOBAL_AT, bits, gs, dt);
-}
-#undef ROW_DOT_GLOBAL_AT
-#else
-#define row_dot_global row_dot_global_f
-#endif
 
 /* (value, row as int bits) pairs: b beats a when larger, or equal at an earlier row */
 inline int beats(float2 b, float2 a) { return b.x > a.x || (b.x == a.x && as_int(b.y) < as_int(a.y)); }
