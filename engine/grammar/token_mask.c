@@ -434,6 +434,12 @@ static const struct dstate *lookup(struct tllm_gmatch *m) {
     return &d->ds[at];
 }
 
+/* States a walker keeps (about 1 KB each) before it starts over: a server keeps the automata of its
+ * last schemas, each with a walker a thread */
+#ifndef TLLM_GMATCH_WALKER_STATES
+#define TLLM_GMATCH_WALKER_STATES 1024
+#endif
+
 /* tllm_gmatch_prepare's walks: job j walks from state at[j] of automaton d[j] into bits[j] */
 struct walks {
     struct gdfa **d;
@@ -461,7 +467,7 @@ static void *walk_run(void *arg) {
         pthread_mutex_unlock(&w->lock);
         if (j >= w->n) return NULL;
         struct gdfa *d = w->d[j], *own = d->walkers[wt->idx];
-        if (own->n_ds >= TLLM_GMATCH_STATES) states_clear(own);
+        if (own->n_ds >= TLLM_GMATCH_WALKER_STATES) states_clear(own);
         struct tllm_gram_state st = view(&d->ds[w->at[j]]);
         int from = intern(own, &st), rc = from < 0 ? TLLM_ERR_NOMEM : compute(own, from, w->bits + (size_t)j * w->words);
         if (rc) {
