@@ -385,15 +385,18 @@ static int compute(struct gdfa *d, int from, uint64_t *bits) {
     return TLLM_OK;
 }
 
-/* A walk's bits as state at's mask: the shorter list */
+/* A walk's bits as state at's mask: the shorter list (a word at a time; no bit at or past n_ids is set) */
 static int keep_mask(struct gdfa *d, int at, const uint64_t *bits) {
-    int n_ids = d->v->n_ids, n_allowed = 0;
-    for (int i = 0; i < n_ids; i++) n_allowed += (int)(bits[i >> 6] >> (i & 63) & 1);
+    int n_ids = d->v->n_ids, n_words = (n_ids + 63) / 64, n_allowed = 0;
+    for (int i = 0; i < n_words; i++) n_allowed += __builtin_popcountll(bits[i]);
     int allows = n_allowed <= n_ids / 2, n = allows ? n_allowed : n_ids - n_allowed, k = 0;
     int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
     if (!list) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n_ids; i++)
-        if ((int)(bits[i >> 6] >> (i & 63) & 1) == allows) list[k++] = i;
+    for (int i = 0; i < n_words; i++) {
+        uint64_t w = allows ? bits[i] : ~bits[i];
+        if (!allows && i == n_words - 1 && n_ids % 64) w &= (1ull << (n_ids % 64)) - 1; /* ids past the last are not refused */
+        for (; w; w &= w - 1) list[k++] = 64 * i + __builtin_ctzll(w);
+    }
     struct dstate *x = &d->ds[at];
     x->list = list, x->n_list = n, x->list_allows = allows;
     d->n_masks++;
@@ -480,7 +483,13 @@ static void *walk_run(void *arg) {
 
 int tllm_gmatch_prepare(struct tllm_gmatch *const *ms, int n, int n_threads, int *walked) {
     *walked = 0;
-    if (n < 2 || n_threads < 2) return TLLM_OK;
+    int fresh = 0; /* rows whose state has no mask yet, as far as is known without interning a key */
+    for (int i = 0; i < n && fresh < 2; i++) {
+        const struct gdfa *d = ms[i]->d;
+        int at = d->ds[ms[i]->cur].mask_at;
+        fresh += at < 0 || !d->ds[at].list;
+    }
+    if (fresh < 2 || n_threads < 2) return TLLM_OK; /* (the lookups walk one, as before) */
     struct walks w = {.d = malloc((size_t)n * sizeof *w.d), .at = malloc((size_t)n * sizeof *w.at)};
     int rc = w.d && w.at ? TLLM_OK : tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     /* each automaton first makes room for the masks to come (so none is dropped before it is used) */

@@ -77,6 +77,7 @@ struct tllm_sched {
     int32_t *next;             /* [n_parallel] each row's argmax (rows whose pick it is) */
     int8_t *want;              /* [n_parallel] 1 where a row's logits come back (it samples, or logprobs are asked) */
     int32_t *mask;             /* [n_parallel] a greedy row's bitset in allow (under a grammar), else -1 */
+    struct tllm_gmatch **gms;  /* [n_parallel] the step's rows' grammars, for tllm_gmatch_prepare */
     uint32_t *allow;           /* [cap_allow][TLLM_MASK_WORDS(vocab)] the step's distinct grammar masks */
     int cap_allow;
     struct mask_key { size_t off; int n, allows; } *keys; /* [cap_keys] the step's distinct grammar lists, copied into lists */
@@ -139,8 +140,9 @@ int tllm_sched_init(struct tllm_sched **out, const struct tllm_model *m, struct 
         s->next = malloc(np * sizeof *s->next);
         s->want = malloc(np);
         s->mask = malloc(np * sizeof *s->mask);
+        s->gms = malloc(np * sizeof *s->gms);
         if (!s->seqs || !s->order || !s->ids || !s->pos || !s->sq || !s->out || !s->row_slot || !s->tok_slot || !s->logits || !s->next ||
-            !s->want || !s->mask)
+            !s->want || !s->mask || !s->gms)
             rc = tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     }
     if (rc) {
@@ -222,6 +224,7 @@ void tllm_sched_free(struct tllm_sched *s) {
     free(s->next);
     free(s->want);
     free(s->mask);
+    free(s->gms);
     free(s->allow);
     free(s->keys);
     free(s->lists);
@@ -497,12 +500,9 @@ static int fill_masks(void *user, const int32_t **mask, const uint32_t **allow) 
     int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_gm = 0, walked = 0;
     size_t used = 0;
     /* the states first met in this step are walked on the pool's number of threads at once */
-    struct tllm_gmatch **gm = malloc((size_t)(s->n_rows ? s->n_rows : 1) * sizeof *gm);
-    if (!gm) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     for (int j = 0; j < s->n_rows; j++)
-        if (s->seqs[s->row_slot[j]].smp.gm) gm[n_gm++] = s->seqs[s->row_slot[j]].smp.gm;
-    int rc = tllm_gmatch_prepare(gm, n_gm, tllm_threadpool_size(), &walked);
-    free(gm);
+        if (s->seqs[s->row_slot[j]].smp.gm) s->gms[n_gm++] = s->seqs[s->row_slot[j]].smp.gm;
+    int rc = tllm_gmatch_prepare(s->gms, n_gm, tllm_threadpool_size(), &walked);
     if (rc) return rc;
     s->st.grammar_walks += walked;
     for (int j = 0; j < s->n_rows; j++) {
