@@ -138,8 +138,8 @@ static cl_int quiet_build(struct tllm_cl *cl, const char *opts) {
     return e;
 }
 
-/* MV_LOCAL_X: the inputs a matvec stages in local memory (longer ones are read from global memory, at
- * a fraction of the speed). No more than the model's longest input; with 4-bit int8 activations at most
+/* MV_LOCAL_X: the inputs a matvec stages in local memory at once (longer ones go in chunks of it,
+ * chunked_times_x in kernels/opencl/matvec.cl, each chunk a pass over the rows). No more than the model's longest input; with 4-bit int8 activations at most
  * the kernels' default (8192), less on devices with little local memory (32 KiB); with float ones, or
  * int8 with halves' sums, the longest input wherever it fits beside the `token` kernel's other arrays
  * (NVIDIA's 48 KiB hold Qwen2.5-1.5B's 8960-wide down_proj input, float or int8, and 3B's 11008 as int8).
