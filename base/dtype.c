@@ -1,5 +1,7 @@
 #include "base/dtype.h"
 
+#include <math.h>
+
 static const struct {
     const char *name;
     size_t size;
@@ -51,4 +53,46 @@ uint16_t tllm_f32_to_f16(float f) {
 
 void tllm_convert_to_f32(const void *src, enum tllm_dtype t, float *dst, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = tllm_load_f32(src, t, i);
+}
+
+/* v (n values at stride `stride`) as big / k times int8s exactly: 1 if big / k is a float16 and each
+ * value that float16 times an int8 */
+static int factor_by(const float *v, size_t stride, int n, float big, float k, uint16_t *D, int8_t *q) {
+    float d = big / k;
+    uint16_t h = tllm_f32_to_f16(d);
+    if (tllm_f16_to_f32(h) != d || d == 0.0f) return 0;
+    for (int i = 0; i < n; i++) {
+        float r = rintf(v[i * stride] / d);
+        if (!(r >= -128.0f && r <= 127.0f && r * d == v[i * stride])) return 0;
+        q[i] = (int8_t)r;
+    }
+    *D = h;
+    return 1;
+}
+
+/* The largest |v| is q = k or -k for some k <= 128, so D is that value / k: tried first with k = 63
+ * (the largest of k-quants' 6-bit scales, what their quantizers give the largest group), then only the k
+ * that are m |big / small| for an integer m (small: the smallest nonzero |v|, whose q is m or -m). */
+int tllm_f16_i8_factor(const float *v, size_t stride, int n, uint16_t *D, int8_t *q) {
+    float big = 0.0f, small = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = v[i * stride];
+        big = fabsf(a) > fabsf(big) ? a : big;
+        small = a != 0.0f && (small == 0.0f || fabsf(a) < fabsf(small)) ? a : small;
+    }
+    if (!(fabsf(big) <= 65504.0f * 128.0f)) return 0; /* NaN or out of range */
+    if (big == 0.0f) {
+        *D = 0;
+        for (int i = 0; i < n; i++) q[i] = 0;
+        return 1;
+    }
+    if (factor_by(v, stride, n, big, 63.0f, D, q) || factor_by(v, stride, n, big, -63.0f, D, q)) return 1;
+    float rho = fabsf(big / small);
+    for (int m = 1; m <= 128; m++) {
+        float km = (float)m * rho, k = rintf(km);
+        if (km > 128.5f) break;
+        if (k < 1.0f || fabsf(km - k) > 1e-3f * k) continue; /* not an integer: m is not |q| of small */
+        if (factor_by(v, stride, n, big, k, D, q) || factor_by(v, stride, n, big, -k, D, q)) return 1;
+    }
+    return 0;
 }

@@ -57,6 +57,11 @@ static inline float tllm_f16_to_f32(uint16_t h) {
     return f;
 }
 
+/* v[0 .. n) (float32, at stride `stride`) as D * q[i] exactly, D a float16 and q int8 (the
+ * two-level scales of k-quants: d * sc); 1 if found (none is missed). Used by the CPU packs and the
+ * device's forms. */
+int tllm_f16_i8_factor(const float *v, size_t stride, int n, uint16_t *D, int8_t *q);
+
 /* float32 -> bf16, round to nearest even (NaN stays NaN). */
 static inline uint16_t tllm_f32_to_bf16(float f) {
     uint32_t u;

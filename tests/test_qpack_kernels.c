@@ -280,6 +280,29 @@ static void quantizer(void) {
     }
 }
 
+/* tllm_f16_i8_factor finds a factoring wherever one exists: values made as a float16 (normal or
+ * subnormal, either sign) times int8s (all equal, with -128, zeros, one nonzero), 8 or 16 of them */
+static void factor_cases(void) {
+    int fails = 0;
+    for (int t = 0; t < 20000; t++) {
+        int n = t % 2 ? 16 : 8, kind = t % 5;
+        uint16_t h = (uint16_t)(next() & 0x7bff) | (uint16_t)(t % 3 == 0 ? 0x8000 : 0); /* finite */
+        if (kind == 4) h &= 0x83ff;                                                      /* subnormal */
+        float d = tllm_f16_to_f32(h), v[16], got[16];
+        int8_t q[16], q2[16];
+        for (int i = 0; i < n; i++) {
+            int a = (int)(next() % 256) - 128;
+            q[i] = (int8_t)(kind == 0 ? 37 : kind == 1 && i == 3 ? -128 : kind == 2 && i % 3 ? 0 : kind == 3 && i ? 0 : a);
+            v[i] = d * (float)q[i];
+        }
+        uint16_t D;
+        int ok = tllm_f16_i8_factor(v, 1, n, &D, q2);
+        for (int i = 0; ok && i < n; i++) got[i] = tllm_f16_to_f32(D) * (float)q2[i], ok = got[i] == v[i];
+        fails += !ok;
+    }
+    CHECK(fails == 0, "tllm_f16_i8_factor missed %d of 20000 factorable groups", fails);
+}
+
 int main(int argc, char **argv) {
     const int bits[] = {2, 4, 8}, gss[] = {32, 64, 128};
     const enum tllm_dtype dts[] = {TLLM_DT_BF16, TLLM_DT_F16, TLLM_DT_F32};
@@ -316,6 +339,7 @@ int main(int argc, char **argv) {
     symm(6, 64, TLLM_DT_F32, 19, 128, 0);
     symm(5, 32, TLLM_DT_F16, 16, 64, 1);
     quantizer();
+    factor_cases();
     printf("packed kernels: %d comparisons with the portable kernel, bit for bit; path %s\n", cases, tllm_cpu_path());
     if (argc > 1) CHECK(!strcmp(argv[1], tllm_cpu_path()), "the path that runs is %s, not %s", tllm_cpu_path(), argv[1]);
     return check_done();

@@ -84,37 +84,6 @@ static void pack_planes(const struct tllm_qpack *p, const uint8_t *tmp, uint8_t 
     }
 }
 
-/* v[0 .. n) (float32, at stride `stride`) as D * q exactly, D a float16 and q int8; 1 if found. The
- * largest |v| is q = k or -k for some k <= 128, so D is that value / k: tried first with k = 63 (the
- * largest of k-quants' 6-bit scales, what their quantizers give the largest group), then every k. */
-static int factor(const float *v, size_t stride, int n, uint16_t *D, int8_t *q) {
-    float big = 0.0f;
-    for (int i = 0; i < n; i++) big = fabsf(v[i * stride]) > fabsf(big) ? v[i * stride] : big;
-    if (!(fabsf(big) <= 65504.0f * 128.0f)) return 0; /* NaN or out of range */
-    if (big == 0.0f) {
-        *D = 0;
-        for (int i = 0; i < n; i++) q[i] = 0;
-        return 1;
-    }
-    for (int t = 0; t <= 2 * 128; t++) {
-        int k = t == 0 ? 63 : t <= 128 ? t : 128 - t; /* 63, then 1 .. 128, then -1 .. -128 */
-        float d = big / (float)k;
-        uint16_t h = tllm_f32_to_f16(d);
-        if (tllm_f16_to_f32(h) != d || d == 0.0f) continue;
-        int ok = 1;
-        for (int i = 0; i < n && ok; i++) {
-            float r = rintf(v[i * stride] / d);
-            ok = r >= -128.0f && r <= 127.0f && r * d == v[i * stride];
-            q[i] = ok ? (int8_t)r : 0;
-        }
-        if (ok) {
-            *D = h;
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* p's biases dropped if each is exactly -2^(bits - 1) times its scale (qpack.h: sym); bits, the codes' width */
 static void symmetric(struct tllm_qpack *p, int bits) {
     const size_t n = (size_t)p->n_blocks * (size_t)(p->cols / p->group_size) * TLLM_QPACK_ROWS;
@@ -140,7 +109,8 @@ static int two_level(struct tllm_qpack *p) {
             for (int i = 0; i < R && ok; i++) {
                 size_t o = ((size_t)b * ng + (size_t)j * G) * R + i, o2 = ((size_t)b * (ng / G) + j) * R + i;
                 int8_t tq[256], tb[256];
-                ok = factor((const float *)p->scales + o, R, G, ds + o2, tq) && (p->sym || factor((const float *)p->biases + o, R, G, db + o2, tb));
+                ok = tllm_f16_i8_factor((const float *)p->scales + o, R, G, ds + o2, tq) &&
+                     (p->sym || tllm_f16_i8_factor((const float *)p->biases + o, R, G, db + o2, tb));
                 for (int g = 0; g < G && ok; g++) {
                     qs[o + (size_t)g * R] = tq[g];
                     if (qb) qb[o + (size_t)g * R] = tb[g];
