@@ -140,8 +140,12 @@ int cmd_bench(int argc, char **argv) {
         char pf[48];
         if (s.ctx->dev_prefill) snprintf(pf, sizeof pf, "the device");
         else snprintf(pf, sizeof pf, "%d CPU threads", th[0]);
-        fprintf(stderr, "decode on %s, %d kernel launch%s per token%s, %s activations; prefill on %s\n",
-                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, info.int8 ? "int8" : "float32", pf);
+        char wb[64] = ""; /* what a step reads there: the device's forms of the weights */
+        if (info.weights)
+            snprintf(wb, sizeof wb, ", %.1f MiB of weights a token (%.2f bits a weight)", (double)info.weight_bytes / (1 << 20),
+                     8.0 * (double)info.weight_bytes / (double)info.weights);
+        fprintf(stderr, "decode on %s, %d kernel launch%s per token%s%s, %s activations; prefill on %s\n",
+                cli_session_backend(&s), n, n == 1 ? "" : "es", grid, wb, info.int8 ? "int8" : "float32", pf);
     }
     if (max_len > s.ctx->n_ctx) cli_die("bench: a test of %d tokens does not fit the context of %d (-c)", max_len, s.ctx->n_ctx);
     int32_t *ids = malloc((size_t)max_len * sizeof *ids);

@@ -10,6 +10,9 @@
   copies the mix's decode with a copy of the weight reads per format (-DMIX_COPIES=1, a GPU's default)
          against one copy for all (-DMIX_COPIES=0), float and int8: within 1e-6 (the same sums; PoCL
          gives the same bits).
+  compact the scales and biases in every compact form (-DCOMPACT_SCALES=2: two levels, no biases where
+         they follow the scales; asked for, not a default) against the plain ones, in decode and in the prompt
+         kernels, every type: within 1e-6 (the same values; PoCL gives the same bits).
   chunks the mix with MV_LOCAL_X at 512, below down_proj's 1024 inputs: staged in two chunks (as a 7B's
          18944 are on a GPU), float within 1e-5 of the CPU and int8 within 1e-3 of the float decode.
 Needs numpy (the test venv) for synth_gguf.py; skips (77) without it or without an OpenCL device.
@@ -109,6 +112,16 @@ with tempfile.TemporaryDirectory() as d:
                 print(f"  mix, input in chunks: float decode vs the CPU {e:.2e}, int8 vs float {e8:.2e}")
                 check(e <= 1e-5, f"mix: chunked float decode vs the CPU: relative RMS {e:.3e} > 1e-5")
                 check(0 < e8 <= 1e-3, f"mix: chunked int8 decode vs float: relative RMS {e8:.3e}")
+        # compact scales (asked for): the same values, so the same sums, in the
+        # decode step (int8 where the device takes it) and in the prompt kernels
+        for what, more in (("decode", ["--int8", "--prefill", "cpu"]), ("prompt", [])):
+            base_opts = (ask + " ") if ask and what == "decode" else ""
+            cs = logits(model, out, *more, "--device", "opencl", opts=base_opts + "-DCOMPACT_SCALES=2")
+            ps = logits(model, out, *more, "--device", "opencl", opts=base_opts + "-DCOMPACT_SCALES=0")
+            if check(cs is not None and ps is not None, f"{t}: {what} logits with and without compact scales"):
+                e = rel_rms(cs, ps)
+                print(f"  {t}: {what}, compact scales vs plain: relative RMS {e:.2e}")
+                check(e <= 1e-6, f"{t}: {what} with compact scales vs plain: relative RMS {e:.3e} > 1e-6")
         if t != "Q2_K":  # 2-bit codes have no int8 form on the device
             env = dict(os.environ, **({"TLLM_CL_OPTS": ask} if ask else {}))
             b = subprocess.run([tllm, "bench", "-m", model, "--device", "opencl", "-p", "0", "-n", "2", "-r", "1"],

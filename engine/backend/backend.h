@@ -53,6 +53,8 @@ struct tllm_backend_info {
     int launches_per_token; /* kernel launches of one decode step (0 on the CPU) */
     int groups;             /* work-groups of a one-launch step (0: not one launch) */
     int int8;               /* matmuls take int8 activations */
+    size_t weight_bytes;    /* weights a decode step reads, as held there (0 on the CPU) */
+    size_t weights;         /* ... the weights they hold */
     int prefill;            /* prompt steps: 1 run here and faster than on the CPU (a GPU), 0 run here but
                              * slower (a CPU device), -1 not here (single tokens only) */
 };

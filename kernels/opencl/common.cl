@@ -121,6 +121,31 @@ inline float ld(__global const uchar *p, int dt, size_t i) {
     return ((__global const float *)p)[i];
 }
 
+/* Scale i of an affine matrix whose scales and biases are in form dt (struct cl_form in
+ * engine/backend/opencl/cl_internal.h): bits 0-1 as ld's, or 3: two levels, per 8 groups a float16
+ * factor then 8 int8s (10 bytes), multiplied back exactly (11 x 8 significant bits fit a float) */
+inline float ld_s(__global const uchar *S, int dt, size_t i) {
+#ifdef Q_DT
+    dt = Q_DT;
+#endif
+    if ((dt & 3) == 3) {
+        __global const uchar *b = S + (i >> 3) * 10;
+        return vload_half(0, (__global const half *)b) * (float)((__global const char *)b)[2 + (i & 7)];
+    }
+    if ((dt & 3) == 2) return as_float((uint)((__global const ushort *)S)[i] << 16);
+    if ((dt & 3) == 1) return vload_half(i, (__global const half *)S);
+    return ((__global const float *)S)[i];
+}
+
+/* Bias i: B's, or where dt >> 3 is z > 0 (no biases kept: codes with a zero point) -2^z times scale i */
+inline float ld_b(__global const uchar *S, __global const uchar *B, int dt, size_t i) {
+#ifdef Q_DT
+    dt = Q_DT;
+#endif
+    if (dt >> 3) return -(float)(1 << (dt >> 3)) * ld_s(S, dt, i);
+    return ld_s(B, dt, i);
+}
+
 /* SHFL_PTX (the host adds it on NVIDIA, whose warps are 32 threads): sums go through warp shuffles
  * (inline PTX) instead of local memory: a row of at most 32 lanes needs no work-group barrier, so the
  * next sweep's weight reads (MV_PIPE) stay in flight across it, and a work-group sum needs one
@@ -241,13 +266,14 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #ifndef FUSE_ATT
 #define FUSE_ATT 0 /* 1 (the host sets it on NVIDIA): `token` runs attention and o_proj as one phase (att_fold) */
 #endif
-#if FUSE_FFN && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && defined(Q_BITS) && Q_BITS == 4 && Q_GS >= 32 /* blocks_times: 4-bit codes, a scale a block */
+#if FUSE_FFN && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && defined(Q_BITS) && Q_BITS == 4 && Q_GS >= 32 && \
+    Q_DT <= 2 /* blocks_times: 4-bit codes, a plain scale and bias a block */
 #define FFN_FUSED 1
 #else
 #define FFN_FUSED 0
 #endif
 #if FUSE_ATT && XQ_FUSED && defined(SHFL_PTX) && MV_LWS % 32 == 0 && ATT_LWS % 32 == 0 && defined(HEAD_DIM) && defined(Q_BITS) && Q_BITS == 4 && \
-    Q_GS >= 32
+    Q_GS >= 32 && Q_DT <= 2
 #if HEAD_DIM % 32 == 0 && HEAD_DIM <= 128 && HEAD_DIM <= ATT_LWS /* attention_warps runs (its output in local memory) */
 #define ATT_FUSED 1
 #endif

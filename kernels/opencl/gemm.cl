@@ -171,8 +171,8 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local uint
         for (int i = lid; i < 2 * nh * GEMM_TM; i += GEMM_LWS) {
             int h = i / GEMM_TM, r = i % GEMM_TM, k = k0 + hk * h, ok = wr0 + r < wrows && k < k_end;
             size_t g = (size_t)(wr0 + r) * ng + k / gs0;
-            Asc[h][r] = ok ? ld(S0, dt0, g) : 0.0f;
-            Abi[h][r] = ok ? ld(B0, dt0, g) : 0.0f;
+            Asc[h][r] = ok ? ld_s(S0, dt0, g) : 0.0f;
+            Abi[h][r] = ok ? ld_b(S0, B0, dt0, g) : 0.0f;
         }
         for (int i = lid; i < 2 * GEMM_TN; i += GEMM_LWS) {
             int b = i / GEMM_TN, t = i % GEMM_TN, k = k0 + 32 * b, ok = t0 + t < n_tok && k < k_end;
@@ -234,7 +234,7 @@ inline float w_at(WARGS(0), int cols, int r, int k) {
     uint word = ((__global const uint *)W0)[(size_t)r * (cols / per) + k / per];
     float q = (float)((word >> ((k % per) * bits0)) & ((1u << bits0) - 1u));
     size_t g = (size_t)r * (cols / gs0) + k / gs0;
-    return ld(S0, dt0, g) * q + ld(B0, dt0, g);
+    return ld_s(S0, dt0, g) * q + ld_b(S0, B0, dt0, g);
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
@@ -339,7 +339,7 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
     int b = lid / MMA_TM, r = lid % MMA_TM, k = k0 + 32 * b, ok = r0 + r < rows && k < k_end; /* MMA_LWS == 2 MMA_TM */
     for (int h = 0; h < nh; h++) {
         size_t gi = (size_t)(r0 + r) * (cols / gs0) + (k + 16 * h) / gs0;
-        st.s[h] = ok ? ld(S0, dt0, gi) : 0.0f, st.o[h] = ok ? ld(B0, dt0, gi) : 0.0f;
+        st.s[h] = ok ? ld_s(S0, dt0, gi) : 0.0f, st.o[h] = ok ? ld_b(S0, B0, dt0, gi) : 0.0f;
     }
     ok = t0 + r < n_tok && k < k_end;
     st.d = ok ? xd[(size_t)(t0 + r) * (cols / 32) + k / 32] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;

@@ -85,7 +85,7 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local 
             int ku = k_begin + u / per * GEMM_TK + GEMM_TK / per * (u % per), kb0 = ku & ~31, kb1 = kb0 + 32, hf = ku % 32 / 16;
             int ok0 = kb0 < k_end, ok1 = step && kb1 < k_end;
             size_t g = (size_t)wr * ng + ku / gs0;
-            float s = ok0 ? ld(S, dt0, g) : 0.0f, o = ok0 ? ld(B, dt0, g) : 0.0f;
+            float s = ok0 ? ld_s(S, dt0, g) : 0.0f, o = ok0 ? ld_b(S, B, dt0, g) : 0.0f;
             uint8 c0w = ok0 ? few_codes(W, bits0, row_words, wr, kb0) : (uint8)(0u);
             uint8 c1w = ok1 ? few_codes(W, bits0, row_words, wr, kb1) : (uint8)(0u);
 #pragma unroll

@@ -8,7 +8,7 @@ inline float embed_one_f(WARGS(0), int cols, int id, int j) {
     int per = 32 / bits0, ng = cols / gs0;
     uint word = ((__global const uint *)W0)[(size_t)id * (cols / per) + j / per];
     float q = (float)((word >> ((j % per) * bits0)) & ((1u << bits0) - 1u));
-    return ld(S0, dt0, (size_t)id * ng + j / gs0) * q + ld(B0, dt0, (size_t)id * ng + j / gs0);
+    return ld_s(S0, dt0, (size_t)id * ng + j / gs0) * q + ld_b(S0, B0, dt0, (size_t)id * ng + j / gs0);
 }
 
 #if Q_COPIES

@@ -238,8 +238,8 @@ inline struct qvec load_vec(__global const uchar *W, __global const uchar *S, __
     int vpr = cols * bits / 128;
     size_t g = (size_t)r * (cols / gs) + (c0 + v * (128 / bits)) / gs;
     q.w = ((__global const uint4 *)W)[(size_t)r * vpr + c0 * bits / 128 + v];
-    q.s = ld(S, dt, g);
-    q.b = ld(B, dt, g);
+    q.s = ld_s(S, dt, g);
+    q.b = ld_b(S, B, dt, g);
     return q;
 }
 
@@ -310,8 +310,8 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
             DOTW(w.w, b.z, b.w, b2.z, b2.w);
             size_t gb = g0 + (c + 16) / gs;
             return xsum[v] * (q.s * ((float)h1 + (float)h2 * (1.0f / 128.0f)) +
-                              ld(S, dt, gb) * ((float)s1 + (float)s2 * (1.0f / 128.0f))) +
-                   q.b * xsum[2 * XQ_NB + 2 * v] + ld(B, dt, gb) * xsum[2 * XQ_NB + 2 * v + 1];
+                              ld_s(S, dt, gb) * ((float)s1 + (float)s2 * (1.0f / 128.0f))) +
+                   q.b * xsum[2 * XQ_NB + 2 * v] + ld_b(S, B, dt, gb) * xsum[2 * XQ_NB + 2 * v + 1];
         }
 #endif
         DOTW(w.z, b.x, b.y, b2.x, b2.y);
@@ -337,7 +337,7 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
         if (gs < 32) { /* groups of 16 (Q3_K): the second half has its own scale and bias */
             size_t gb = g0 + (c + 16) / gs;
             return q.s * (dot_w4(w.x, x) + dot_w4(w.y, x + 8)) + q.b * sx[0] +
-                   ld(S, dt, gb) * (dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24)) + ld(B, dt, gb) * sx[1];
+                   ld_s(S, dt, gb) * (dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24)) + ld_b(S, B, dt, gb) * sx[1];
         }
         float d = dot_w4(w.x, x) + dot_w4(w.y, x + 8) + dot_w4(w.z, x + 16) + dot_w4(w.w, x + 24);
         return q.s * d + q.b * (sx[0] + sx[1]);
@@ -350,15 +350,15 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     __local const float *x1 = xs + XP(c + 32);
     if (gs < 32) {
         size_t g = g0 + c / 16;
-        return q.s * dot_w2(w.x, x) + q.b * sx[0] + ld(S, dt, g + 1) * dot_w2(w.y, x + 16) + ld(B, dt, g + 1) * sx[1] +
-               ld(S, dt, g + 2) * dot_w2(w.z, x1) + ld(B, dt, g + 2) * sx[2] + ld(S, dt, g + 3) * dot_w2(w.w, x1 + 16) +
-               ld(B, dt, g + 3) * sx[3];
+        return q.s * dot_w2(w.x, x) + q.b * sx[0] + ld_s(S, dt, g + 1) * dot_w2(w.y, x + 16) + ld_b(S, B, dt, g + 1) * sx[1] +
+               ld_s(S, dt, g + 2) * dot_w2(w.z, x1) + ld_b(S, B, dt, g + 2) * sx[2] + ld_s(S, dt, g + 3) * dot_w2(w.w, x1 + 16) +
+               ld_b(S, B, dt, g + 3) * sx[3];
     }
     float q0 = dot_w2(w.x, x) + dot_w2(w.y, x + 16), q1 = dot_w2(w.z, x1) + dot_w2(w.w, x1 + 16);
     float s1 = q.s, b1 = q.b;
     if ((c + 32) / gs != c / gs) {
         size_t gb = g0 + (c + 32) / gs;
-        s1 = ld(S, dt, gb), b1 = ld(B, dt, gb);
+        s1 = ld_s(S, dt, gb), b1 = ld_b(S, B, dt, gb);
     }
     return q.s * q0 + q.b * (sx[0] + sx[1]) + s1 * q1 + b1 * (sx[2] + sx[3]);
 }

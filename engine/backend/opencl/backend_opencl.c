@@ -73,6 +73,7 @@ static void ocl_describe(const struct tllm_backend *b, struct tllm_backend_info 
     info->groups = tllm_cl_token_groups(cl);
     info->int8 = tllm_cl_int8(cl);
     info->prefill = tllm_cl_prefill_auto(cl);
+    info->weight_bytes = tllm_cl_step_weight_bytes(cl, &info->weights);
 }
 
 static int ocl_matmul(struct tllm_backend *b, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,

@@ -75,6 +75,9 @@ int tllm_cl_kv_download(struct tllm_cl *cl, float *key_cache, float *value_cache
 int tllm_cl_int8(const struct tllm_cl *cl);
 /* Work-groups of the one-launch `token` kernel (0 when a step is one launch per kernel) */
 int tllm_cl_token_groups(const struct tllm_cl *cl);
+/* Bytes of weights a decode step reads on the device (every matrix but the embedding, as held there:
+ * codes, scales, biases), and *weights the weights they hold */
+size_t tllm_cl_step_weight_bytes(const struct tllm_cl *cl, size_t *weights);
 
 /* Kernel launches of one decode step (for reports). */
 int tllm_cl_launches_per_token(const struct tllm_cl *cl);

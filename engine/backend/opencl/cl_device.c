@@ -202,7 +202,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     size_t mix_bytes[MIX_MAX + 1] = {0};
     for (int i = 0; i < tllm_cl_n_mats(cl->m); i++) {
         const struct tllm_qweights *w = &cl->mats[i];
-        int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, tllm_cl_dt_code(w->dtype)};
+        int dense = w->format == TLLM_WF_DENSE, f[3] = {dense ? 0 : w->bits, dense ? 1 : w->group_size, cl->forms[i].dt};
         if (i == 0) memcpy(fmt, f, sizeof f);
         uniform = uniform && !memcmp(fmt, f, sizeof f);
         int k = 0;
@@ -218,6 +218,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     char fixed[256] = "";
     int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
     int cpu_dev = (type & CL_DEVICE_TYPE_CPU) != 0;
+    cl->fixed_formats = uniform;
     if (uniform) {
         snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_BITS=%d -DQ_GS=%d -DQ_DT=%d", fmt[0], fmt[1], fmt[2]);
     } else if (n_mix <= MIX_MAX && (cpu_dev ? extra && strstr(extra, "MIX_COPIES=1") : !(extra && strstr(extra, "MIX_COPIES=0")))) {
@@ -232,6 +233,7 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
                     mix_bytes[a] = mix_bytes[b], mix_bytes[b] = tb;
                 }
         n_fixed += snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_NF=%d", n_mix);
+        cl->fixed_formats = 1;
         for (int a = 0; a < n_mix; a++)
             n_fixed += snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DQ_B%d=%d -DQ_G%d=%d -DQ_D%d=%d", a, mix[a][0], a,
                                 mix[a][1], a, mix[a][2]);

@@ -135,6 +135,7 @@ void tllm_cl_free(struct tllm_cl *cl) {
     for (int i = 0; i < cl->n_conv; i++) free(cl->conv[i]);
     free(cl->conv);
     free(cl->mats);
+    free(cl->forms);
     cl_mem bufs[] = {cl->res_buf, cl->by_blocks, cl->done, cl->arena, cl->desc, cl->act, cl->times, cl->vecs, cl->inv_freq, cl->x, cl->x2, cl->bar, cl->qb, cl->hb, cl->logits, cl->part, cl->best, cl->next, cl->kt, cl->vc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) clReleaseMemObject(bufs[i]);

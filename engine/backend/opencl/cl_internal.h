@@ -21,6 +21,19 @@ struct cl_weights {
     size_t off[3], len[3]; /* where w, s, b lie in the arena (s and b alias w when dense) */
 };
 
+/* The scales and biases of an affine matrix as the device reads them (`ld_s`, `ld_b` in
+ * kernels/opencl/common.cl), the same values to the bit as the model's. dt, bits 0-1: 0 float32, 1
+ * float16, 2 bf16, CL_DT_TWO_LEVEL (3): per 8 groups a float16 factor, then 8 int8s (10 bytes; k-quants'
+ * d * sc); bits 3 and up: z > 0 when no biases are kept, each being -2^z times its scale (Q4_0, Q5_0,
+ * Q6_K, Q8_0: codes with a zero point). */
+#define CL_DT_TWO_LEVEL 3
+#define CL_DT_SYM_SHIFT 3
+struct cl_form {
+    int dt;
+    const void *s, *b; /* b NULL: symmetric */
+    size_t s_len, b_len;
+};
+
 /* A kernel object with its arguments bound once at init; `dyn` is the index of the first argument
  * that changes per step (token id, position, attention split). */
 struct cl_launch {
@@ -59,6 +72,8 @@ struct tllm_cl {
     int n_cu;
     struct cl_weights embed, lm_head;
     struct tllm_qweights *mats; /* [n_mats] the matrices as the device holds them (tllm_cl_device_mats) */
+    struct cl_form *forms;      /* [n_mats] their scales and biases as the device holds them */
+    int fixed_formats;          /* the program has the model's formats compiled in (-DQ_BITS, -DQ_NF) */
     void **conv;                /* [n_conv] buffers of the converted ones */
     int n_conv;
     struct cl_launch l_embed, l_lm_head, l_argmax;

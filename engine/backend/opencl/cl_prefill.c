@@ -786,16 +786,17 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
     return rc;
 }
 
-static int same_format(const struct tllm_qweights *a, const struct tllm_qweights *b) {
-    return a->format == b->format && a->bits == b->bits && a->group_size == b->group_size && a->dtype == b->dtype;
+static int same_format(const struct tllm_qweights *a, int a_dt, const struct tllm_qweights *b, int b_dt) {
+    return a->format == b->format && a->bits == b->bits && a->group_size == b->group_size && a_dt == b_dt;
 }
 
-/* Whether the kernels read w's format: the program has none compiled in (-DQ_BITS: every matrix of
- * the model alike), or w's */
+/* Whether the kernels read w's format (its scales plain): the program has none compiled in, or w's
+ * is one of the model's (-DQ_BITS: its only one; -DQ_NF: one of the copies) */
 static int reads_format(const struct tllm_cl *cl, const struct tllm_qweights *w) {
-    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++)
-        if (!same_format(&cl->mats[0], &cl->mats[i])) return 1;
-    return same_format(&cl->mats[0], w);
+    if (!cl->fixed_formats) return 1;
+    for (int i = 0; i < tllm_cl_n_mats(cl->m); i++)
+        if (same_format(&cl->mats[i], cl->forms[i].dt, w, tllm_cl_dt_code(w->dtype))) return 1;
+    return 0;
 }
 
 /* tllm_cl_matmul, or with reps > 0 the GEMM alone reps times (its input quantized once) and *secs

@@ -80,17 +80,78 @@ static int device_form(struct tllm_cl *cl, const struct tllm_qweights *w, struct
     return TLLM_OK;
 }
 
+/* The plain form of w's scales and biases (as the model holds them) */
+static struct cl_form plain_form(const struct tllm_qweights *w) {
+    struct cl_form f = {.dt = tllm_cl_dt_code(w->dtype), .s = w->scales, .b = w->biases};
+    if (w->format != TLLM_WF_DENSE) f.s_len = f.b_len = (size_t)w->rows * (size_t)(w->cols / w->group_size) * tllm_dtype_size(w->dtype);
+    return f;
+}
+
+/* z > 0 if every bias of w is exactly -2^z times its scale (codes with a zero point), else 0 */
+static int symmetric_shift(const struct tllm_qweights *w, size_t ng) {
+    size_t i = 0;
+    while (i < ng && tllm_load_f32(w->scales, w->dtype, i) == 0.0f) i++;
+    if (i == ng) return 0;
+    float r = -tllm_load_f32(w->biases, w->dtype, i) / tllm_load_f32(w->scales, w->dtype, i);
+    int z = 1;
+    while (z < 8 && (float)(1 << z) != r) z++;
+    if ((float)(1 << z) != r) return 0;
+    for (i = 0; i < ng; i++)
+        if (tllm_load_f32(w->biases, w->dtype, i) != -(float)(1 << z) * tllm_load_f32(w->scales, w->dtype, i)) return 0;
+    return z;
+}
+
+/* n float32 values (n % 8 == 0) as CL_DT_TWO_LEVEL blocks into out (n / 8 x 10 bytes); 0 if a block does not factor */
+static int two_level(const float *v, size_t n, unsigned char *out) {
+    for (size_t b = 0; b < n / 8; b++) {
+        uint16_t d;
+        int8_t q[8];
+        if (!tllm_f16_i8_factor(v + 8 * b, 1, 8, &d, q)) return 0;
+        memcpy(out + 10 * b, &d, 2), memcpy(out + 10 * b + 2, q, 8);
+    }
+    return 1;
+}
+
+/* w's scales and biases in the device's most compact form that holds the same values (struct cl_form):
+ * biases dropped where they follow the scales, float32 in two levels where each 8 groups' values are a
+ * float16 times int8s. GGUF's k-quants: Q4_K 6 -> 4.6 bits a weight on the device, Q6_K (as 8-bit
+ * codes) 12 -> 8.6. */
+static int compact_form(struct tllm_cl *cl, const struct tllm_qweights *w, int two_levels, struct cl_form *f) {
+    *f = plain_form(w);
+    if (w->format != TLLM_WF_AFFINE || !w->scales || !w->biases) return TLLM_OK;
+    const size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group_size);
+    int z = symmetric_shift(w, ng);
+    if (z) f->dt |= z << CL_DT_SYM_SHIFT, f->b = NULL, f->b_len = 0;
+    if (!two_levels || w->dtype != TLLM_DT_F32 || ng % 8) return TLLM_OK;
+    unsigned char *s2 = conv_alloc(cl, ng / 8 * 10), *b2 = z ? NULL : conv_alloc(cl, ng / 8 * 10);
+    if (!s2 || (!z && !b2)) return tllm_fail(TLLM_ERR_NOMEM, "opencl: out of memory converting %s", w->name);
+    if (!two_level(w->scales, ng, s2) || (!z && !two_level(w->biases, ng, b2))) return TLLM_OK; /* kept (freed with cl) */
+    f->dt = (f->dt & ~3) | CL_DT_TWO_LEVEL, f->s = s2, f->s_len = ng / 8 * 10;
+    if (!z) f->b = b2, f->b_len = ng / 8 * 10;
+    return TLLM_OK;
+}
+
 int tllm_cl_device_mats(struct tllm_cl *cl) {
     const struct tllm_model *m = cl->m;
     int n = tllm_cl_n_mats(m);
-    if (!(cl->mats = calloc((size_t)n, sizeof *cl->mats))) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    if (!(cl->mats = calloc((size_t)n, sizeof *cl->mats)) || !(cl->forms = calloc((size_t)n, sizeof *cl->forms)))
+        return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
+    /* -DCOMPACT_SCALES=n in TLLM_CL_OPTS: 0 plain scales and biases (the default), 1 no biases where they
+     * follow the scales, 2 also two levels (compact_form). Not by default: two levels cost the H200 more
+     * than the bytes they save (1.5B Q4_K_M tg128 642-647 -> 535-538 tok/s, 7B 191 -> 131, for 24-25% fewer
+     * bytes; each scale is two small reads where a float32 is one), PoCL 12% (its work is the arithmetic),
+     * and 1 alone is not measured yet */
+    const char *extra = getenv("TLLM_CL_OPTS"), *asked = extra ? strstr(extra, "COMPACT_SCALES=") : NULL;
+    int compact = asked ? atoi(asked + strlen("COMPACT_SCALES=")) : 0;
     for (int i = 0; i < n; i++) {
         const struct tllm_qweights *w = tllm_cl_model_mat(m, i);
         if (i == 1 && w->w == m->embed.w) { /* tied: the embedding's device form */
-            cl->mats[1] = cl->mats[0];
+            cl->mats[1] = cl->mats[0], cl->forms[1] = cl->forms[0];
             continue;
         }
         int rc = device_form(cl, w, &cl->mats[i]);
+        cl->forms[i] = plain_form(&cl->mats[i]);
+        if (!rc && compact) rc = compact_form(cl, &cl->mats[i], compact >= 2, &cl->forms[i]);
         if (rc) return rc;
     }
     return TLLM_OK;
@@ -104,9 +165,9 @@ int tllm_cl_upload(struct tllm_cl *cl, cl_mem *out, const void *p, size_t n, con
     return TLLM_OK;
 }
 
-/* The 16-byte row check, format, shape and piece sizes of w */
-static int weight_lens(const struct tllm_qweights *w, struct cl_weights *cw) {
-    cw->rows = w->rows, cw->cols = w->cols, cw->dt = tllm_cl_dt_code(w->dtype);
+/* The 16-byte row check, format, shape and piece sizes of w, whose scales and biases are f */
+static int weight_lens(const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw) {
+    cw->rows = w->rows, cw->cols = w->cols, cw->dt = f->dt;
     if (w->format == TLLM_WF_DENSE) {
         cw->bits = 0, cw->gs = 0;
         cw->len[0] = (size_t)w->rows * w->cols * tllm_dtype_size(w->dtype), cw->len[1] = cw->len[2] = 4;
@@ -115,25 +176,24 @@ static int weight_lens(const struct tllm_qweights *w, struct cl_weights *cw) {
             return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: %s: rows of %d %d-bit codes are not a whole number of 16 bytes",
                              w->name, w->cols, w->bits);
         cw->bits = w->bits, cw->gs = w->group_size;
-        size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group_size);
         cw->len[0] = (size_t)w->rows * w->cols / 8 * w->bits;
-        cw->len[1] = cw->len[2] = ng * tllm_dtype_size(w->dtype);
+        cw->len[1] = f->s_len, cw->len[2] = f->b ? f->b_len : 4; /* symmetric: a placeholder */
     }
     return TLLM_OK;
 }
 
 /* weight_lens, and w's pieces placed in the arena (tied matrices share). */
-static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw, const struct tllm_qweights *same,
-                        const struct cl_weights *same_cw) {
-    int rc = weight_lens(w, cw);
+static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw,
+                        const struct tllm_qweights *same, const struct cl_weights *same_cw) {
+    int rc = weight_lens(w, f, cw);
     if (rc) return rc;
     if (same && same->w == w->w && same->scales == w->scales && same->biases == w->biases) { /* tied: one copy */
         memcpy(cw->off, same_cw->off, sizeof cw->off);
         return TLLM_OK;
     }
     for (int i = 0; i < 3; i++) {
-        if (w->format == TLLM_WF_DENSE && i) {
-            cw->off[i] = cw->off[0];
+        if ((w->format == TLLM_WF_DENSE && i) || (i == 2 && !f->b)) { /* placeholders */
+            cw->off[i] = cw->off[w->format == TLLM_WF_DENSE ? 0 : 1];
             continue;
         }
         cw->off[i] = (cl->arena_size + cl->arena_align - 1) / cl->arena_align * cl->arena_align;
@@ -142,9 +202,9 @@ static int plan_weights(struct tllm_cl *cl, const struct tllm_qweights *w, struc
     return TLLM_OK;
 }
 
-static int arena_write(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_weights *cw) {
-    const void *src[3] = {w->w, w->scales, w->biases};
-    for (int i = 0; i < (cw->bits ? 3 : 1); i++) {
+static int arena_write(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, const struct cl_weights *cw) {
+    const void *src[3] = {w->w, f->s, f->b};
+    for (int i = 0; i < (cw->bits ? f->b ? 3 : 2 : 1); i++) {
         cl_int e = clEnqueueWriteBuffer(cl->q, cl->arena, CL_FALSE, cw->off[i], cw->len[i], src[i], 0, NULL, NULL);
         if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: uploading %s to %s: %s", w->name, cl->name, tllm_cl_err_name(e));
     }
@@ -152,10 +212,19 @@ static int arena_write(struct tllm_cl *cl, const struct tllm_qweights *w, const 
 }
 
 /* The kernels' view of cw: sub-buffers of the arena, or (no arena) buffers of their own. */
-static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
-    if (!cl->arena) return tllm_cl_weights_own(cl, w, cw);
+static int weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw);
+
+static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw) {
+    if (!cl->arena) return weights_own(cl, w, f, cw);
     cl_mem *out[3] = {&cw->w, &cw->s, &cw->b};
     for (int i = 0; i < 3; i++) {
+        if (i == 2 && cw->bits && !f->b) { /* no biases: the scales' view in their place (never read as biases). Not a
+                                            * second view over the same bytes: NVIDIA's driver crashed at exit after
+                                            * kernels had taken two overlapping ones */
+            cw->b = cw->s;
+            CL_TRY(clRetainMemObject(cw->s));
+            continue;
+        }
         cl_buffer_region r = {cw->off[i], cw->len[i]};
         cl_int e;
         *out[i] = clCreateSubBuffer(cl->arena, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &r, &e);
@@ -164,13 +233,18 @@ static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, str
     return TLLM_OK;
 }
 
-int tllm_cl_weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
+static int weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw) {
     memset(cw, 0, sizeof *cw);
-    int rc = weight_lens(w, cw);
+    int rc = weight_lens(w, f, cw);
     if (!rc) rc = tllm_cl_upload(cl, &cw->w, w->w, cw->len[0], w->name);
-    if (!rc) rc = tllm_cl_upload(cl, &cw->s, cw->bits ? w->scales : w->w, cw->len[1], w->name); /* dense: placeholders */
-    if (!rc) rc = tllm_cl_upload(cl, &cw->b, cw->bits ? w->biases : w->w, cw->len[2], w->name);
+    if (!rc) rc = tllm_cl_upload(cl, &cw->s, cw->bits ? f->s : w->w, cw->len[1], w->name); /* dense: placeholders */
+    if (!rc) rc = tllm_cl_upload(cl, &cw->b, cw->bits ? f->b ? f->b : f->s : w->w, cw->len[2], w->name);
     return rc;
+}
+
+int tllm_cl_weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
+    struct cl_form f = plain_form(w);
+    return weights_own(cl, w, &f, cw);
 }
 
 /* Matrix i of the model, and its device copy, in the descriptor table's order. */
@@ -198,7 +272,7 @@ int tllm_cl_upload_all_weights(struct tllm_cl *cl) {
         const struct tllm_qweights *w;
         struct cl_weights *cw;
         tllm_cl_mat(cl, i, &w, &cw);
-        int rc = plan_weights(cl, w, cw, i == 1 ? &cl->mats[0] : NULL, &cl->embed);
+        int rc = plan_weights(cl, w, &cl->forms[i], cw, i == 1 ? &cl->mats[0] : NULL, &cl->embed);
         if (rc) return rc;
     }
     if (cl->arena_size <= max_alloc && cl->arena_size / 16 < 0x7fffffff) {
@@ -210,12 +284,25 @@ int tllm_cl_upload_all_weights(struct tllm_cl *cl) {
         const struct tllm_qweights *w;
         struct cl_weights *cw;
         tllm_cl_mat(cl, i, &w, &cw);
-        int rc = cl->arena ? arena_write(cl, w, cw) : TLLM_OK;
-        if (!rc) rc = weight_buffers(cl, w, cw);
+        int rc = cl->arena ? arena_write(cl, w, &cl->forms[i], cw) : TLLM_OK;
+        if (!rc) rc = weight_buffers(cl, w, &cl->forms[i], cw);
         if (rc) return rc;
     }
     CL_TRY(clFinish(cl->q)); /* the writes read the model's mapped memory */
     return TLLM_OK;
+}
+
+size_t tllm_cl_step_weight_bytes(const struct tllm_cl *cl, size_t *weights) {
+    size_t bytes = 0;
+    *weights = 0;
+    for (int i = 1; i < tllm_cl_n_mats(cl->m); i++) {
+        const struct tllm_qweights *w = &cl->mats[i];
+        const struct cl_form *f = &cl->forms[i];
+        *weights += (size_t)w->rows * (size_t)w->cols;
+        if (w->format == TLLM_WF_DENSE) bytes += (size_t)w->rows * w->cols * tllm_dtype_size(w->dtype);
+        else bytes += (size_t)w->rows * w->cols / 8 * w->bits + f->s_len + (f->b ? f->b_len : 0);
+    }
+    return bytes;
 }
 
 void tllm_cl_release_weights(struct cl_weights *cw) {
