@@ -111,14 +111,19 @@
 #define Q_COPIES 0
 #endif
 
-/* dt: 0 = f32, 1 = f16, 2 = bf16 */
+/* element i of p, of type t: 0 = f32, 1 = f16, 2 = bf16 */
+inline float ld_typed(__global const uchar *p, int t, size_t i) {
+    if (t == 2) return as_float((uint)((__global const ushort *)p)[i] << 16);
+    if (t == 1) return vload_half(i, (__global const half *)p);
+    return ((__global const float *)p)[i];
+}
+
+/* dt: 0 = f32, 1 = f16, 2 = bf16 (a dense matrix's values) */
 inline float ld(__global const uchar *p, int dt, size_t i) {
 #ifdef Q_DT
     dt = Q_DT;
 #endif
-    if (dt == 2) return as_float((uint)((__global const ushort *)p)[i] << 16);
-    if (dt == 1) return vload_half(i, (__global const half *)p);
-    return ((__global const float *)p)[i];
+    return ld_typed(p, dt, i);
 }
 
 /* Scale i of an affine matrix whose scales and biases are in form dt (struct cl_form in
@@ -132,9 +137,7 @@ inline float ld_s(__global const uchar *S, int dt, size_t i) {
         __global const uchar *b = S + (i >> 3) * 10;
         return vload_half(0, (__global const half *)b) * (float)((__global const char *)b)[2 + (i & 7)];
     }
-    if ((dt & 3) == 2) return as_float((uint)((__global const ushort *)S)[i] << 16);
-    if ((dt & 3) == 1) return vload_half(i, (__global const half *)S);
-    return ((__global const float *)S)[i];
+    return ld_typed(S, dt & 3, i);
 }
 
 /* Bias i: B's, or where dt >> 3 is z > 0 (no biases kept: codes with a zero point) -2^z times scale i */

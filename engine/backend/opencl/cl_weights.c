@@ -112,12 +112,11 @@ static int two_level(const float *v, size_t n, unsigned char *out) {
     return 1;
 }
 
-/* w's scales and biases in the device's most compact form that holds the same values (struct cl_form):
+/* f (w's plain form) as the device's most compact form that holds the same values (struct cl_form):
  * biases dropped where they follow the scales, float32 in two levels where each 8 groups' values are a
  * float16 times int8s. GGUF's k-quants: Q4_K 6 -> 4.6 bits a weight on the device, Q6_K (as 8-bit
  * codes) 12 -> 8.6. */
 static int compact_form(struct tllm_cl *cl, const struct tllm_qweights *w, int two_levels, struct cl_form *f) {
-    *f = plain_form(w);
     if (w->format != TLLM_WF_AFFINE || !w->scales || !w->biases) return TLLM_OK;
     const size_t ng = (size_t)w->rows * (size_t)(w->cols / w->group_size);
     int z = symmetric_shift(w, ng);
