@@ -37,7 +37,7 @@
                         * 1206; 5 1179 and 8 1000: more registers, then spills) */
 #endif
 #ifndef MV_TAIL
-#define MV_TAIL 1 /* ... and up to this many more, read one after another (H200: down_proj in one sweep, +1.6%) */
+#define MV_TAIL 1 /* ... and up to this many more, a second round of reads (H200: down_proj in one sweep, +1.6%) */
 #endif
 #ifndef MV_PIPE
 #define MV_PIPE 1 /* 1: a row loop issues the next sweep's weight reads before this sweep's arithmetic */
