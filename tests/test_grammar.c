@@ -412,7 +412,9 @@ static void check_sampling(const struct tllm_tok *tok) {
             json_object_put(o);
         }
         CHECK(finished >= 5, "schema %zu: %d of 10 texts reached EOS in 200 tokens", si, finished);
-        CHECK(cached > 0, "schema %zu: no mask found in the shared cache (%ld computed)", si, computed);
+        /* (test_grammar_small_cache keeps 8 masks: random texts rarely meet one of them again) */
+        if (TLLM_GMATCH_CACHE >= 64)
+            CHECK(cached > 0, "schema %zu: no mask found in the shared cache (%ld computed)", si, computed);
         tllm_gmatch_free(keep);
         tllm_grammar_free(g);
     }

@@ -167,11 +167,12 @@ struct gdfa {
     int32_t *ht;        /* [ht_size] open addressing over ds by their words; -1 empty */
     int ht_size;
     int n_masks;
+    size_t list_bytes;  /* of the n_masks lists */
     uint64_t *bits;     /* [ceil(n_ids / 64)] a walk's mask, before it becomes a state's list */
     int32_t *lv;        /* [max_len + 1] the walk's state per byte of depth */
     struct tllm_gram_state tmp;
     struct tllm_gmatch *users; /* the sequences on it (their states are re-interned when it starts over) */
-    long computed, cached;
+    long computed, cached, restarts;
     double secs;
     struct gdfa **walkers; /* [n_walkers] automata of their own for walks on other threads (tllm_gmatch_prepare) */
     int n_walkers;
@@ -193,14 +194,15 @@ static uint64_t hash_words(const uint32_t *w, int n) {
 static void states_clear(struct gdfa *d) {
     for (int i = 0; i < d->n_ds; i++) free(d->ds[i].w), free(d->ds[i].list), free(d->ds[i].next);
     d->n_ds = d->n_masks = 0;
+    d->list_bytes = 0;
     for (int i = 0; i < d->ht_size; i++) d->ht[i] = -1;
 }
 
 static void gdfa_free(struct gdfa *d) {
     if (!d) return;
     if (!d->walker && getenv("TLLM_GRAMMAR_STATS"))
-        fprintf(stderr, "grammar: %ld masks computed in %.1f ms, %ld from the cache, %d states\n", d->computed, d->secs * 1e3,
-                d->cached, d->n_ds);
+        fprintf(stderr, "grammar: %ld masks computed in %.1f ms, %ld from the cache, %d states, %.1f MB of lists kept, %ld restarts\n",
+                d->computed, d->secs * 1e3, d->cached, d->n_ds, d->list_bytes / 1e6, d->restarts);
     states_clear(d);
     for (int i = 0; i < d->n_walkers; i++) gdfa_free(d->walkers[i]);
     free(d->walkers);
@@ -284,7 +286,11 @@ static int32_t step(struct gdfa *d, int id, unsigned char c) {
 
 /* Too many states or masks kept (with `more` masks to come): start over from the states the sequences are at */
 static int bound_states(struct gdfa *d, int more) {
-    if (d->n_ds < TLLM_GMATCH_STATES && d->n_masks + more < TLLM_GMATCH_CACHE) return TLLM_OK;
+    /* the masks to come taken as large as the average kept so far */
+    size_t bytes = d->list_bytes + (d->n_masks ? d->list_bytes / (size_t)d->n_masks * (size_t)more : 0);
+    if (d->n_ds < TLLM_GMATCH_STATES && d->n_masks + more < TLLM_GMATCH_CACHE && bytes < (size_t)TLLM_GMATCH_CACHE_BYTES)
+        return TLLM_OK;
+    d->restarts++;
     int n = 0, rc = TLLM_OK;
     for (struct tllm_gmatch *u = d->users; u; u = u->next_user) n++;
     struct tllm_gram_state *keep = calloc((size_t)n, sizeof *keep);
@@ -400,6 +406,7 @@ static int keep_mask(struct gdfa *d, int at, const uint64_t *bits) {
     struct dstate *x = &d->ds[at];
     x->list = list, x->n_list = n, x->list_allows = allows;
     d->n_masks++;
+    d->list_bytes += (size_t)(n ? n : 1) * sizeof *list;
     d->computed++;
     return TLLM_OK;
 }

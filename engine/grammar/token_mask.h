@@ -17,11 +17,15 @@
 #include "engine/grammar/grammar.h"
 #include "tokenizer/tokenizer.h"
 
-/* Masks kept per sequence (each the shorter of its allowed or refused ids) and grammar states with
- * their byte transitions (1 KB each and their stacks); past either, they start over from the
- * sequence's current state */
+/* Masks an automaton keeps (each the shorter of its allowed or refused ids), the bytes of their lists,
+ * and grammar states with their byte transitions (1 KB each and their stacks); past any, it starts
+ * over from the states its sequences are at. A small object schema (64 prompts of 96 tokens) meets
+ * ~190 masked states in 0.2 MB of lists: with room for 128 masks it started over and computed 506 */
 #ifndef TLLM_GMATCH_CACHE
-#define TLLM_GMATCH_CACHE 128
+#define TLLM_GMATCH_CACHE 4096
+#endif
+#ifndef TLLM_GMATCH_CACHE_BYTES
+#define TLLM_GMATCH_CACHE_BYTES (16 << 20)
 #endif
 #ifndef TLLM_GMATCH_STATES
 #define TLLM_GMATCH_STATES 8192

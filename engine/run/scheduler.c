@@ -13,8 +13,8 @@
 #include "kernels/cpu/ops.h"
 
 /* Grammars whose automata (and masks) stay made after their last sequence ends. An automaton keeps at
- * most TLLM_GMATCH_CACHE masks (each the shorter of a state's allowed or refused ids) and
- * TLLM_GMATCH_STATES states; typical schemas hold well under a megabyte. */
+ * most TLLM_GMATCH_CACHE masks (each the shorter of a state's allowed or refused ids) in
+ * TLLM_GMATCH_CACHE_BYTES of lists and TLLM_GMATCH_STATES states; typical schemas hold a few megabytes. */
 #ifndef TLLM_SCHED_KEPT_GRAMMARS
 #define TLLM_SCHED_KEPT_GRAMMARS 4
 #endif
