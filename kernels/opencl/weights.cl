@@ -363,37 +363,39 @@ inline float vec_dot(struct qvec q, int v, __global const uchar *S, __global con
     return q.s * q0 + q.b * (sx[0] + sx[1]) + s1 * q1 + b1 * (sx[2] + sx[3]);
 }
 
+/* acc plus q (a thread's uint4s lane, lane + tpr, ... of a row, as load_row_f read them) . their
+ * inputs, in that order */
+inline float qrow_dot(struct qrow q, int lane, int tpr, int vpr, __global const uchar *S, __global const uchar *B,
+                      int bits, int gs, int dt, size_t g0, __local const float *xs, __local const float *xsum, float acc) {
+#pragma unroll
+    for (int i = 0; i < QROW_N; i++) {
+        int v = lane + i * tpr;
+        if (v < vpr) acc += vec_dot(q.v[i], v, S, B, bits, gs, dt, g0, xs, xsum);
+    }
+    return acc;
+}
+
 /* acc plus the rest of a long row after its first QROW_N uint4s a thread (FFN_FUSED gives a row 8
  * threads whatever its length: 7B's 3584 inputs are 14 uint4s a thread), QROW_N uint4s at a time, all
  * read before the first is used; the same order of sums as one by one. Read one by one, each uint4
  * cost a memory latency (H200 tg128, 4-bit g64: 7B 249-250 -> 277.5 tok/s, 3B 505 -> 528). */
 inline float row_tail_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
-                        int dt, int r, int cols, int c0, int vpr, int lane, int tpr, size_t g0, __local const float *xs,
+                        int dt, int r, int cols, int c0, int n, int lane, int tpr, size_t g0, __local const float *xs,
                         __local const float *xsum, float acc) {
     Q_FIX(bits, gs, dt);
-    for (int v0 = lane + QROW_N * tpr; v0 < vpr; v0 += QROW_N * tpr) {
-        struct qvec t[QROW_N];
-#pragma unroll
-        for (int i = 0; i < QROW_N; i++) {
-            int v = v0 + i * tpr;
-            t[i].w = (uint4)(0), t[i].s = t[i].b = 0.0f;
-            if (v < vpr) t[i] = load_vec(W, S, B, bits, gs, dt, r, cols, c0, v);
-        }
-#pragma unroll
-        for (int i = 0; i < QROW_N; i++) {
-            int v = v0 + i * tpr;
-            if (v < vpr) acc += vec_dot(t[i], v, S, B, bits, gs, dt, g0, xs, xsum);
-        }
-    }
+    const int vpr = n * bits / 128;
+    for (int v0 = lane + QROW_N * tpr; v0 < vpr; v0 += QROW_N * tpr)
+        acc = qrow_dot(load_row_f(W, S, B, bits, gs, dt, r, r + 1, cols, c0, n, v0, tpr), v0, tpr, vpr, S, B, bits, gs, dt,
+                       g0, xs, xsum, acc);
     return acc;
 }
 
 /* row_tail_f not inlined: one copy (a format), not one at every row_dot. The `token` kernel slows
  * down as its code grows: inlined at every call site, the 0.5B went from 1,616 to 1,380 tok/s. */
 #define ROW_TAIL_PARAMS                                                                                              \
-    __global const uchar *W, __global const uchar *S, __global const uchar *B, int r, int cols, int c0, int vpr,     \
+    __global const uchar *W, __global const uchar *S, __global const uchar *B, int r, int cols, int c0, int n,       \
         int lane, int tpr, size_t g0, __local const float *xs, __local const float *xsum, float acc
-#define ROW_TAIL_ARGS r, cols, c0, vpr, lane, tpr, g0, xs, xsum, acc
+#define ROW_TAIL_ARGS r, cols, c0, n, lane, tpr, g0, xs, xsum, acc
 #if Q_COPIES
 #define ROW_TAIL_COPY(i)                                                                                             \
     __attribute__((noinline)) float row_tail_##i(ROW_TAIL_PARAMS) {                                              \
@@ -424,12 +426,8 @@ inline float row_dot_f(__global const uchar *W, __global const uchar *S, __globa
     }
     const int vpr = n * bits / 128; /* of columns [c0, c0 + n), staged in xs from 0 */
     size_t g0 = (size_t)r * (cols / gs) + c0 / gs;
-#pragma unroll
-    for (int i = 0; i < QROW_N; i++) {
-        int v = lane + i * tpr;
-        if (v < vpr) acc += vec_dot(q.v[i], v, S, B, bits, gs, dt, g0, xs, xsum);
-    }
-    if (lane + QROW_N * tpr < vpr) acc = row_tail(bits, gs, dt, W, S, B, r, cols, c0, vpr, lane, tpr, g0, xs, xsum, acc);
+    acc = qrow_dot(q, lane, tpr, vpr, S, B, bits, gs, dt, g0, xs, xsum, acc);
+    if (lane + QROW_N * tpr < vpr) acc = row_tail(bits, gs, dt, W, S, B, r, cols, c0, n, lane, tpr, g0, xs, xsum, acc);
     return acc;
 }
 
