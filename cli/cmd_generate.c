@@ -332,14 +332,16 @@ static int run_batch(struct cli_session *s, const char *file, const char *out_pa
         if (tllm_sched_step(b.sched)) cli_die_lib(); /* the records written so far stand; a re-run resumes */
         if (progress) show_progress(&b);
     }
-    char work[200] = "";
+    char work[320] = "";
     {
         struct tllm_sched_stats st;
         tllm_sched_stats(b.sched, &st);
         double el = tllm_now() - b.t_start;
-        snprintf(work, sizeof work, "; prompt tokens computed %lld, reused %lld (cached prefixes), generated %lld (%.1f tok/s)"
-                 "; %.2f s of %.2f s in forward steps",
-                 st.prompt_tokens, st.reused_tokens, st.gen_tokens, el > 0 ? (double)st.gen_tokens / el : 0, st.step_secs, el);
+        int n = snprintf(work, sizeof work, "; prompt tokens computed %lld, reused %lld (cached prefixes), generated %lld (%.1f tok/s)"
+                         "; %.2f s of %.2f s in forward steps",
+                         st.prompt_tokens, st.reused_tokens, st.gen_tokens, el > 0 ? (double)st.gen_tokens / el : 0, st.step_secs, el);
+        if (st.mask_secs > 0 && n > 0 && (size_t)n < sizeof work)
+            snprintf(work + n, sizeof work - (size_t)n, " (%.3f s of them making the grammars' masks)", st.mask_secs);
         tllm_sched_drop_all(b.sched); /* interrupted: the requests in flight are redone on resume */
         int n_free, n_total; /* every block is back, whatever ended the run (tests rely on this check) */
         tllm_sched_kv_blocks(b.sched, &n_free, &n_total);

@@ -34,11 +34,14 @@ run() { # name, prompts, flags...
     "$@" 2> "$dir/err.txt" > /dev/null
   local line masks
   line=$(grep -a "in forward steps" "$dir/err.txt" | tail -1)
+  local mk
+  mk=$(echo "$line" | sed -n 's/.*(\([0-9.]*\) s of them making the grammars. masks).*/\1/p')
   masks=$(grep -a "^grammar" "$dir/err.txt" | sed 's/^grammar: //; s/^grammar index: /index: /' | paste -sd ";" - | sed "s/;/; /" || true)
   # tokens, tok/s, and the time outside the forward steps (sampling, masks, bookkeeping) per token
   echo "$line" | sed -n 's/.*generated \([0-9]*\) (\([0-9.]*\) tok\/s); \([0-9.]*\) s of \([0-9.]*\) s in forward steps.*/\1 \2 \3 \4/p' |
-    awk -v name="$name" -v masks="$masks" -v ref="${ref:-}" '{ printf "%-8s %6d tokens %9.1f tok/s   outside the forward steps: %.3f ms a token%s%s\n",
-      name, $1, $2, ($4 - $3) * 1000 / $1, masks != "" ? "   | " masks : "", ref != "" ? sprintf("   | schema / same: %.3f", ref / $2) : "" }'
+    awk -v name="$name" -v masks="$masks" -v ref="${ref:-}" -v mk="${mk:-}" '{ printf "%-8s %6d tokens %9.1f tok/s   outside the forward steps: %.3f ms a token%s%s%s\n",
+      name, $1, $2, ($4 - $3) * 1000 / $1, mk != "" ? sprintf(", making bitsets %.3f", mk * 1000 / $1) : "", masks != "" ? "   | " masks : "",
+      ref != "" ? sprintf("   | schema / same: %.3f", ref / $2) : "" }'
 }
 tps() { grep -a "in forward steps" "$dir/err.txt" | tail -1 | sed -n 's/.*generated [0-9]* (\([0-9.]*\) tok\/s).*/\1/p'; }
 for r in $(seq 1 "$ROUNDS"); do

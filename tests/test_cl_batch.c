@@ -256,7 +256,7 @@ static int32_t allowed_argmax(const float *x, int n, const uint32_t *bits) {
  * mask, sampling rows their logits): the wanted rows' logits are those of a step that brings back
  * every row's, bit for bit; each argmax is the oracle's on those logits; a row with nothing allowed
  * gets an id outside the vocabulary */
-static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m, const struct ref_fixture *r) {
+static void test_row_outputs(struct tllm_backend *b, struct tllm_model *m, const struct ref_fixture *r) {
     int vocab = m->cfg.vocab_size, n_cand = m->n_sample < vocab ? m->n_sample : vocab, words = TLLM_MASK_WORDS(vocab);
     float *all = malloc((size_t)N_ROWS * vocab * sizeof(float)), *lg = malloc((size_t)N_ROWS * vocab * sizeof(float));
     uint32_t *allow = calloc(4 * (size_t)words, sizeof *allow);
@@ -294,6 +294,19 @@ static void test_row_outputs(struct tllm_backend *b, const struct tllm_model *m,
           "a failing fill_masks: %s", tllm_errmsg());
     CHECK(one_step(b, m, r, NULL, NULL, NULL, NULL, lg, NULL) == TLLM_OK && !memcmp(lg, all, (size_t)N_ROWS * vocab * sizeof(float)),
           "the step after a failed one: %s", tllm_errmsg());
+    /* candidates not a multiple of 4 (the device reads float4s, the last n % 4 ids one each): row 0 free,
+     * row 3 allowed ids 4 and 5 past the last float4 (n4 = the ids the float4s cover) and one past n_sample */
+    int n_sample = m->n_sample, cut = n_cand - 3, n4 = cut / 4 * 4;
+    m->n_sample = cut;
+    memset(allow, 0, 4 * (size_t)words * sizeof *allow);
+    for (int i = n4 - 8; i <= cut && i < vocab; i++)
+        if (i < n4 - 4 || i >= n4) allow[i / 32] |= 1u << (i % 32);
+    for (size_t i = 0; i < (size_t)N_ROWS * vocab; i++) lg[i] = -1.0f;
+    CHECK(one_step(b, m, r, want, mask, allow, NULL, lg, amax) == TLLM_OK, "per-row outputs of %d candidates: %s", cut, tllm_errmsg());
+    CHECK(amax[0] == argmax_f32(all, cut), "%d candidates, row 0: argmax %d, the oracle's %d", cut, amax[0], argmax_f32(all, cut));
+    CHECK(amax[3] == allowed_argmax(all + 3 * (size_t)vocab, cut, allow), "%d candidates, row 3: argmax %d, the oracle's %d", cut,
+          amax[3], allowed_argmax(all + 3 * (size_t)vocab, cut, allow));
+    m->n_sample = n_sample;
     printf("  per-row outputs (%s): wanted logits bit for bit, masked argmaxes the oracle's\n", b ? "device" : "CPU");
     free(all), free(lg), free(allow);
 }

@@ -497,6 +497,7 @@ static int list_key(struct tllm_sched *s, int *n_keys, size_t *used, const int32
  * or walked here). Rows in one grammar state (all of a batch inside a JSON string) share one bitset. */
 static int fill_masks(void *user, const int32_t **mask, const uint32_t **allow) {
     struct tllm_sched *s = user;
+    double t0 = tllm_now();
     int n_words = TLLM_MASK_WORDS(s->m->cfg.vocab_size), n_masks = 0, n_gm = 0, walked = 0;
     size_t used = 0;
     /* the states first met in this step are walked on the pool's number of threads at once */
@@ -530,6 +531,7 @@ static int fill_masks(void *user, const int32_t **mask, const uint32_t **allow) 
     }
     *mask = n_masks ? s->mask : NULL;
     *allow = n_masks ? s->allow : NULL;
+    s->st.mask_secs += tllm_now() - t0;
     return TLLM_OK;
 }
 

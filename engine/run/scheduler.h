@@ -70,6 +70,8 @@ struct tllm_sched_stats {
     double step_secs;          /* time inside forward steps */
     long long grammar_walks;   /* token masks walked over the vocabulary (the others came from an
                                 * automaton's cache) */
+    double mask_secs;          /* inside fill_masks: the greedy rows' grammar bitsets of the steps (on a
+                                * device, made while the step's layers are queued and run) */
 };
 
 struct tllm_sched;

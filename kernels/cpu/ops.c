@@ -123,28 +123,7 @@ int tllm_argmax(const float *x, int n) {
 }
 
 int tllm_argmax_allowed(const float *x, int n, const uint32_t *allow) {
-    int best = -1;
-    float bv = -INFINITY;
-    for (int w = 0; w < (n + 31) / 32; w++) {
-        int i0 = w * 32;
-        if (allow[w] == 0xffffffffu && i0 + 32 <= n) { /* a whole word allowed (most of a grammar's words, or none) */
-            float m = -INFINITY;
-            for (int i = i0; i < i0 + 32; i++) m = x[i] > m ? x[i] : m;
-            if (m > bv || (best < 0 && m == bv))
-                for (int i = i0; i < i0 + 32; i++)
-                    if (x[i] == m) {
-                        bv = m, best = i;
-                        break;
-                    }
-            continue;
-        }
-        for (uint32_t bits = allow[w]; bits; bits &= bits - 1) {
-            int i = i0 + __builtin_ctz(bits);
-            if (i >= n) break;
-            if (x[i] > bv || (best < 0 && x[i] == bv)) bv = x[i], best = i;
-        }
-    }
-    return best;
+    return tllm_cpu_has_avx512() ? tllm_argmax_allowed_avx512(x, n, allow) : tllm_argmax_allowed_ref(x, n, allow);
 }
 
 void tllm_f16_to_f32_row(const uint16_t *src, float *dst, int n) {

@@ -18,6 +18,7 @@ void tllm_attention_blocks_avx512(const float *q, size_t q_stride, int nq, int g
 void tllm_swiglu_avx512(float *gate, const float *up, int n);
 void tllm_exp_avx512(float *x, int n); /* x[i] = e^x[i] (the tests check its accuracy) */
 int tllm_argmax_avx512(const float *x, int n);
+int tllm_argmax_allowed_avx512(const float *x, int n, const uint32_t *allow);
 void tllm_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int n);
 /* tllm_f32_to_f16's bits, 16 lanes at once (F16C's rounding, NaN lanes set as the scalar one sets them) */
 void tllm_f32_to_f16_row_avx512(const float *src, uint16_t *dst, int n);

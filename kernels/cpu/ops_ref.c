@@ -33,6 +33,31 @@ int tllm_argmax_ref(const float *x, int n) {
     return best;
 }
 
+int tllm_argmax_allowed_ref(const float *x, int n, const uint32_t *allow) {
+    int best = -1;
+    float bv = -INFINITY;
+    for (int w = 0; w < (n + 31) / 32; w++) {
+        int i0 = w * 32;
+        if (allow[w] == 0xffffffffu && i0 + 32 <= n) { /* a whole word allowed (most of a grammar's words, or none) */
+            float m = -INFINITY;
+            for (int i = i0; i < i0 + 32; i++) m = x[i] > m ? x[i] : m;
+            if (m > bv || (best < 0 && m == bv))
+                for (int i = i0; i < i0 + 32; i++)
+                    if (x[i] == m) {
+                        bv = m, best = i;
+                        break;
+                    }
+            continue;
+        }
+        for (uint32_t bits = allow[w]; bits; bits &= bits - 1) {
+            int i = i0 + __builtin_ctz(bits);
+            if (i >= n) break;
+            if (x[i] > bv || (best < 0 && x[i] == bv)) bv = x[i], best = i;
+        }
+    }
+    return best;
+}
+
 void tllm_softmax(float *x, int n) {
     float mx = x[0];
     for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;

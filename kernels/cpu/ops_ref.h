@@ -4,13 +4,15 @@
 #define TLLM_OPS_REF_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* As tllm_attention (ops.h) */
 void tllm_attention_ref(const float *q, size_t q_stride, int nq, int pos0, const float *kt, size_t kt_stride,
                         const float *v, size_t v_stride, int head_dim, float *scores, float *out, size_t out_stride);
 
-/* As tllm_argmax (ops.h) */
+/* As tllm_argmax and tllm_argmax_allowed (ops.h) */
 int tllm_argmax_ref(const float *x, int n);
+int tllm_argmax_allowed_ref(const float *x, int n, const uint32_t *allow);
 
 /* In-place softmax over n elements. */
 void tllm_softmax(float *x, int n);

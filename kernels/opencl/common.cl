@@ -286,6 +286,21 @@ inline float wg_max(float v, __local float *red, int n) { return wg_reduce(v, re
 #endif
 #define ANY_FUSED (FFN_FUSED || ATT_FUSED)
 
+#ifndef ROW_TAIL
+/* The rest of a row past a thread's first QROW_N uint4s: 1, read QROW_N at a time (row_tail in
+ * weights.cl, a call); 0, one by one. Long rests come from the fused FFN, which gives a row 8 threads
+ * whatever its length (MODEL_DIM: the host's hidden size); elsewhere the host's threads a row leave at
+ * most MV_TAIL. Chunked pays where that rest is none or QROW_N or more. H200 tg128, 4-bit g64, one by
+ * one -> chunked: 0.5B (no rest) 1,606-1,620 -> 1,624-1,640; 1.5B (2 a thread) 815 -> 806; 3B (4)
+ * 505 -> 528; 7B (10) 250 -> 277; the GGUF mixes (not fused): 1.5B 634 -> 615, 7B 191.5 -> 189.9 */
+#if FFN_FUSED && defined(MODEL_DIM) && \
+    ((MODEL_DIM * Q_BITS / 128 + 7) / 8 <= QROW_N || (MODEL_DIM * Q_BITS / 128 + 7) / 8 >= 2 * QROW_N)
+#define ROW_TAIL 1
+#else
+#define ROW_TAIL 0
+#endif
+#endif
+
 __kernel void tunables(__global int *out) {
     out[0] = MV_LWS, out[1] = MV_ITERS, out[2] = MV_GROUPS_PER_CU, out[3] = MV_LOCAL_X;
     out[4] = ATT_LWS, out[5] = ATT_MAX_SPLIT, out[6] = MAX_HEAD_DIM, out[7] = PERSIST_GROUPS_PER_CU;

@@ -375,6 +375,7 @@ inline float qrow_dot(struct qrow q, int lane, int tpr, int vpr, __global const 
     return acc;
 }
 
+#if ROW_TAIL
 /* acc plus the rest of a long row after its first QROW_N uint4s a thread (FFN_FUSED gives a row 8
  * threads whatever its length: 7B's 3584 inputs are 14 uint4s a thread), QROW_N uint4s at a time, all
  * read before the first is used; the same order of sums as one by one. Read one by one, each uint4
@@ -391,7 +392,8 @@ inline float row_tail_f(__global const uchar *W, __global const uchar *S, __glob
 }
 
 /* row_tail_f not inlined: one copy (a format), not one at every row_dot. The `token` kernel slows
- * down as its code grows: inlined at every call site, the 0.5B went from 1,616 to 1,380 tok/s. */
+ * down as its code grows: inlined at every call site, the 0.5B went from 1,616 to 1,380 tok/s. Used
+ * where ROW_TAIL (kernels/opencl/common.cl) says. */
 #define ROW_TAIL_PARAMS                                                                                              \
     __global const uchar *W, __global const uchar *S, __global const uchar *B, int r, int cols, int c0, int n,       \
         int lane, int tpr, size_t g0, __local const float *xs, __local const float *xsum, float acc
@@ -413,6 +415,7 @@ __attribute__((noinline)) float row_tail(int bits, int gs, int dt, ROW_TAIL_PARA
     return row_tail_f(W, S, B, bits, gs, dt, ROW_TAIL_ARGS);
 }
 #endif
+#endif
 
 /* This thread's share of row r . xs, from the reads load_row issued (and any beyond QROW_N). */
 inline float row_dot_f(__global const uchar *W, __global const uchar *S, __global const uchar *B, int bits, int gs,
@@ -427,7 +430,12 @@ inline float row_dot_f(__global const uchar *W, __global const uchar *S, __globa
     const int vpr = n * bits / 128; /* of columns [c0, c0 + n), staged in xs from 0 */
     size_t g0 = (size_t)r * (cols / gs) + c0 / gs;
     acc = qrow_dot(q, lane, tpr, vpr, S, B, bits, gs, dt, g0, xs, xsum, acc);
+#if ROW_TAIL
     if (lane + QROW_N * tpr < vpr) acc = row_tail(bits, gs, dt, W, S, B, r, cols, c0, n, lane, tpr, g0, xs, xsum, acc);
+#else
+    for (int v = lane + QROW_N * tpr; v < vpr; v += tpr)
+        acc += vec_dot(load_vec(W, S, B, bits, gs, dt, r, cols, c0, v), v, S, B, bits, gs, dt, g0, xs, xsum);
+#endif
     return acc;
 }
 

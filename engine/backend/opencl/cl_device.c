@@ -217,6 +217,8 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
      * then has one form, not three, and the other phases run faster for the smaller program) */
     char fixed[256] = "";
     int n_fixed = extra && strstr(extra, "HEAD_DIM") ? 0 : snprintf(fixed, sizeof fixed, "-DHEAD_DIM=%d", c->head_dim);
+    /* and the hidden size, for the fused FFN's rows (ROW_TAIL in kernels/opencl/common.cl) */
+    if (!(extra && strstr(extra, "MODEL_DIM"))) n_fixed += snprintf(fixed + n_fixed, sizeof fixed - (size_t)n_fixed, " -DMODEL_DIM=%d", c->dim);
     int cpu_dev = (type & CL_DEVICE_TYPE_CPU) != 0;
     cl->fixed_formats = uniform;
     if (uniform) {

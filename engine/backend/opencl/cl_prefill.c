@@ -740,14 +740,15 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
     }
     int pending = 0;
     for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, tk, &pending);
+    /* the device starts on the layers before the host waits for the masks, not once they are made */
+    if (!e && masks_later) e = clFlush(cl->q);
     if (helped) { /* the masks, made meanwhile */
         pthread_join(helper, NULL);
         rc = job.rc ? tllm_fail(job.rc, "%s", job.msg) : TLLM_OK;
         t.mask = job.mask, t.allow = job.allow;
     }
     if (!e && masks_later) { /* the device runs the layers meanwhile */
-        e = clFlush(cl->q);
-        if (!e && !rc && !helped) rc = tk->fill_masks(tk->user, &t.mask, &t.allow); /* no thread: made here */
+        if (!rc && !helped) rc = tk->fill_masks(tk->user, &t.mask, &t.allow); /* no thread: made here */
         if (!e && !rc && t.mask) rc = upload_masks(cl, tk);
         if (rc) {
             clFinish(cl->q); /* nothing queued may outlive the step's buffers */
