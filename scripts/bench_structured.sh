@@ -4,6 +4,7 @@
 # run and the grammar's own counts (the vocabulary's byte-order index, built once a process; masks
 # computed, their time, masks found in the cache).
 #   bash scripts/bench_structured.sh TLLM MODEL NP [ROUNDS=2] [-- extra generate flags, e.g. --device opencl]
+# With ROUNDS > 1 the last line is the median of the rounds' schema / same.
 # PROMPTS in the environment: how many prompts (default NP, one batch); more keep the batch full by
 # continuous batching and spread what a process pays once (the vocabulary's index, each state's first mask)
 # over more tokens, as a server running a while does.
@@ -57,4 +58,10 @@ for line in open(sys.argv[2]):
     print(json.dumps(p))
 EOF
   ref=$schema_tps run same "$dir/same.jsonl" --ignore-eos "$@"
+  echo "$schema_tps $(tps)" >> "$dir/ratios"
 done
+# a round's ratio moves by ~0.1 on a device (its steps are host-bound): the median of the rounds
+if [ "$ROUNDS" -gt 1 ]; then
+  awk '{ printf "%.6f\n", $1 / $2 }' "$dir/ratios" | sort -g | awk '{ r[NR] = $1 } END {
+    printf "schema / same over %d rounds: median %.3f (%.3f - %.3f)\n", NR, NR % 2 ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2, r[1], r[NR] }'
+fi
