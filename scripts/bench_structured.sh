@@ -33,9 +33,8 @@ run() { # name, prompts, flags...
   rm -f "$dir/out.jsonl"
   TLLM_GRAMMAR_STATS=1 "$TLLM" generate -m "$MODEL" --prompts "$prompts" -o "$dir/out.jsonl" -n 96 -np "$NP" \
     "$@" 2> "$dir/err.txt" > /dev/null
-  local line masks
+  local line masks mk
   line=$(grep -a "in forward steps" "$dir/err.txt" | tail -1)
-  local mk
   mk=$(echo "$line" | sed -n 's/.*(\([0-9.]*\) s of them making the grammars. masks).*/\1/p')
   masks=$(grep -a "^grammar" "$dir/err.txt" | sed 's/^grammar: //; s/^grammar index: /index: /' | paste -sd ";" - | sed "s/;/; /" || true)
   # tokens, tok/s, and the time outside the forward steps (sampling, masks, bookkeeping) per token
