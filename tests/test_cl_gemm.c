@@ -127,6 +127,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", tllm_errmsg());
         return 1;
     }
+    /* The cases come in every format: the program must read any, so no copy of the reads per format of
+     * the model's (Q_COPIES, a GPU's default for a model of a few formats) */
+    const char *user = getenv("TLLM_CL_OPTS");
+    char any[512];
+    snprintf(any, sizeof any, "%s -DMIX_COPIES=0", user ? user : "");
+    setenv("TLLM_CL_OPTS", any, 1);
     const char *dev = getenv("TLLM_TEST_CL_DEVICE");
     int rc = tllm_backend_device_init(&cl, m, 16, dev ? atoi(dev) : -1);
     if (rc == TLLM_ERR_UNSUPPORTED) {

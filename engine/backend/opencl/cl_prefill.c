@@ -811,7 +811,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (int8 && (!affine || (w->group_size % 32 && w->group_size != 16)))
         return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of 16 or a multiple of 32 (%s)", w->name);
     if (!reads_format(cl, w))
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's one weight format compiled in, not %s's",
+        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's weight formats compiled in, not %s's",
                          w->name);
     int rc = cl->pf ? TLLM_OK : make(cl);
     if (rc) return rc;
