@@ -18,7 +18,8 @@ int tllm_cl_init(struct tllm_cl **out, const struct tllm_model *m, int n_ctx, in
     int n = tllm_cl_all_devices(devs, plats, MAX_DEVICES), pick = -1;
     if (n == 0) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: no OpenCL platform or device found (is an ICD installed?)");
     if (index >= 0) {
-        if (index >= n) return tllm_fail(TLLM_ERR_ARG, "opencl:%d: there are %d OpenCL devices (tllm devices lists them)", index, n);
+        if (index >= n) return tllm_fail(TLLM_ERR_ARG, "opencl:%d: there %s %d OpenCL device%s (tllm devices lists them)", index,
+                                            n == 1 ? "is" : "are", n, n == 1 ? "" : "s");
         pick = index;
     } else {
         for (int i = 0; i < n && pick < 0; i++) {
