@@ -7,6 +7,11 @@ set -u
 venv=$1 pkgs=$2
 shift 2
 py=python3
+# ctest -j runs several tests over one VENV: one makes it and installs while the others wait on the lock,
+# else a test starts on a half-made venv without its packages and skips (flock: util-linux, on every Debian)
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+command -v flock >/dev/null 2>&1 && flock 9
 if [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1; then
   # shellcheck disable=SC2086
   if "$venv/bin/python" -m pip install -q --disable-pip-version-check $pkgs >/dev/null 2>&1 ||
@@ -14,4 +19,5 @@ if [ -x "$venv/bin/python" ] || python3 -m venv "$venv" >/dev/null 2>&1; then
     py=$venv/bin/python
   fi
 fi
+exec 9>&-
 exec "$py" "$@"
