@@ -13,6 +13,8 @@
   compact the scales and biases in every compact form (-DCOMPACT_SCALES=2: two levels, no biases where
          they follow the scales; asked for, not a default) against the plain ones, in decode and in the prompt
          kernels, every type: within 1e-6 (the same values; PoCL gives the same bits).
+  emit   Q3_K and Q6_K (groups of 16, int8 inputs): device prompt logits with o_proj's input left by
+         flash_combine (FL_EMIT, the default) and by pf_norm (-DFL_EMIT=0): the same bits.
   chunks the mix with MV_LOCAL_X at 512, below down_proj's 1024 inputs: staged in two chunks (as a 7B's
          18944 are on a GPU), float within 1e-5 of the CPU and int8 within 1e-3 of the float decode.
 Needs numpy (the test venv) for synth_gguf.py; skips (77) without it or without an OpenCL device.
@@ -122,6 +124,19 @@ with tempfile.TemporaryDirectory() as d:
                 e = rel_rms(cs, ps)
                 print(f"  {t}: {what}, compact scales vs plain: relative RMS {e:.2e}")
                 check(e <= 1e-6, f"{t}: {what} with compact scales vs plain: relative RMS {e:.3e} > 1e-6")
+        if t in ("Q3_K", "Q6_K"):  # groups of 16 with int8 inputs: flash_combine's half-block sums (FL_EMIT)
+            ids = ",".join(str(i) for i in range(1, 71))  # past a span (64 positions)
+            got = []
+            for opts in ("", "-DFL_EMIT=0"):
+                env = dict(os.environ, TLLM_CL_OPTS=opts)
+                o = os.path.join(d, f"{t}-emit{len(got)}.f32")
+                r = subprocess.run([tllm, "logits", "-m", model, "--ids", ids, "--int8", "--device", "opencl", "--prefill", "device",
+                                    "-o", o], capture_output=True, text=True, env=env, timeout=900)
+                got.append(np.fromfile(o, np.float32) if r.returncode == 0 else None)
+            if check(got[0] is not None and got[1] is not None, f"{t}: device prompt logits with and without FL_EMIT"):
+                same = bool(np.array_equal(got[0], got[1]))
+                print(f"  {t}: device prompt, o_proj's input from flash_combine vs pf_norm: {'the same bits' if same else 'differ'}")
+                check(same, f"{t}: o_proj's input from flash_combine differs from pf_norm's")
         if t != "Q2_K":  # 2-bit codes have no int8 form on the device
             env = dict(os.environ, **({"TLLM_CL_OPTS": ask} if ask else {}))
             b = subprocess.run([tllm, "bench", "-m", model, "--device", "opencl", "-p", "0", "-n", "2", "-r", "1"],

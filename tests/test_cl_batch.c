@@ -5,7 +5,8 @@
  * agree with the CPU's; the device's argmaxes are the host's; a shared block written after a
  * truncation is copied on the device (copy on write); per-row outputs (logits of some rows, masked
  * argmaxes of others) are those of a step of logits; malformed steps get messages. Attention split into
- * spans of positions is checked with spans short enough for the fixtures. */
+ * spans of positions is checked with spans short enough for the fixtures, and o_proj's input left by
+ * flash_combine against pf_norm's, bit for bit. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -398,6 +399,50 @@ out:
     ref_free(&r);
 }
 
+/* The attention output left as o_proj's input by flash_combine (FL_EMIT, the default) against pf_norm's
+ * launch of its own (-DFL_EMIT=0): the same bits, float and int8 in one and two levels, f16 cache */
+static void test_emit(const char *dir, int device, const char *opts) {
+    char o0[600];
+    snprintf(o0, sizeof o0, "%s -DFL_EMIT=0", opts ? opts : "");
+    for (int packed = 0; packed < 2; packed++)
+        for (int levels = 2; levels >= 2 - packed; levels--) {
+            struct ref_fixture r;
+            struct tllm_model *m;
+            if (ref_load_model(dir, packed, &r, &m) != 0) {
+                CHECK(0, "%s: cannot load", dir);
+                return;
+            }
+            m->decode_levels = levels;
+            struct plan pl = {N_SEQ, {r.sequence, r.prompt_ids, r.sequence + 3, r.sequence + 1, r.sequence},
+                              {r.n_seq, r.n_prompt, 1, r.n_seq - 4, 7}, BUDGET};
+            for (int i = 0; i < N_SEQ; i++) pl.n_prompt[i] = pl.n_prompt[i] < 1 ? 1 : pl.n_prompt[i];
+            struct outcome out[2];
+            memset(out, 0, sizeof out);
+            int ok = 1;
+            for (int k = 0; k < 2; k++) {
+                if (opts || k) setenv("TLLM_CL_OPTS", k ? o0 : opts, 1);
+                else unsetenv("TLLM_CL_OPTS");
+                struct tllm_backend *cl = NULL;
+                ok &= tllm_backend_device_init(&cl, m, 16, device) == TLLM_OK &&
+                      run_plan(cl, m, TLLM_DT_F16, &pl, -1, 1, 1, &out[k]) == TLLM_OK;
+                tllm_backend_free(cl);
+            }
+            CHECK(ok, "%s: FL_EMIT 1 and 0: %s", dir, tllm_errmsg());
+            int same = ok && !memcmp(out[0].all0, out[1].all0, (size_t)pl.n_prompt[0] * m->cfg.vocab_size * sizeof(float));
+            for (int i = 0; ok && i < N_SEQ; i++)
+                same &= !memcmp(out[0].logits[i], out[1].logits[i], (size_t)(N_GEN + 1) * m->cfg.vocab_size * sizeof(float));
+            CHECK(same, "%s (%s, %d level(s)): o_proj's input from flash_combine differs from pf_norm's", dir,
+                  packed ? "int8" : "float", levels);
+            printf("  o_proj's input from flash_combine = pf_norm's, bit for bit (%s%s)\n", packed ? "int8, levels " : "float",
+                   packed ? (levels == 2 ? "2" : "1") : "");
+            outcome_free(&out[0]), outcome_free(&out[1]);
+            tllm_model_free(m);
+            ref_free(&r);
+        }
+    if (opts) setenv("TLLM_CL_OPTS", opts, 1);
+    else unsetenv("TLLM_CL_OPTS");
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_cl_batch MODEL_DIR...\n");
@@ -424,6 +469,8 @@ int main(int argc, char **argv) {
     printf("spans of 16 positions, a launch a run:\n");
     test_fixture(argv[1], dev ? atoi(dev) : -1, 1, 2);
     unsetenv("TLLM_CL_SPAN_FLOATS");
+    printf("spans of 16 positions, the attention output as o_proj's input:\n");
+    test_emit(argv[1], dev ? atoi(dev) : -1, o16);
     if (saved) setenv("TLLM_CL_OPTS", saved, 1), free(saved);
     else unsetenv("TLLM_CL_OPTS");
     return check_done();

@@ -3,7 +3,8 @@
  * sequences: kernels/opencl/paged.cl), activations [n_tok][width] row-major.
  * engine/backend/opencl/cl_prefill.c runs a layer as
  *   pf_norm (attn_norm) -> gemm q, k, v (one launch) -> pf_rope or paged_rope (K and V into the cache)
- *   -> flash_prefill -> pf_norm (no weight: the attention output quantized) -> gemm o_proj (+= x) ->
+ *   -> flash_prefill -> flash_combine (rows split into spans joined; every row as o_proj's input, quantized:
+ *   FL_EMIT, else pf_norm with no weight does that) -> gemm o_proj (+= x) ->
  *   pf_norm (ffn_norm) -> gemm gate, up (one launch) -> pf_swiglu -> gemm down_proj (+= x)
  * where a GEMM splits K, the kernel after it sums the slices (gemm_in), the norms adding o_proj's and
  * down_proj's to the residual.
@@ -26,6 +27,16 @@
                     * keys into spans from position 0, one work-group a span (flash_combine joins them) */
 #endif
 
+#ifndef FL_EMIT
+#define FL_EMIT 1 /* flash_combine leaves the attention output as o_proj's input (quantized where the GEMMs
+                   * take int8), saving pf_norm's launch a layer */
+#endif
+#if !defined(HEAD_DIM) || HEAD_DIM % 32
+#undef FL_EMIT
+#define FL_EMIT 0 /* a block of 32 would span two heads */
+#endif
+#define FL_COMBINE_LWS 64 /* flash_combine's work-group: two blocks of 32 of one token's row (emit_lane's) */
+
 __kernel void prefill_tunables(__global int *out) {
     out[0] = GEMM_TM, out[1] = GEMM_TN, out[2] = GEMM_T, out[3] = PF_LWS, out[4] = FL_QB, out[5] = FL_LWS;
 #if defined(MMA_PTX)
@@ -34,7 +45,7 @@ __kernel void prefill_tunables(__global int *out) {
     out[6] = out[7] = out[8] = 0;
 #endif
     out[9] = FEW_TN; /* gemm_few's largest step */
-    out[10] = FL_SPAN, out[11] = FEW_LWS;
+    out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT;
 }
 
 /* Element j of token t (the work-item's), v, as a GEMM's input: a float (int8 0), or quantized with the 31
@@ -268,22 +279,42 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
 
 /* The rows flash_prefill split into spans (position >= FL_SPAN), tokens [t_first, t_first + n_tok) of
  * a step: output element d of head h = sum_z acc_z[d] e^(m_z - m) / sum_z l_z e^(m_z - m), m the largest
- * m_z, the spans z = 0 .. position / FL_SPAN added in order. One work-item an element. */
-__kernel void flash_combine(__global const float *part, __global const int *meta, int pos_off, int spo_off, int part_base,
-                            int t_first, int n_tok, int n_heads, __global float *out) {
-    int e = get_global_id(0), t = t_first + get_global_id(1), h = e / HEAD_DIM, d = e % HEAD_DIM;
-    if (h >= n_heads || t >= t_first + n_tok) return;
-    int pos = meta[pos_off + t], n_sp = pos / FL_SPAN + 1;
-    if (n_sp == 1) return; /* flash_prefill finished it */
-    __global const float *pp = part + ((size_t)(meta[spo_off + t] - part_base) * n_heads + h) * (HEAD_DIM + 2);
-    size_t stride = (size_t)n_heads * (HEAD_DIM + 2);
-    float m = -INFINITY;
-    for (int z = 0; z < n_sp; z++) m = fmax(m, pp[z * stride + HEAD_DIM]);
-    float l = 0.0f, a = 0.0f;
-    for (int z = 0; z < n_sp; z++) {
-        float w = exp(pp[z * stride + HEAD_DIM] - m);
-        l = fma(pp[z * stride + HEAD_DIM + 1], w, l), a = fma(pp[z * stride + d], w, a);
+ * m_z, the spans z = 0 .. position / FL_SPAN added in order. One work-item an element.
+ * emit (FL_EMIT): every row of the tokens, split or finished by flash_prefill (pos_off < 0: none split, a
+ * chunk of one sequence), goes on as o_proj's input (emit_lane, as pf_norm would leave it), saving
+ * pf_norm's launch a layer. (Not in flash_prefill's epilogue: its work-items hold a row in another shape,
+ * and PoCL 3.1 ran code after that kernel's loops of barriers for work-items whose conditions there were
+ * false.) */
+__kernel __attribute__((reqd_work_group_size(FL_COMBINE_LWS, 1, 1))) void
+flash_combine(__global const float *part, __global const int *meta, int pos_off, int spo_off, int part_base, int t_first,
+              int n_tok, int n_heads, __global float *out, int emit, int int8, __global float *xf, __global char *xq,
+              __global float *xd, __global float *xs, int g16, __global float *xh) {
+    __local float red[FL_COMBINE_LWS];
+    int e = get_global_id(0), t = t_first + get_global_id(1), h = e / HEAD_DIM, d = e % HEAD_DIM, live = h < n_heads;
+    int n_sp = pos_off >= 0 ? meta[pos_off + t] / FL_SPAN + 1 : 1;
+    if (n_sp == 1 && !(FL_EMIT && emit)) return; /* flash_prefill finished it (all of the work-group: one token) */
+    __global float *y = out + (size_t)t * n_heads * HEAD_DIM + h * HEAD_DIM + d;
+    float v = 0.0f;
+    if (live && n_sp == 1) {
+        v = *y;
+    } else if (live) {
+        __global const float *pp = part + ((size_t)(meta[spo_off + t] - part_base) * n_heads + h) * (HEAD_DIM + 2);
+        size_t stride = (size_t)n_heads * (HEAD_DIM + 2);
+        float m = -INFINITY;
+        for (int z = 0; z < n_sp; z++) m = fmax(m, pp[z * stride + HEAD_DIM]);
+        float l = 0.0f, a = 0.0f;
+        for (int z = 0; z < n_sp; z++) {
+            float w = exp(pp[z * stride + HEAD_DIM] - m);
+            l = fma(pp[z * stride + HEAD_DIM + 1], w, l), a = fma(pp[z * stride + d], w, a);
+        }
+        v = a / l;
     }
-    out[(size_t)t * n_heads * HEAD_DIM + h * HEAD_DIM + d] = a / l;
+#if FL_EMIT
+    if (emit) {
+        emit_lane(v, t, e, n_heads * HEAD_DIM, live, int8, xf, xq, xd, xs, g16, xh, red);
+        return;
+    }
+#endif
+    if (live) *y = v;
 }
 #endif

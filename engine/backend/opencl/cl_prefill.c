@@ -20,6 +20,7 @@
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
                               * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
 #endif
+#define PF_COMBINE_LWS 64 /* flash_combine's work-group (FL_COMBINE_LWS) */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 #ifndef PF_SPAN_GROUPS
 #define PF_SPAN_GROUPS 4 /* flash_prefill's work-groups a compute unit, past which one takes several spans
@@ -58,6 +59,7 @@ struct cl_prefill {
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
     int few_tn, few_lws;                /* gemm_few's largest step and work-group (FEW_TN, FEW_LWS) */
     int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
+    int fl_emit;                        /* flash_combine leaves every row as o_proj's input (FL_EMIT) */
     cl_kernel reduce, embed, norm, swiglu, rope, flash, combine, paged_rope, argmax, argmax_allowed;
     cl_mem spans;               /* [cap_spans] flash_prefill's sums of the spans of split rows */
     size_t cap_spans, span_floats; /* its size; the most a launch may use (PF_SPAN_FLOATS) */
@@ -192,13 +194,13 @@ static int make(struct tllm_cl *cl) {
     if (!rc && (tllm_cl_make_kernel(cl, &p->flash, "flash_prefill") || tllm_cl_make_kernel(cl, &p->combine, "flash_combine")))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
-    cl_int v[12] = {0};
-    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 12))) return rc;
+    cl_int v[13] = {0};
+    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 13))) return rc;
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
-    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11];
+    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12];
     if (p->fl_span < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN positive");
     p->mm.half = model_g16(cl);
     return mm_kernel(cl, &p->mm, int8_levels(cl));
@@ -470,6 +472,27 @@ static cl_int flash(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int g
                                 (size_t)p->fl_lws, 1, P_FLASH);
 }
 
+/* flash_combine over tokens [t_a, t_a + n): the rows split into spans joined, and with fl_emit every row
+ * left as o_proj's input (pos_off < 0: a chunk of one sequence, no row split) */
+static cl_int combine(struct tllm_cl *cl, int pos_off, int spo_off, int base, int t_a, int n) {
+    struct cl_prefill *p = cl->pf;
+    const struct tllm_config *c = &cl->m->cfg;
+    struct args j = {p->combine, 0, CL_SUCCESS};
+    cl_mem sp = p->spans ? p->spans : p->att; /* (unread where no row is split) */
+    ARG_MEM(&j, sp);
+    ARG_MEM(&j, p->meta);
+    ARG_INT(&j, pos_off);
+    ARG_INT(&j, spo_off);
+    ARG_INT(&j, base);
+    ARG_INT(&j, t_a);
+    ARG_INT(&j, n);
+    ARG_INT(&j, c->n_heads);
+    ARG_MEM(&j, p->att);
+    ARG_INT(&j, p->fl_emit);
+    arg_mm_input(&j, &p->mm);
+    return j.err ? j.err : run2(cl, p->combine, (size_t)c->n_heads * c->head_dim, (size_t)n, PF_COMBINE_LWS, 1, P_FLASH);
+}
+
 /* RoPE, K and V into the cache, and attention of a step's tokens in layer l (q, k, v in p->qkv, or in
  * `left` slices with their biases at bias_off: mm_run) */
 static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
@@ -510,7 +533,10 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
     cl_int e = a.err ? a.err : run2(cl, a.k, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1, P_ROPE);
     if (e) return e;
     int per = p->fl_qb / (c->n_heads / c->n_kv_heads); /* tokens of a run */
-    if (!paged) return flash(cl, l, tk, 0, (int)(((size_t)n + per - 1) / per), -1, 0, 1);
+    if (!paged) {
+        e = flash(cl, l, tk, 0, (int)(((size_t)n + per - 1) / per), -1, 0, 1);
+        return e || !p->fl_emit ? e : combine(cl, -1, -1, 0, 0, n);
+    }
     /* the runs in launches whose span sums fit span_floats (each launch at least one run) */
     const int32_t *spo = tk->meta + pg->spo_off, *grp = tk->meta + pg->grp_off;
     size_t row = (size_t)c->n_heads * (c->head_dim + 2); /* floats of a span of a token */
@@ -527,18 +553,7 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
             p->cap_spans = cap;
         }
         e = flash(cl, l, tk, g0, g1 - g0, pg->spo_off, base, pg->max_pos / p->fl_span + 1);
-        if (e || !need) continue;
-        struct args j = {p->combine, 0, CL_SUCCESS};
-        ARG_MEM(&j, p->spans);
-        ARG_MEM(&j, p->meta);
-        ARG_INT(&j, pg->pos_off);
-        ARG_INT(&j, pg->spo_off);
-        ARG_INT(&j, base);
-        ARG_INT(&j, t_a);
-        ARG_INT(&j, t_b - t_a);
-        ARG_INT(&j, c->n_heads);
-        ARG_MEM(&j, p->att);
-        e = j.err ? j.err : run2(cl, p->combine, (size_t)c->n_heads * c->head_dim, (size_t)(t_b - t_a), 64, 1, P_FLASH);
+        if (!e && (need || p->fl_emit)) e = combine(cl, pg->pos_off, pg->spo_off, base, t_a, t_b - t_a);
     }
     return e;
 }
@@ -565,7 +580,7 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
         if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
     }
     if (!e) e = attention(cl, l, tk, left, bq);
-    if (!e) e = norm(cl, p->att, n, q_dim, -1, 0);
+    if (!e && !p->fl_emit) e = norm(cl, p->att, n, q_dim, -1, 0); /* (else flash_combine left it as o_proj's input) */
     const struct cl_weights *wo = &D->wo;
     if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left);
     if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors), left);
