@@ -11,8 +11,10 @@
          against one copy for all (-DMIX_COPIES=0), float and int8: within 1e-6 (the same sums; PoCL
          gives the same bits).
   compact the scales and biases in every compact form (-DCOMPACT_SCALES=2: two levels, no biases where
-         they follow the scales; asked for, not a default) against the plain ones, in decode and in the prompt
-         kernels, every type: within 1e-6 (the same values; PoCL gives the same bits).
+         they follow the scales; asked for, not a default) against the plain ones, in decode and in the
+         device's prompt kernels (--prefill device, float and int8 inputs: with --prefill auto a CPU device
+         ran the prompts on the CPU, and the check compared nothing of them), every type: within 1e-6 (the
+         same values; PoCL gives the same bits).
   emit   Q3_K and Q6_K (groups of 16, int8 inputs): device prompt logits with o_proj's input left by
          flash_combine (FL_EMIT, the default) and by pf_norm (-DFL_EMIT=0): the same bits.
   chunks the mix with MV_LOCAL_X at 512, below down_proj's 1024 inputs: staged in two chunks (as a 7B's
@@ -116,7 +118,8 @@ with tempfile.TemporaryDirectory() as d:
                 check(0 < e8 <= 1e-3, f"mix: chunked int8 decode vs float: relative RMS {e8:.3e}")
         # compact scales (asked for): the same values, so the same sums, in the
         # decode step (int8 where the device takes it) and in the prompt kernels
-        for what, more in (("decode", ["--int8", "--prefill", "cpu"]), ("prompt", [])):
+        for what, more in (("decode", ["--int8", "--prefill", "cpu"]), ("prompt", ["--prefill", "device"]),
+                           ("int8 prompt", ["--int8", "--prefill", "device"])):
             base_opts = (ask + " ") if ask and what == "decode" else ""
             cs = logits(model, out, *more, "--device", "opencl", opts=base_opts + "-DCOMPACT_SCALES=2")
             ps = logits(model, out, *more, "--device", "opencl", opts=base_opts + "-DCOMPACT_SCALES=0")
