@@ -56,12 +56,12 @@ def rel_rms(a, b):
     return float(np.sqrt(((a.astype(np.float64) - b) ** 2).mean() / (b.astype(np.float64) ** 2).mean()))
 
 
-def logits(model, out, *extra, opts=None):
+def logits(model, out, *extra, opts=None, ids=IDS, last=True):
     env = dict(os.environ)
     if opts:
         env["TLLM_CL_OPTS"] = opts
-    r = subprocess.run([tllm, "logits", "-m", model, "--ids", IDS, "--last", "-o", out, *extra], capture_output=True,
-                       text=True, env=env, timeout=900)
+    r = subprocess.run([tllm, "logits", "-m", model, "--ids", ids, *(["--last"] if last else []), "-o", out, *extra],
+                       capture_output=True, text=True, env=env, timeout=900)
     if r.returncode:
         print(f"tllm logits {' '.join(extra)}: exit {r.returncode}: {r.stderr.strip()[-300:]}", file=sys.stderr)
         return None
@@ -129,13 +129,8 @@ with tempfile.TemporaryDirectory() as d:
                 check(e <= 1e-6, f"{t}: {what} with compact scales vs plain: relative RMS {e:.3e} > 1e-6")
         if t in ("Q3_K", "Q6_K"):  # groups of 16 with int8 inputs: flash_combine's half-block sums (FL_EMIT)
             ids = ",".join(str(i) for i in range(1, 71))  # past a span (64 positions)
-            got = []
-            for opts in ("", "-DFL_EMIT=0"):
-                env = dict(os.environ, TLLM_CL_OPTS=opts)
-                o = os.path.join(d, f"{t}-emit{len(got)}.f32")
-                r = subprocess.run([tllm, "logits", "-m", model, "--ids", ids, "--int8", "--device", "opencl", "--prefill", "device",
-                                    "-o", o], capture_output=True, text=True, env=env, timeout=900)
-                got.append(np.fromfile(o, np.float32) if r.returncode == 0 else None)
+            got = [logits(model, out, "--int8", "--device", "opencl", "--prefill", "device", opts=opts, ids=ids, last=False)
+                   for opts in (None, "-DFL_EMIT=0")]
             if check(got[0] is not None and got[1] is not None, f"{t}: device prompt logits with and without FL_EMIT"):
                 same = bool(np.array_equal(got[0], got[1]))
                 print(f"  {t}: device prompt, o_proj's input from flash_combine vs pf_norm: {'the same bits' if same else 'differ'}")

@@ -277,7 +277,7 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
     }
 }
 
-/* The rows flash_prefill split into spans (position >= FL_SPAN), tokens [t_first, t_first + n_tok) of
+/* The rows flash_prefill split into spans (position >= FL_SPAN), tokens t_first + get_global_id(1) of
  * a step: output element d of head h = sum_z acc_z[d] e^(m_z - m) / sum_z l_z e^(m_z - m), m the largest
  * m_z, the spans z = 0 .. position / FL_SPAN added in order. One work-item an element.
  * emit (FL_EMIT): every row of the tokens, split or finished by flash_prefill (pos_off < 0: none split, a
@@ -287,7 +287,7 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
  * false.) */
 __kernel __attribute__((reqd_work_group_size(FL_COMBINE_LWS, 1, 1))) void
 flash_combine(__global const float *part, __global const int *meta, int pos_off, int spo_off, int part_base, int t_first,
-              int n_tok, int n_heads, __global float *out, int emit, int int8, __global float *xf, __global char *xq,
+              int n_heads, __global float *out, int emit, int int8, __global float *xf, __global char *xq,
               __global float *xd, __global float *xs, int g16, __global float *xh) {
     __local float red[FL_COMBINE_LWS];
     int e = get_global_id(0), t = t_first + get_global_id(1), h = e / HEAD_DIM, d = e % HEAD_DIM, live = h < n_heads;

@@ -485,7 +485,6 @@ static cl_int combine(struct tllm_cl *cl, int pos_off, int spo_off, int base, in
     ARG_INT(&j, spo_off);
     ARG_INT(&j, base);
     ARG_INT(&j, t_a);
-    ARG_INT(&j, n);
     ARG_INT(&j, c->n_heads);
     ARG_MEM(&j, p->att);
     ARG_INT(&j, p->fl_emit);
