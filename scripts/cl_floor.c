@@ -5,8 +5,10 @@
  *   cl_floor [DEVICE_INDEX]        (built as tllm-cl-floor) */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
+#include <CL/cl_ext.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static const char *src =
@@ -17,6 +19,7 @@ static const char *src =
     "  if (get_global_id(0) == n) a0[0] = a1[0] + a2[0] + a3[0] + a4[0] + a5[0] + a6[0] + a7[0] + a8[0] + a9[0] + a10[0] + a11[0];\n"
     "}\n"
     "__kernel void chain(__global int *a) { if (get_global_id(0) == 0) a[0] += 1; }\n"
+    "__kernel void put(__global int *a, int i, int v) { if (get_global_id(0) == 0) a[i] = v; }\n"
     "__kernel void stream(__global const uint4 *w, int n, __global uint *out) {\n"
     "  uint s = 0;\n"
     "  for (int i = get_global_id(0); i < n; i += get_global_size(0)) { uint4 v = w[i]; s += v.x ^ v.y ^ v.z ^ v.w; }\n"
@@ -82,6 +85,78 @@ static double launches(const char *what, cl_kernel k, size_t groups, size_t lws,
     return (t2 - t0) / n;
 }
 
+/* cl_khr_command_buffer: n one-thread increments recorded once, the buffer enqueued `reps` times: the
+ * host's and the device's cost per recorded launch, and whether they ran in order (the count) */
+static void command_buffer(cl_device_id dev, cl_context cx, cl_mem a, cl_kernel k_chain, const char *ext) {
+    if (!strstr(ext, "cl_khr_command_buffer")) {
+        printf("cl_khr_command_buffer: not offered\n");
+        return;
+    }
+    cl_platform_id pl;
+    CHECK(clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof pl, &pl, NULL));
+    clCreateCommandBufferKHR_fn create = (clCreateCommandBufferKHR_fn)clGetExtensionFunctionAddressForPlatform(pl, "clCreateCommandBufferKHR");
+    clCommandNDRangeKernelKHR_fn record = (clCommandNDRangeKernelKHR_fn)clGetExtensionFunctionAddressForPlatform(pl, "clCommandNDRangeKernelKHR");
+    clFinalizeCommandBufferKHR_fn finalize = (clFinalizeCommandBufferKHR_fn)clGetExtensionFunctionAddressForPlatform(pl, "clFinalizeCommandBufferKHR");
+    clEnqueueCommandBufferKHR_fn enqueue = (clEnqueueCommandBufferKHR_fn)clGetExtensionFunctionAddressForPlatform(pl, "clEnqueueCommandBufferKHR");
+    clReleaseCommandBufferKHR_fn release = (clReleaseCommandBufferKHR_fn)clGetExtensionFunctionAddressForPlatform(pl, "clReleaseCommandBufferKHR");
+    if (!create || !record || !finalize || !enqueue || !release) {
+        printf("cl_khr_command_buffer: offered, but its functions are missing\n");
+        return;
+    }
+    (void)cx;
+    cl_int e, zero = 0;
+    CHECK(clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, 64, 0, NULL, NULL));
+    CHECK(clFinish(q));
+    const int n = 250, reps = 40;
+    size_t g = 64, l = 64;
+    double t0 = now();
+    cl_command_buffer_khr cb = create(1, &q, NULL, &e);
+    CHECK(e);
+    for (int i = 0; i < n; i++) CHECK(record(cb, NULL, NULL, k_chain, 1, NULL, &g, &l, 0, NULL, NULL, NULL));
+    CHECK(finalize(cb));
+    double t1 = now();
+    CHECK(enqueue(0, NULL, cb, 0, NULL, NULL));
+    CHECK(clFinish(q));
+    double t2 = now();
+    for (int r = 1; r < reps; r++) {
+        CHECK(enqueue(0, NULL, cb, 0, NULL, NULL));
+        CHECK(clFinish(q));
+    }
+    double t3 = now();
+    int got = 0;
+    CHECK(clEnqueueReadBuffer(q, a, CL_TRUE, 0, sizeof got, &got, 0, NULL, NULL));
+    printf("command buffer of %d increments: recorded in %.2f us a launch; first run %.2f, then %.2f us a launch%s\n", n,
+           (t1 - t0) / n * 1e6, (t2 - t1) / n * 1e6, (t3 - t2) / (reps - 1) / n * 1e6,
+           got == n * reps ? " (in order)" : " (COUNT WRONG: not run in order)");
+    release(cb);
+    /* one kernel object recorded twice with other arguments: each command must keep its own */
+    cl_program pr;
+    CHECK(clGetKernelInfo(k_chain, CL_KERNEL_PROGRAM, sizeof pr, &pr, NULL));
+    cl_kernel k_put = clCreateKernel(pr, "put", &e);
+    CHECK(e);
+    CHECK(clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, 64, 0, NULL, NULL));
+    cb = create(1, &q, NULL, &e);
+    CHECK(e);
+    for (cl_int i = 0; i < 2; i++) {
+        cl_int v = 10 + i;
+        CHECK(clSetKernelArg(k_put, 0, sizeof a, &a));
+        CHECK(clSetKernelArg(k_put, 1, sizeof i, &i));
+        CHECK(clSetKernelArg(k_put, 2, sizeof v, &v));
+        CHECK(record(cb, NULL, NULL, k_put, 1, NULL, &g, &l, 0, NULL, NULL, NULL));
+    }
+    CHECK(finalize(cb));
+    cl_int i9 = 9, v9 = 99; /* set after recording: must not reach the buffer */
+    CHECK(clSetKernelArg(k_put, 1, sizeof i9, &i9));
+    CHECK(clSetKernelArg(k_put, 2, sizeof v9, &v9));
+    CHECK(enqueue(0, NULL, cb, 0, NULL, NULL));
+    cl_int vals[16] = {0};
+    CHECK(clEnqueueReadBuffer(q, a, CL_TRUE, 0, sizeof vals, vals, 0, NULL, NULL));
+    printf("command buffer arguments: %s (a[0] %d, a[1] %d, a[9] %d)\n",
+           vals[0] == 10 && vals[1] == 11 && vals[9] == 0 ? "each command keeps its own" : "NOT KEPT PER COMMAND", vals[0], vals[1], vals[9]);
+    release(cb);
+    clReleaseKernel(k_put);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     int want = argc > 1 ? atoi(argv[1]) : -1; /* default: the first GPU, else the first device */
@@ -116,7 +191,11 @@ int main(int argc, char **argv) {
     clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
     cl_device_type type = 0;
     clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
-    printf("device: %s, %u compute units\n", name, cus);
+    char version[256], driver[256], ext[8192];
+    clGetDeviceInfo(dev, CL_DEVICE_VERSION, sizeof version, version, NULL);
+    clGetDeviceInfo(dev, CL_DRIVER_VERSION, sizeof driver, driver, NULL);
+    if (clGetDeviceInfo(dev, CL_DEVICE_EXTENSIONS, sizeof ext, ext, NULL)) ext[0] = 0;
+    printf("device: %s, %u compute units, %s, driver %s\nextensions: %s\n", name, cus, version, driver, ext);
     cl_int e;
     cl_context cx = clCreateContext(NULL, 1, &dev, NULL, NULL, &e);
     CHECK(e);
@@ -174,6 +253,7 @@ int main(int argc, char **argv) {
                "12 buffers, an int set per launch", g / l, l, (t1 - t0) / n * 1e6, (now() - t0) / n * 1e6);
     }
     clReleaseKernel(k_many);
+    command_buffer(dev, cx, a, k_chain, ext);
     /* the decode matrices: 896x896 / 896x1152 (0.45-0.6 MB), gate+up 4.4 MB, lm_head 77 MB (here 64) */
     size_t sizes[] = {512u << 10, 4480u << 10, 64u << 20};
     for (int i = 0; i < 3; i++) {

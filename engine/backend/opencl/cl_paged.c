@@ -117,7 +117,19 @@ int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits
     memcpy(m + n, pos, (size_t)n * sizeof *m);
     for (int t = 0; t < n; t++)
         m[2 * n + t] = kv->seqs[seq[t]].blocks[pos[t] / TLLM_KV_BLOCK] * TLLM_KV_BLOCK + pos[t] % TLLM_KV_BLOCK;
-    size_t tab = (size_t)pg.grp_off + 4 * (size_t)n_grp;
+    /* the block tables last, so a step's offsets do not move as its tables grow (the same launch
+     * arguments step after step) */
+    pg.spo_off = pg.grp_off + 4 * n_grp, pg.max_pos = 0;
+    for (int t = 0, sum = 0; t <= n; t++) { /* the rows flash_prefill splits into spans, and their spans */
+        m[pg.spo_off + t] = sum;
+        if (t == n) break;
+        sum += pos[t] >= span ? pos[t] / span + 1 : 0;
+        pg.max_pos = pos[t] > pg.max_pos ? pos[t] : pg.max_pos;
+    }
+    int rows_off = pg.spo_off + n + 1, n_out = 0;
+    for (int t = 0; out && (logits || argmax) && t < n; t++)
+        if (out[t]) m[rows_off + n_out++] = t;
+    size_t tab = (size_t)rows_off + (size_t)n_out;
     for (int t = 0; t < n; t = t1) {
         for (t1 = t; t1 < n && seq[t1] == seq[t]; t1++) {}
         const struct tllm_kv_seq *s = &kv->seqs[seq[t]];
@@ -129,18 +141,8 @@ int tllm_cl_batch(struct tllm_cl *cl, const struct tllm_batch *bt, float *logits
         memcpy(m + tab, s->blocks, (size_t)nb * sizeof *m);
         tab += (size_t)nb;
     }
-    pg.spo_off = (int)tab, pg.max_pos = 0;
-    for (int t = 0, sum = 0; t <= n; t++) { /* the rows flash_prefill splits into spans, and their spans */
-        m[pg.spo_off + t] = sum;
-        if (t == n) break;
-        sum += pos[t] >= span ? pos[t] / span + 1 : 0;
-        pg.max_pos = pos[t] > pg.max_pos ? pos[t] : pg.max_pos;
-    }
-    int rows_off = pg.spo_off + n + 1, n_out = 0;
-    for (int t = 0; out && (logits || argmax) && t < n; t++)
-        if (out[t]) m[rows_off + n_out++] = t;
     if ((rc = copy_blocks(cl))) return rc;
-    struct cl_tokens tk = {.n = n, .n_meta = rows_off + n_out, .meta = m, .pages = &pg, .rows_off = rows_off, .n_out = n_out,
+    struct cl_tokens tk = {.n = n, .n_meta = (int)tab, .meta = m, .pages = &pg, .rows_off = rows_off, .n_out = n_out,
                            .logits = logits, .argmax = argmax, .want_logits = logits && argmax ? bt->want_logits : NULL,
                            .mask = argmax ? bt->mask : NULL, .allow = bt->allow, .fill_masks = argmax ? bt->fill_masks : NULL,
                            .user = bt->user};

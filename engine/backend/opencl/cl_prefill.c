@@ -80,6 +80,9 @@ struct cl_prefill {
     long prof_n[P_COUNT], chunks, tokens;
     cl_event *ev;
     int *ev_kind, n_ev, cap_ev, launches; /* launches: the last chunk's */
+    /* TLLM_CL_PROFILE=host: a step's host time queueing (of it, in clEnqueueNDRangeKernel) and waiting */
+    double host_queue_s, host_enq_s, host_wait_s;
+    long host_steps, host_launches;
 };
 
 static int wide(const struct tllm_config *c) {
@@ -114,6 +117,13 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
             if (p->prof_n[k])
                 fprintf(stderr, "  %-16s %5ld launches %9.3f ms %5.1f%%\n", p_names[k], p->prof_n[k], p->prof_ns[k] / 1e6,
                         100.0 * p->prof_ns[k] / (total > 0 ? total : 1));
+    }
+    if (cl->host_times && p->host_steps) {
+        double n = (double)p->host_steps;
+        fprintf(stderr, "opencl steps' host time, %s: %ld steps, %.1f launches a step; per step %.1f us queueing (%.1f us of it "
+                        "in clEnqueueNDRangeKernel), then %.1f us waiting\n",
+                cl->name, p->host_steps, p->host_launches / n, p->host_queue_s / n * 1e6, p->host_enq_s / n * 1e6,
+                p->host_wait_s / n * 1e6);
     }
     free(p->ev);
     free(p->ev_kind);
@@ -288,7 +298,12 @@ static cl_int run3(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t
         p->ev_kind[p->n_ev] = kind;
         ev = &p->ev[p->n_ev++];
     }
-    return clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
+    if (!cl->host_times) return clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
+    double t0 = tllm_now();
+    cl_int e = clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
+    p->host_enq_s += tllm_now() - t0;
+    p->host_launches++;
+    return e;
 }
 
 static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1, int kind) {
@@ -737,7 +752,7 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
     if ((rc = reserve(cl, tk->n)) || (rc = room(cl, &p->meta, &p->cap_meta, (size_t)tk->n_meta, "a step's tables"))) return rc;
     if (tk->mask && tk->argmax && tk->n_out && (rc = upload_masks(cl, tk))) return rc;
-    double t0 = cl->profile ? tllm_now() : 0;
+    double t0 = cl->profile || cl->host_times ? tllm_now() : 0;
     struct mask_job job = {.tk = tk0};
     pthread_t helper;
     int masks_later = tk->fill_masks && tk->argmax && tk->n_out, helped = masks_later && !pthread_create(&helper, NULL, mask_job_run, &job);
@@ -771,7 +786,13 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
         }
     }
     if (!e && tk->n_out) e = outputs(cl, tk);
+    double t1 = cl->host_times ? tllm_now() : 0;
     if (!e) e = clFinish(cl->q); /* also: meta's host copy is read */
+    if (cl->host_times) {
+        p->host_queue_s += t1 - t0;
+        p->host_wait_s += tllm_now() - t1;
+        p->host_steps++;
+    }
     p->fixed_n = 0;
     if (cl->profile) {
         p->tokens += tk->n;
