@@ -139,6 +139,19 @@ inline float gemm_in_bias(__global const float *y, __global const float *part, i
 #define GEMM_Q8_PASS                                                                                        \
     WPASS(0), WPASS(1), WPASS(2), rows_a, rows_ab, rows, cols, n_tok, xq, xd, xsum, xh, vecs, bias_off, y, y_off, ldy, \
         add, part, k_len
+/* ... as a kernel takes them: the weights in one buffer (WOFF), the input's int8 codes, block scales, block
+ * sums and half-block sums in another (io) at byte offsets; GEMM_Q8_OPEN makes the pointers */
+#define GEMM_Q8_KARGS                                                                                       \
+    __global const uchar *A, WOFF(0), WOFF(1), WOFF(2), int rows_a, int rows_ab, int rows, int cols, int n_tok,  \
+        __global const uchar *io, ulong xq_o, ulong xd_o, ulong xs_o, ulong xh_o, __global const float *vecs,     \
+        int bias_off, __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS
+#define GEMM_Q8_OPEN                                                                                        \
+    WAT(A, 0);                                                                                              \
+    WAT(A, 1);                                                                                              \
+    WAT(A, 2);                                                                                              \
+    __global const char *xq = (__global const char *)(io + xq_o);                                           \
+    __global const float *xd = (__global const float *)(io + xd_o), *xsum = (__global const float *)(io + xs_o), \
+                         *xh = (__global const float *)(io + xh_o)
 
 /* The body of gemm_q8 (lv levels: 1 or 2; nh terms a block of 32: 1, or 2 for weight groups of 16, a
  * term a half block with its own scale, bias and input sum (xh); constants in each kernel, so the
@@ -217,8 +230,9 @@ inline void gemm_q8_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local uint
     __local float Asc[2 * (nh)][GEMM_TM], Abi[2 * (nh)][GEMM_TM], Bd[2][GEMM_TN], Bsum[2 * (nh)][GEMM_TN]
 /* gemm_q8 in lv levels, for weights in groups of 32 or more (nh 1) or of 16 (nh 2) */
 #define GEMM_Q8_KERNEL(name, lv, nh)                                                                        \
-    __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void name(GEMM_Q8_ARGS) {              \
+    __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void name(GEMM_Q8_KARGS) {             \
         GEMM_Q8_LOCALS((lv) == 2 ? GEMM_TN : 1, nh);                                                         \
+        GEMM_Q8_OPEN;                                                                                        \
         gemm_q8_tiles(GEMM_Q8_PASS, lv, nh, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                               \
     }
 GEMM_Q8_KERNEL(gemm_q8, 1, 1)
@@ -238,9 +252,14 @@ inline float w_at(WARGS(0), int cols, int r, int k) {
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
-gemm_f(WARGS(0), GEMM_STACK_ARGS, int rows, int cols, int n_tok, __global const float *x, __global const float *vecs,
-       int bias_off, __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS) {
+gemm_f(__global const uchar *A, WOFF(0), WOFF(1), WOFF(2), int rows_a, int rows_ab, int rows, int cols, int n_tok,
+       __global const uchar *io, ulong x_o, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
+       int add, GEMM_SPLIT_ARGS) {
     __local float As[GEMM_TM][GEMM_FK + 1], Bs[GEMM_TN][GEMM_FK + 1];
+    WAT(A, 0);
+    WAT(A, 1);
+    WAT(A, 2);
+    __global const float *x = (__global const float *)(io + x_o);
     int tx = get_local_id(0), ty = get_local_id(1), lid = ty * GEMM_T + tx;
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;
     GEMM_PICK(r0, wr0, wrows);
@@ -466,8 +485,9 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local 
         Bs2[n2] __attribute__((aligned(16)));                                                               \
     __local float Asc[2 * (nh)][MMA_TM], Abi[2 * (nh)][MMA_TM], Bd[2][MMA_TN], Bsum[2 * (nh)][MMA_TN]
 #define MMA_KERNEL(name, lv, nh)                                                                            \
-    __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void name(GEMM_Q8_ARGS) {                 \
+    __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void name(GEMM_Q8_KARGS) {                \
         MMA_LOCALS((lv) == 2 ? MMA_TN * MMA_KS : 4, nh);                                                     \
+        GEMM_Q8_OPEN;                                                                                        \
         gemm_q8_mma_tiles(GEMM_Q8_PASS, lv, nh, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                           \
     }
 MMA_KERNEL(gemm_q8_mma, 1, 1)

@@ -124,12 +124,14 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local 
     if (sr < tr && r < rows && st < n_tok) gemm_put(acc, r, st, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
 }
 
-__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few(GEMM_Q8_ARGS, int unit, int tr) {
+__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few(GEMM_Q8_KARGS, int unit, int tr) {
     __local float T[FEW_LWS * FEW_TN];
+    GEMM_Q8_OPEN;
     gemm_few_body(GEMM_Q8_PASS, 1, unit, tr, T);
 }
 
-__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few_2(GEMM_Q8_ARGS, int unit, int tr) {
+__kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few_2(GEMM_Q8_KARGS, int unit, int tr) {
     __local float T[FEW_LWS * FEW_TN];
+    GEMM_Q8_OPEN;
     gemm_few_body(GEMM_Q8_PASS, 2, unit, tr, T);
 }

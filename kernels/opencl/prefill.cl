@@ -48,6 +48,15 @@ __kernel void prefill_tunables(__global int *out) {
     out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT;
 }
 
+/* Where pf_norm, pf_swiglu and flash_combine leave a GEMM's input: one buffer (io) at byte offsets,
+ * floats (xf) or int8 codes (xq) at one, block scales, block sums and half-block sums at the others (one
+ * buffer argument, not five: see WOFF in weights.cl); MM_OUT_OPEN makes the pointers */
+#define MM_OUT_ARGS int int8, __global uchar *io, ulong x_o, ulong xd_o, ulong xs_o, int g16, ulong xh_o
+#define MM_OUT_OPEN                                                                                         \
+    __global float *xf = (__global float *)(io + x_o), *xd = (__global float *)(io + xd_o);                 \
+    __global float *xs = (__global float *)(io + xs_o), *xh = (__global float *)(io + xh_o);                \
+    __global char *xq = (__global char *)(io + x_o)
+
 /* Element j of token t (the work-item's), v, as a GEMM's input: a float (int8 0), or quantized with the 31
  * work-items beside it (its block of 32) in int8 levels of one or two (int8 1 or 2; the host's choice,
  * uniform). Level one is q = rint(v / d), d = max|x| / 127; level two q2 = rint((v - q d) 128 / d)
@@ -87,9 +96,9 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
  * added to the row first (gemm_reduce's arithmetic), and the row written back. */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
 pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, int cols, __global const float *vecs,
-        int norm_off, float eps, __global const float *part, int n_split, int n_tok, int int8, __global float *xf,
-        __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh) {
+        int norm_off, float eps, __global const float *part, int n_split, int n_tok, MM_OUT_ARGS) {
     __local float red[PF_LWS];
+    MM_OUT_OPEN;
     int t = get_group_id(0), lid = get_local_id(0);
     __global float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
     for (int j = lid; n_split > 1 && j < cols; j += PF_LWS) row[j] += gemm_slices(part, n_split, n_tok, cols, t, j);
@@ -109,9 +118,9 @@ pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, in
 /* h = [gate | up] ([n_tok][2 ffn], or its slices: gemm_in): silu(gate) * up as down_proj's input; one
  * work-item an element */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
-pf_swiglu(__global const float *h, int ffn, __global const float *part, int n_split, int n_tok, int int8, __global float *xf,
-          __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh) {
+pf_swiglu(__global const float *h, int ffn, __global const float *part, int n_split, int n_tok, MM_OUT_ARGS) {
     __local float red[PF_LWS];
+    MM_OUT_OPEN;
     int j = get_global_id(0), t = get_global_id(1), live = j < ffn;
     float g = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, j) : 0.0f;
     float u = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, ffn + j) : 0.0f;
@@ -287,9 +296,9 @@ flash_prefill(__global const float *q, __global const float *kc, __global const 
  * false.) */
 __kernel __attribute__((reqd_work_group_size(FL_COMBINE_LWS, 1, 1))) void
 flash_combine(__global const float *part, __global const int *meta, int pos_off, int spo_off, int part_base, int t_first,
-              int n_heads, __global float *out, int emit, int int8, __global float *xf, __global char *xq,
-              __global float *xd, __global float *xs, int g16, __global float *xh) {
+              int n_heads, __global float *out, int emit, MM_OUT_ARGS) {
     __local float red[FL_COMBINE_LWS];
+    MM_OUT_OPEN;
     int e = get_global_id(0), t = t_first + get_global_id(1), h = e / HEAD_DIM, d = e % HEAD_DIM, live = h < n_heads;
     int n_sp = pos_off >= 0 ? meta[pos_off + t] / FL_SPAN + 1 : 1;
     if (n_sp == 1 && !(FL_EMIT && emit)) return; /* flash_prefill finished it (all of the work-group: one token) */

@@ -16,9 +16,11 @@
 #define MAX_DEVICES 64
 
 struct cl_weights {
-    cl_mem w, s, b; /* codes (or dense values), scales, biases: sub-buffers of the arena, or own buffers */
+    cl_mem w, s, b; /* codes (or dense values), scales, biases: sub-buffers of base */
+    cl_mem base;    /* the arena, or (no arena) a buffer of the matrix's own, which the GEMMs read at off */
+    int own_base;
     int rows, cols, bits, gs, dt;
-    size_t off[3], len[3]; /* where w, s, b lie in the arena (s and b alias w when dense) */
+    size_t off[3], len[3]; /* where w, s, b lie in base (s and b alias w when dense) */
 };
 
 /* The scales and biases of an affine matrix as the device reads them (`ld_s`, `ld_b` in
@@ -151,10 +153,20 @@ static inline void bind_arg(struct args *a, size_t size, const void *v) {
 #define ARG_MEM(a, m) bind_arg(a, sizeof(cl_mem), &(m))
 #define ARG_INT(a, v) do { cl_int v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
 #define ARG_F32(a, v) do { cl_float v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
+#define ARG_U64(a, v) do { cl_ulong v_ = (v); bind_arg(a, sizeof v_, &v_); } while (0)
 static inline void arg_weights(struct args *a, const struct cl_weights *w) {
     ARG_MEM(a, w->w);
     ARG_MEM(a, w->s);
     ARG_MEM(a, w->b);
+    ARG_INT(a, w->bits);
+    ARG_INT(a, w->gs);
+    ARG_INT(a, w->dt);
+}
+/* The same as offsets into w->base (WOFF in kernels/opencl/weights.cl), which the caller passes once */
+static inline void arg_woff(struct args *a, const struct cl_weights *w) {
+    ARG_U64(a, w->off[0]);
+    ARG_U64(a, w->off[1]);
+    ARG_U64(a, w->off[2]);
     ARG_INT(a, w->bits);
     ARG_INT(a, w->gs);
     ARG_INT(a, w->dt);

@@ -45,8 +45,11 @@ struct pf_mm {
     int half;            /* int8 inputs also leave each half block's sum (xh): some weights have groups of 16 */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
     int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
-    cl_mem in, xd, xs;   /* [tokens][cols] floats or int8, and per block of 32 d and sum */
-    cl_mem xh;           /* [tokens][cols / 16] with half: per half block d x its sum */
+    /* one buffer (a buffer argument, not four: WOFF in kernels/opencl/weights.cl) at byte offsets: [tokens][cols]
+     * floats or int8 (in), per block of 32 d (xd) and sum (xs), [tokens][cols / 16] with half: per half block d
+     * x its sum (xh; else xs again) */
+    cl_mem io;
+    size_t o_in, o_xd, o_xs, o_xh;
     cl_mem part;         /* split-K slices of the sums */
     size_t part_floats;  /* part's size */
     int split;           /* TLLM_CL_SPLIT (tests): slices wherever there are the steps; 0: the device's choice */
@@ -131,8 +134,8 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
                       p->rope,   p->flash,  p->combine,    p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
-    cl_mem bs[] = {p->spans, p->meta, p->amax,  p->x,    p->mm.in,   p->mm.xd, p->mm.xs, p->mm.xh,
-                   p->qkv,   p->q,    p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask};
+    cl_mem bs[] = {p->spans, p->meta, p->amax, p->x,        p->mm.io,  p->qkv,  p->q,
+                   p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -252,6 +255,18 @@ static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
     return most;
 }
 
+/* Lays out mm's input buffer for n tokens of cols inputs (mm->o_*); its size in bytes */
+static size_t mm_io_size(struct pf_mm *mm, size_t n, size_t cols) {
+    size_t at = 0, lens[4] = {n * cols * 4, n * cols / 32 * 4, n * cols / 32 * 4, mm->half ? n * cols / 16 * 4 : 0};
+    size_t *offs[4] = {&mm->o_in, &mm->o_xd, &mm->o_xs, &mm->o_xh};
+    for (int i = 0; i < 4; i++) {
+        *offs[i] = at;
+        at = (at + lens[i] + 255) / 256 * 256; /* each part on its own lines */
+    }
+    if (!mm->half) mm->o_xh = mm->o_xs; /* (unread) */
+    return at;
+}
+
 /* Room for steps of n tokens */
 static int reserve(struct tllm_cl *cl, int n) {
     struct cl_prefill *p = cl->pf;
@@ -262,14 +277,13 @@ static int reserve(struct tllm_cl *cl, int n) {
     part_tok = fixed > part_tok ? fixed : part_tok;
     if (n <= p->cap && part_tok * p->cap <= p->mm.part_floats) return TLLM_OK;
     n = n > p->cap ? n : p->cap;
-    cl_mem *bs[] = {&p->amax, &p->x, &p->mm.in, &p->mm.xd, &p->mm.xs, &p->mm.xh, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
+    cl_mem *bs[] = {&p->amax, &p->x, &p->mm.io, &p->qkv, &p->q, &p->att, &p->h, &p->mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[] = {N * 4, N * c->dim * 4, N * wide(c) * 4, N * wide(c) / 32 * 4, N * wide(c) / 32 * 4,
-                      p->mm.half ? N * wide(c) / 16 * 4 : 4, N * (q_dim + 2 * kv_dim) * 4, N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4,
-                      part_tok * N * 4};
+    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_size(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
+                      N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4, part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
         if (rc) return rc;
@@ -343,20 +357,21 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
     cl_kernel k = few ? mm->few : g16 ? mm->k16 : mm->k;
     struct args a = {k, 0, CL_SUCCESS};
-    arg_weights(&a, w);
-    arg_weights(&a, ws[n_w > 1]);
-    arg_weights(&a, ws[n_w > 2 ? 2 : 0]);
+    ARG_MEM(&a, w->base); /* every matrix of a stack's (stackable) */
+    arg_woff(&a, w);
+    arg_woff(&a, ws[n_w > 1]);
+    arg_woff(&a, ws[n_w > 2 ? 2 : 0]);
     ARG_INT(&a, rows_a);
     ARG_INT(&a, rows_ab);
     ARG_INT(&a, rows);
     ARG_INT(&a, w->cols);
     ARG_INT(&a, n);
-    ARG_MEM(&a, mm->in);
+    ARG_MEM(&a, mm->io);
+    ARG_U64(&a, mm->o_in);
     if (mm->int8) {
-        ARG_MEM(&a, mm->xd);
-        ARG_MEM(&a, mm->xs);
-        cl_mem xh = mm->half ? mm->xh : mm->xs; /* (unread without groups of 16) */
-        ARG_MEM(&a, xh);
+        ARG_U64(&a, mm->o_xd);
+        ARG_U64(&a, mm->o_xs);
+        ARG_U64(&a, mm->o_xh);
     }
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
@@ -404,10 +419,11 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
     return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL);
 }
 
-/* Whether matrices can be one GEMM launch (mm_run): one format, and each but the last whole tiles of rows */
+/* Whether matrices can be one GEMM launch (mm_run): one buffer, one format, and each but the last whole
+ * tiles of rows */
 static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w) {
     for (int i = 0; i < n_w; i++)
-        if (ws[i]->bits != ws[0]->bits || ws[i]->gs != ws[0]->gs || ws[i]->dt != ws[0]->dt || ws[i]->cols != ws[0]->cols ||
+        if (ws[i]->base != ws[0]->base || ws[i]->bits != ws[0]->bits || ws[i]->gs != ws[0]->gs || ws[i]->dt != ws[0]->dt || ws[i]->cols != ws[0]->cols ||
             (i + 1 < n_w && ws[i]->rows % mm->tm))
             return 0;
     return 1;
@@ -416,13 +432,12 @@ static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws,
 /* The last arguments of pf_norm and pf_swiglu: where they leave mm's input */
 static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
     ARG_INT(a, mm->int8);
-    ARG_MEM(a, mm->in); /* floats */
-    ARG_MEM(a, mm->in); /* or int8 */
-    ARG_MEM(a, mm->xd);
-    ARG_MEM(a, mm->xs);
-    cl_mem xh = mm->half ? mm->xh : mm->xs; /* (unwritten without groups of 16) */
+    ARG_MEM(a, mm->io);
+    ARG_U64(a, mm->o_in); /* floats or int8 */
+    ARG_U64(a, mm->o_xd);
+    ARG_U64(a, mm->o_xs);
     ARG_INT(a, mm->half);
-    ARG_MEM(a, xh);
+    ARG_U64(a, mm->o_xh);
 }
 
 /* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
@@ -857,10 +872,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     cl_mem xb = NULL, yb = NULL;
     rc = mm_kernel(cl, &mm, int8);
     if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.in, N * cols * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xd, N * cols / 32 * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xs, N * cols / 32 * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.xh, N * cols / 16 * 4, "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_size(&mm, N, cols), "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
@@ -880,7 +892,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
     }
     tllm_cl_release_weights(&cw);
-    cl_mem bs[] = {xb, yb, mm.in, mm.xd, mm.xs, mm.xh, mm.part};
+    cl_mem bs[] = {xb, yb, mm.io, mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     if (mm.k) clReleaseKernel(mm.k);

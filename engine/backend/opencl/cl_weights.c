@@ -210,35 +210,60 @@ static int arena_write(struct tllm_cl *cl, const struct tllm_qweights *w, const 
     return TLLM_OK;
 }
 
-/* The kernels' view of cw: sub-buffers of the arena, or (no arena) buffers of their own. */
+/* The kernels' view of cw: sub-buffers of the arena, or (no arena) of a buffer of its own. */
+static int views(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw);
 static int weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw);
 
 static int weight_buffers(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw) {
     if (!cl->arena) return weights_own(cl, w, f, cw);
+    cw->base = cl->arena, cw->own_base = 0;
+    return views(cl, w, f, cw);
+}
+
+/* cw's w, s and b as views of its base at off (dense: s and b are w again; no biases: b is s again) */
+static int views(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw) {
     cl_mem *out[3] = {&cw->w, &cw->s, &cw->b};
     for (int i = 0; i < 3; i++) {
-        if (i == 2 && cw->bits && !f->b) { /* no biases: the scales' view in their place (never read as biases). Not a
-                                            * second view over the same bytes: NVIDIA's driver crashed at exit after
-                                            * kernels had taken two overlapping ones */
-            cw->b = cw->s;
-            CL_TRY(clRetainMemObject(cw->s));
+        if (i && (!cw->bits || (i == 2 && !f->b))) { /* placeholders: the view before in their place (never read as
+                                                       * such). Not a second view over the same bytes: NVIDIA's
+                                                       * driver crashed at exit after kernels had taken two
+                                                       * overlapping ones */
+            *out[i] = *out[i - 1];
+            CL_TRY(clRetainMemObject(*out[i]));
             continue;
         }
         cl_buffer_region r = {cw->off[i], cw->len[i]};
         cl_int e;
-        *out[i] = clCreateSubBuffer(cl->arena, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &r, &e);
+        *out[i] = clCreateSubBuffer(cw->base, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &r, &e);
         if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: a view of %s on %s: %s", w->name, cl->name, tllm_cl_err_name(e));
     }
     return TLLM_OK;
 }
 
+/* One buffer of w's own holding its codes, scales and biases, as the arena would (plan_weights) */
 static int weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, const struct cl_form *f, struct cl_weights *cw) {
     memset(cw, 0, sizeof *cw);
     int rc = weight_lens(w, f, cw);
-    if (!rc) rc = tllm_cl_upload(cl, &cw->w, w->w, cw->len[0], w->name);
-    if (!rc) rc = tllm_cl_upload(cl, &cw->s, cw->bits ? f->s : w->w, cw->len[1], w->name); /* dense: placeholders */
-    if (!rc) rc = tllm_cl_upload(cl, &cw->b, cw->bits ? f->b ? f->b : f->s : w->w, cw->len[2], w->name);
-    return rc;
+    if (rc) return rc;
+    const void *src[3] = {w->w, cw->bits ? f->s : NULL, cw->bits ? f->b : NULL};
+    size_t size = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!src[i]) { /* placeholders */
+            cw->off[i] = cw->off[i - 1];
+            continue;
+        }
+        cw->off[i] = (size + cl->arena_align - 1) / cl->arena_align * cl->arena_align;
+        size = cw->off[i] + cw->len[i];
+    }
+    cl_int e;
+    cw->base = clCreateBuffer(cl->cx, CL_MEM_READ_ONLY, size, NULL, &e);
+    if (e != CL_SUCCESS)
+        return tllm_fail(TLLM_ERR_NOMEM, "opencl: uploading %s (%zu bytes) to %s: %s", w->name, size, cl->name, tllm_cl_err_name(e));
+    cw->own_base = 1;
+    for (int i = 0; i < 3; i++)
+        if (src[i] && (e = clEnqueueWriteBuffer(cl->q, cw->base, CL_TRUE, cw->off[i], cw->len[i], src[i], 0, NULL, NULL)))
+            return tllm_fail(TLLM_ERR_IO, "opencl: uploading %s to %s: %s", w->name, cl->name, tllm_cl_err_name(e));
+    return views(cl, w, f, cw);
 }
 
 int tllm_cl_weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, struct cl_weights *cw) {
@@ -308,6 +333,7 @@ void tllm_cl_release_weights(struct cl_weights *cw) {
     if (cw->w) clReleaseMemObject(cw->w);
     if (cw->s) clReleaseMemObject(cw->s);
     if (cw->b) clReleaseMemObject(cw->b);
+    if (cw->own_base && cw->base) clReleaseMemObject(cw->base);
 }
 
 int tllm_cl_device_buffer(struct tllm_cl *cl, cl_mem *out, size_t n, const char *what) {
