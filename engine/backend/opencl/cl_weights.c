@@ -248,7 +248,7 @@ static int weights_own(struct tllm_cl *cl, const struct tllm_qweights *w, const 
     const void *src[3] = {w->w, cw->bits ? f->s : NULL, cw->bits ? f->b : NULL};
     size_t size = 0;
     for (int i = 0; i < 3; i++) {
-        if (!src[i]) { /* placeholders */
+        if (i && !src[i]) { /* placeholders (the codes are always there) */
             cw->off[i] = cw->off[i - 1];
             continue;
         }
