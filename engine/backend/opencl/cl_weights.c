@@ -284,7 +284,7 @@ void tllm_cl_mat(struct tllm_cl *cl, int i, const struct tllm_qweights **w, stru
 }
 
 /* Uploads every weight once: into one arena buffer where the device allows a buffer that large (and
- * offsets fit the table's 16-byte units), else one buffer per piece (no persistent kernel then). */
+ * offsets fit the table's 16-byte units), else one buffer per matrix (no persistent kernel then). */
 int tllm_cl_upload_all_weights(struct tllm_cl *cl) {
     cl_uint align_bits = 0;
     cl_ulong max_alloc = 0;
@@ -299,7 +299,8 @@ int tllm_cl_upload_all_weights(struct tllm_cl *cl) {
         int rc = plan_weights(cl, w, &cl->forms[i], cw, i == 1 ? &cl->mats[0] : NULL, &cl->embed);
         if (rc) return rc;
     }
-    if (cl->arena_size <= max_alloc && cl->arena_size / 16 < 0x7fffffff) {
+    const char *arena = getenv("TLLM_CL_ARENA"); /* 0: a buffer per matrix, as when the arena is too large (tests) */
+    if (cl->arena_size <= max_alloc && cl->arena_size / 16 < 0x7fffffff && !(arena && !strcmp(arena, "0"))) {
         cl_int e;
         cl->arena = clCreateBuffer(cl->cx, CL_MEM_READ_ONLY, cl->arena_size, NULL, &e);
         if (e != CL_SUCCESS) cl->arena = NULL; /* too large at once after all: a buffer per piece */
