@@ -423,8 +423,8 @@ static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bi
  * tiles of rows */
 static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w) {
     for (int i = 0; i < n_w; i++)
-        if (ws[i]->base != ws[0]->base || ws[i]->bits != ws[0]->bits || ws[i]->gs != ws[0]->gs || ws[i]->dt != ws[0]->dt || ws[i]->cols != ws[0]->cols ||
-            (i + 1 < n_w && ws[i]->rows % mm->tm))
+        if (ws[i]->base != ws[0]->base || ws[i]->bits != ws[0]->bits || ws[i]->gs != ws[0]->gs || ws[i]->dt != ws[0]->dt ||
+            ws[i]->cols != ws[0]->cols || (i + 1 < n_w && ws[i]->rows % mm->tm))
             return 0;
     return 1;
 }

@@ -303,7 +303,7 @@ int tllm_cl_upload_all_weights(struct tllm_cl *cl) {
     if (cl->arena_size <= max_alloc && cl->arena_size / 16 < 0x7fffffff && !(arena && !strcmp(arena, "0"))) {
         cl_int e;
         cl->arena = clCreateBuffer(cl->cx, CL_MEM_READ_ONLY, cl->arena_size, NULL, &e);
-        if (e != CL_SUCCESS) cl->arena = NULL; /* too large at once after all: a buffer per piece */
+        if (e != CL_SUCCESS) cl->arena = NULL; /* too large at once after all: a buffer per matrix */
     }
     for (int i = 0; i < n; i++) {
         const struct tllm_qweights *w;
