@@ -87,7 +87,7 @@ static double launches(const char *what, cl_kernel k, size_t groups, size_t lws,
 
 /* cl_khr_command_buffer: n one-thread increments recorded once, the buffer enqueued `reps` times: the
  * host's and the device's cost per recorded launch, and whether they ran in order (the count) */
-static void command_buffer(cl_device_id dev, cl_context cx, cl_mem a, cl_kernel k_chain, const char *ext) {
+static void command_buffer(cl_device_id dev, cl_mem a, cl_kernel k_chain, const char *ext) {
     if (!strstr(ext, "cl_khr_command_buffer")) {
         printf("cl_khr_command_buffer: not offered\n");
         return;
@@ -103,7 +103,6 @@ static void command_buffer(cl_device_id dev, cl_context cx, cl_mem a, cl_kernel 
         printf("cl_khr_command_buffer: offered, but its functions are missing\n");
         return;
     }
-    (void)cx;
     cl_int e, zero = 0;
     CHECK(clEnqueueFillBuffer(q, a, &zero, sizeof zero, 0, 64, 0, NULL, NULL));
     CHECK(clFinish(q));
@@ -253,7 +252,7 @@ int main(int argc, char **argv) {
                "12 buffers, an int set per launch", g / l, l, (t1 - t0) / n * 1e6, (now() - t0) / n * 1e6);
     }
     clReleaseKernel(k_many);
-    command_buffer(dev, cx, a, k_chain, ext);
+    command_buffer(dev, a, k_chain, ext);
     /* the decode matrices: 896x896 / 896x1152 (0.45-0.6 MB), gate+up 4.4 MB, lm_head 77 MB (here 64) */
     size_t sizes[] = {512u << 10, 4480u << 10, 64u << 20};
     for (int i = 0; i < 3; i++) {

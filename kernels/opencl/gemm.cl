@@ -90,6 +90,12 @@ inline void gemm_put(float acc, int r, int t, int rows, __global const float *ve
  * GEMM_PICK makes W0, S0, B0 the tile's matrix, wr0 the tile's first row in it and wrows its rows;
  * the output rows stay counted over the stack. */
 #define GEMM_STACK_ARGS WARGS(1), WARGS(2), int rows_a, int rows_ab
+/* The stack as a kernel takes it: one buffer A at byte offsets (WOFF), GEMM_STACK_OPEN making the pointers */
+#define GEMM_STACK_KARGS __global const uchar *A, WOFF(0), WOFF(1), WOFF(2), int rows_a, int rows_ab
+#define GEMM_STACK_OPEN                                                                                 \
+    WAT(A, 0);                                                                                          \
+    WAT(A, 1);                                                                                          \
+    WAT(A, 2)
 #define GEMM_PICK(r0, wr0, wrows)                                                                       \
     int wr0 = r0, wrows = rows_a;                                                                       \
     if (r0 >= rows_ab) W0 = W2, S0 = S2, B0 = B2, wr0 = r0 - rows_ab, wrows = rows - rows_ab;          \
@@ -142,13 +148,11 @@ inline float gemm_in_bias(__global const float *y, __global const float *part, i
 /* ... as a kernel takes them: the weights in one buffer (WOFF), the input's int8 codes, block scales, block
  * sums and half-block sums in another (io) at byte offsets; GEMM_Q8_OPEN makes the pointers */
 #define GEMM_Q8_KARGS                                                                                       \
-    __global const uchar *A, WOFF(0), WOFF(1), WOFF(2), int rows_a, int rows_ab, int rows, int cols, int n_tok,  \
-        __global const uchar *io, ulong xq_o, ulong xd_o, ulong xs_o, ulong xh_o, __global const float *vecs,     \
-        int bias_off, __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS
+    GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io, ulong xq_o, ulong xd_o, ulong xs_o, \
+        ulong xh_o, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy, int add,      \
+        GEMM_SPLIT_ARGS
 #define GEMM_Q8_OPEN                                                                                        \
-    WAT(A, 0);                                                                                              \
-    WAT(A, 1);                                                                                              \
-    WAT(A, 2);                                                                                              \
+    GEMM_STACK_OPEN;                                                                                        \
     __global const char *xq = (__global const char *)(io + xq_o);                                           \
     __global const float *xd = (__global const float *)(io + xd_o), *xsum = (__global const float *)(io + xs_o), \
                          *xh = (__global const float *)(io + xh_o)
@@ -252,13 +256,10 @@ inline float w_at(WARGS(0), int cols, int r, int k) {
 }
 
 __kernel __attribute__((reqd_work_group_size(GEMM_T, GEMM_T, 1))) void
-gemm_f(__global const uchar *A, WOFF(0), WOFF(1), WOFF(2), int rows_a, int rows_ab, int rows, int cols, int n_tok,
-       __global const uchar *io, ulong x_o, __global const float *vecs, int bias_off, __global float *y, int y_off, int ldy,
-       int add, GEMM_SPLIT_ARGS) {
+gemm_f(GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io, ulong x_o, __global const float *vecs,
+       int bias_off, __global float *y, int y_off, int ldy, int add, GEMM_SPLIT_ARGS) {
     __local float As[GEMM_TM][GEMM_FK + 1], Bs[GEMM_TN][GEMM_FK + 1];
-    WAT(A, 0);
-    WAT(A, 1);
-    WAT(A, 2);
+    GEMM_STACK_OPEN;
     __global const float *x = (__global const float *)(io + x_o);
     int tx = get_local_id(0), ty = get_local_id(1), lid = ty * GEMM_T + tx;
     int r0 = get_group_id(0) * GEMM_TM, t0 = get_group_id(1) * GEMM_TN;

@@ -256,7 +256,7 @@ static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
 }
 
 /* Lays out mm's input buffer for n tokens of cols inputs (mm->o_*); its size in bytes */
-static size_t mm_io_size(struct pf_mm *mm, size_t n, size_t cols) {
+static size_t mm_io_layout(struct pf_mm *mm, size_t n, size_t cols) {
     size_t at = 0, lens[4] = {n * cols * 4, n * cols / 32 * 4, n * cols / 32 * 4, mm->half ? n * cols / 16 * 4 : 0};
     size_t *offs[4] = {&mm->o_in, &mm->o_xd, &mm->o_xs, &mm->o_xh};
     for (int i = 0; i < 4; i++) {
@@ -282,7 +282,7 @@ static int reserve(struct tllm_cl *cl, int n) {
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_size(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
+    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_layout(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
                       N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4, part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
@@ -872,7 +872,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     cl_mem xb = NULL, yb = NULL;
     rc = mm_kernel(cl, &mm, int8);
     if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_size(&mm, N, cols), "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_layout(&mm, N, cols), "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
