@@ -18,6 +18,16 @@ static const char *src =
     "                   __global float *a8, __global float *a9, __global float *a10, __global float *a11, int n) {\n"
     "  if (get_global_id(0) == n) a0[0] = a1[0] + a2[0] + a3[0] + a4[0] + a5[0] + a6[0] + a7[0] + a8[0] + a9[0] + a10[0] + a11[0];\n"
     "}\n"
+    "__kernel void ints(__global float *a0, int i0, int i1, int i2, int i3, int i4, int i5, int i6, int i7,\n"
+    "                   int i8, int i9, int i10, int i11) {\n"
+    "  if (get_global_id(0) == i0) a0[0] = i1 + i2 + i3 + i4 + i5 + i6 + i7 + i8 + i9 + i10 + i11;\n"
+    "}\n"
+    "__kernel void longs(__global float *a0, ulong o0, ulong o1, ulong o2, ulong o3, ulong o4, ulong o5, ulong o6,\n"
+    "                    ulong o7, ulong o8, ulong o9, ulong o10, ulong o11, ulong o12, int i0, int i1, int i2, int i3,\n"
+    "                    int i4, int i5, int i6, int i7, int i8, int i9, int i10, int i11) {\n"
+    "  if (get_global_id(0) == i0) a0[0] = o0 + o1 + o2 + o3 + o4 + o5 + o6 + o7 + o8 + o9 + o10 + o11 + o12 + i1 + i2 + i3\n"
+    "    + i4 + i5 + i6 + i7 + i8 + i9 + i10 + i11;\n"
+    "}\n"
     "__kernel void chain(__global int *a) { if (get_global_id(0) == 0) a[0] += 1; }\n"
     "__kernel void put(__global int *a, int i, int v) { if (get_global_id(0) == 0) a[i] = v; }\n"
     "__kernel void stream(__global const uint4 *w, int n, __global uint *out) {\n"
@@ -252,6 +262,45 @@ int main(int argc, char **argv) {
                "12 buffers, an int set per launch", g / l, l, (t1 - t0) / n * 1e6, (now() - t0) / n * 1e6);
     }
     clReleaseKernel(k_many);
+    /* is it the buffers, or any argument? */
+    cl_kernel k_ints = clCreateKernel(pr, "ints", &e);
+    CHECK(e);
+    CHECK(clSetKernelArg(k_ints, 0, sizeof a, &a));
+    CHECK(clSetKernelArg(k_ints, 1, sizeof big, &big));
+    for (cl_uint i = 2; i < 13; i++) CHECK(clSetKernelArg(k_ints, i, sizeof big, &i));
+    launches("a buffer and 12 int arguments", k_ints, cus * 4, 256, n, 0);
+    clReleaseKernel(k_ints);
+    /* what a GEMM launch of the prompt path passes besides its buffers: 13 ulong offsets, 12 ints */
+    cl_kernel k_longs = clCreateKernel(pr, "longs", &e);
+    CHECK(e);
+    CHECK(clSetKernelArg(k_longs, 0, sizeof a, &a));
+    for (cl_uint i = 1; i < 14; i++) {
+        cl_ulong v = i;
+        CHECK(clSetKernelArg(k_longs, i, sizeof v, &v));
+    }
+    CHECK(clSetKernelArg(k_longs, 14, sizeof big, &big));
+    for (cl_uint i = 15; i < 26; i++) CHECK(clSetKernelArg(k_longs, i, sizeof big, &i));
+    launches("a buffer, 13 ulong and 12 int", k_longs, cus * 4, 256, n, 0);
+    clReleaseKernel(k_longs);
+    /* the buffers: 12 distinct ones, and the first one large (a weight arena) */
+    {
+        cl_kernel km = clCreateKernel(pr, "many", &e);
+        CHECK(e);
+        cl_mem bs[12];
+        for (int i = 0; i < 12; i++) {
+            bs[i] = clCreateBuffer(cx, CL_MEM_READ_WRITE, 4096, NULL, &e);
+            CHECK(e);
+            CHECK(clSetKernelArg(km, (cl_uint)i, sizeof bs[i], &bs[i]));
+        }
+        CHECK(clSetKernelArg(km, 12, sizeof big, &big));
+        launches("12 distinct buffers", km, cus * 4, 256, n, 0);
+        for (int i = 1; i < 12; i++) CHECK(clSetKernelArg(km, (cl_uint)i, sizeof bs[0], &bs[0]));
+        launches("one 4 KiB buffer 12 times", km, cus * 4, 256, n, 0);
+        for (int i = 0; i < 12; i++) CHECK(clSetKernelArg(km, (cl_uint)i, sizeof w, &w));
+        launches("one 64 MiB buffer 12 times", km, cus * 4, 256, n, 0);
+        for (int i = 0; i < 12; i++) clReleaseMemObject(bs[i]);
+        clReleaseKernel(km);
+    }
     command_buffer(dev, a, k_chain, ext);
     /* the decode matrices: 896x896 / 896x1152 (0.45-0.6 MB), gate+up 4.4 MB, lm_head 77 MB (here 64) */
     size_t sizes[] = {512u << 10, 4480u << 10, 64u << 20};

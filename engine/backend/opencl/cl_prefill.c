@@ -84,8 +84,8 @@ struct cl_prefill {
     cl_event *ev;
     int *ev_kind, n_ev, cap_ev, launches; /* launches: the last chunk's */
     /* TLLM_CL_PROFILE=host: a step's host time queueing (of it, in clEnqueueNDRangeKernel) and waiting */
-    double host_queue_s, host_enq_s, host_wait_s;
-    long host_steps, host_launches;
+    double host_queue_s, host_enq_s, host_wait_s, host_enq_kind_s[P_COUNT];
+    long host_steps, host_launches, host_launches_kind[P_COUNT];
 };
 
 static int wide(const struct tllm_config *c) {
@@ -127,6 +127,10 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
                         "in clEnqueueNDRangeKernel), then %.1f us waiting\n",
                 cl->name, p->host_steps, p->host_launches / n, p->host_queue_s / n * 1e6, p->host_enq_s / n * 1e6,
                 p->host_wait_s / n * 1e6);
+        for (int k = 0; k < P_COUNT; k++) /* what a launch of each kind costs the host */
+            if (p->host_launches_kind[k])
+                fprintf(stderr, "  %-16s %6.1f launches a step, %5.2f us each in clEnqueueNDRangeKernel\n", p_names[k],
+                        p->host_launches_kind[k] / n, p->host_enq_kind_s[k] / p->host_launches_kind[k] * 1e6);
     }
     free(p->ev);
     free(p->ev_kind);
@@ -315,8 +319,9 @@ static cl_int run3(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t
     if (!cl->host_times) return clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
     double t0 = tllm_now();
     cl_int e = clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
-    p->host_enq_s += tllm_now() - t0;
-    p->host_launches++;
+    double dt = tllm_now() - t0;
+    p->host_enq_s += dt, p->host_enq_kind_s[kind] += dt;
+    p->host_launches++, p->host_launches_kind[kind]++;
     return e;
 }
 
