@@ -28,6 +28,12 @@ static const char *src =
     "  if (get_global_id(0) == i0) a0[0] = o0 + o1 + o2 + o3 + o4 + o5 + o6 + o7 + o8 + o9 + o10 + o11 + o12 + i1 + i2 + i3\n"
     "    + i4 + i5 + i6 + i7 + i8 + i9 + i10 + i11;\n"
     "}\n"
+    "__kernel void ints25(__global float *a0, int i0, int i1, int i2, int i3, int i4, int i5, int i6, int i7, int i8,\n"
+    "                     int i9, int i10, int i11, int i12, int i13, int i14, int i15, int i16, int i17, int i18,\n"
+    "                     int i19, int i20, int i21, int i22, int i23, int i24) {\n"
+    "  if (get_global_id(0) == i0) a0[0] = i1 + i2 + i3 + i4 + i5 + i6 + i7 + i8 + i9 + i10 + i11 + i12 + i13 + i14 + i15\n"
+    "    + i16 + i17 + i18 + i19 + i20 + i21 + i22 + i23 + i24;\n"
+    "}\n"
     "__kernel void chain(__global int *a) { if (get_global_id(0) == 0) a[0] += 1; }\n"
     "__kernel void put(__global int *a, int i, int v) { if (get_global_id(0) == 0) a[i] = v; }\n"
     "__kernel void stream(__global const uint4 *w, int n, __global uint *out) {\n"
@@ -281,6 +287,13 @@ int main(int argc, char **argv) {
     CHECK(clSetKernelArg(k_longs, 14, sizeof big, &big));
     for (cl_uint i = 15; i < 26; i++) CHECK(clSetKernelArg(k_longs, i, sizeof big, &i));
     launches("a buffer, 13 ulong and 12 int", k_longs, cus * 4, 256, n, 0);
+    cl_kernel k_ints25 = clCreateKernel(pr, "ints25", &e);
+    CHECK(e);
+    CHECK(clSetKernelArg(k_ints25, 0, sizeof a, &a));
+    CHECK(clSetKernelArg(k_ints25, 1, sizeof big, &big));
+    for (cl_uint i = 2; i < 26; i++) CHECK(clSetKernelArg(k_ints25, i, sizeof big, &i));
+    launches("a buffer and 25 int arguments", k_ints25, cus * 4, 256, n, 0);
+    clReleaseKernel(k_ints25);
     clReleaseKernel(k_longs);
     /* the buffers: 12 distinct ones, and the first one large (a weight arena) */
     {
@@ -294,6 +307,20 @@ int main(int argc, char **argv) {
         }
         CHECK(clSetKernelArg(km, 12, sizeof big, &big));
         launches("12 distinct buffers", km, cus * 4, 256, n, 0);
+        { /* as the prompt path launches: a kernel object serves every layer, its arguments set anew each time */
+            size_t l = 256, g = cus * 4 * l;
+            double t0 = now(), t_enq = 0;
+            for (int i = 0; i < n; i++) {
+                for (int j = 0; j < 12; j++) CHECK(clSetKernelArg(km, (cl_uint)j, sizeof bs[0], &bs[(i + j) % 12]));
+                double t1 = now();
+                CHECK(clEnqueueNDRangeKernel(q, km, 1, NULL, &g, &l, 0, NULL, NULL));
+                t_enq += now() - t1;
+            }
+            double t2 = now();
+            CHECK(clFinish(q));
+            printf("%-34s groups %5zu x %4zu        : enqueue %6.2f us (set + enqueue %6.2f), wall %6.2f us per launch\n",
+                   "12 distinct buffers, set each time", g / l, l, t_enq / n * 1e6, (t2 - t0) / n * 1e6, (now() - t0) / n * 1e6);
+        }
         for (int i = 1; i < 12; i++) CHECK(clSetKernelArg(km, (cl_uint)i, sizeof bs[0], &bs[0]));
         launches("one 4 KiB buffer 12 times", km, cus * 4, 256, n, 0);
         for (int i = 0; i < 12; i++) CHECK(clSetKernelArg(km, (cl_uint)i, sizeof w, &w));
