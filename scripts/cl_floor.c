@@ -247,6 +247,15 @@ int main(int argc, char **argv) {
     launches("empty kernel", k_empty, cus * 4, 256, n, 1);
     launches("empty kernel", k_empty, cus * 4, 256, n, 8);
     launches("one thread increments a counter", k_chain, 1, 64, n, 0);
+    { /* the prompt path launches everything as 3-D ranges (run3 in cl_prefill.c) */
+        size_t l[3] = {256, 1, 1}, g[3] = {cus * 4 * 256, 1, 1};
+        double t0 = now();
+        for (int i = 0; i < n; i++) CHECK(clEnqueueNDRangeKernel(q, k_empty, 3, NULL, g, l, 0, NULL, NULL));
+        double t1 = now();
+        CHECK(clFinish(q));
+        printf("%-34s groups %5zu x %4zu        : enqueue %6.2f us, wall %6.2f us per launch\n", "empty kernel, a 3-D range",
+               g[0] / l[0], l[0], (t1 - t0) / n * 1e6, (now() - t0) / n * 1e6);
+    }
     /* decode's kernels take a dozen buffers and a position that changes every step */
     cl_kernel k_many = clCreateKernel(pr, "many", &e);
     CHECK(e);
