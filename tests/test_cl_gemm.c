@@ -183,14 +183,15 @@ int main(int argc, char **argv) {
             one_case(cl, 0, 0, dts[d], 67, 96, 70, 0, NULL);
             one_case(cl, 0, 0, dts[d], 130, 384, 9, 0, "2");
         }
-        /* gemm_few compiled for steps of up to 8 tokens (-DFEW_TN=8): the same bits as the tiled GEMM */
+        /* gemm_few compiled for steps of up to 8 tokens (-DFEW_TN=8), each thread reading 3 units at once
+         * (-DFEW_U=3; 1 above): the same bits as the tiled GEMM */
         struct tllm_backend *cl8 = NULL;
         const char *opts = getenv("TLLM_CL_OPTS");
         char *saved = opts ? strdup(opts) : NULL, o8[512];
-        snprintf(o8, sizeof o8, "%s -DFEW_TN=8", opts ? opts : "");
+        snprintf(o8, sizeof o8, "%s -DFEW_TN=8 -DFEW_U=3", opts ? opts : "");
         setenv("TLLM_CL_OPTS", o8, 1);
         rc = tllm_backend_device_init(&cl8, m, 16, dev ? atoi(dev) : -1);
-        CHECK(rc == TLLM_OK, "opencl, FEW_TN=8: %s", tllm_errmsg());
+        CHECK(rc == TLLM_OK, "opencl, FEW_TN=8, FEW_U=3: %s", tllm_errmsg());
         for (int b = 0; b < 3 && rc == TLLM_OK; b++)
             for (int lv = 1; lv <= 2; lv++) {
                 one_case(cl8, bits[b], 64, dts[b], 75, 640, 5, lv, NULL);

@@ -15,7 +15,12 @@
                   * H200 (bench -np, 128 + 128 tokens) 1 and 2 tokens gain (0.5B: 323 vs 285 tok/s at 1, 625 vs
                   * 573 at 2; 7B: 92 vs 72 and 142 vs 144), 4 and 8 lose (7B: 191 vs 286, 231 vs 569 at 8) */
 #endif
-#define FEW_LWS 256 /* units a work-group computes at a time (FEW_LWS / FEW_TN rows at most) */
+#define FEW_LWS 256 /* threads of a work-group (FEW_LWS / FEW_TN rows at most) */
+#ifndef FEW_U
+#define FEW_U 1 /* units a thread reads at once, all before their terms are computed: the bytes a work-group has in
+                 * flight (a work-group takes FEW_U x FEW_LWS units at a time; the same sums in the same order) */
+#endif
+#define FEW_CHUNK (FEW_U * FEW_LWS) /* units a work-group computes at a time */
 
 /* The integer sums of token t's block at input kb with the block's codes c[] (4 a uint, as bytes) */
 inline int few_dot(uint8 c, __global const char *xq, int cols, int lv, int t, int kb) {
@@ -63,58 +68,83 @@ inline uint8 few_codes(__global const uchar *W, int bits, size_t row_words, int 
                    unpack4(v.y >> 8, 2), unpack4(v.y >> 16, 2), unpack4(v.y >> 24, 2));
 }
 
+/* What a thread reads for one unit (gemm_few_body): its weights' scale and bias, its codes (a step: two
+ * blocks'), where its inputs start, and whether its blocks are inside the slice */
+struct few_unit {
+    float s, o;
+    uint8 c0w, c1w;
+    int ku, kb0, ok0, ok1, hf, live;
+};
+
+inline struct few_unit few_load(WARGS(0), WARGS(1), WARGS(2), int rows_a, int rows_ab, int rows, int cols, int k_begin, int k_end,
+                                int unit, int units, int pairs, int r0, int i) {
+    Q_FIX(bits0, gs0, dt0);
+    int step = unit == 1, per = unit == 1 ? 1 : unit == 2 ? 4 : 2, ng = cols / gs0;
+    size_t row_words = (size_t)cols * bits0 / 32;
+    int rl = i / units, u = i % units, r = r0 + rl;
+    struct few_unit f;
+    f.live = i < pairs && r < rows;
+    f.ok0 = f.ok1 = 0, f.ku = f.kb0 = f.hf = 0, f.s = f.o = 0.0f, f.c0w = f.c1w = (uint8)(0u);
+    if (!f.live) return f;
+    /* the row's matrix in the stack (GEMM_PICK's choice, a row at a time) */
+    __global const uchar *W = W0, *S = S0, *B = B0;
+    int wr = r;
+    if (r >= rows_ab) W = W2, S = S2, B = B2, wr = r - rows_ab;
+    else if (r >= rows_a) W = W1, S = S1, B = B1, wr = r - rows_a;
+    /* the unit's inputs from ku: its blocks kb0 and (a step's) kb1, or (groups of 16) half hf of
+     * block kb0; a block past k_end adds nothing, as in the GEMMs */
+    f.ku = k_begin + u / per * GEMM_TK + GEMM_TK / per * (u % per), f.kb0 = f.ku & ~31, f.hf = f.ku % 32 / 16;
+    int kb1 = f.kb0 + 32;
+    f.ok0 = f.kb0 < k_end, f.ok1 = step && kb1 < k_end;
+    size_t g = (size_t)wr * ng + f.ku / gs0;
+    f.s = f.ok0 ? ld_s(S, dt0, g) : 0.0f, f.o = f.ok0 ? ld_b(S, B, dt0, g) : 0.0f;
+    f.c0w = f.ok0 ? few_codes(W, bits0, row_words, wr, f.kb0) : (uint8)(0u);
+    f.c1w = f.ok1 ? few_codes(W, bits0, row_words, wr, kb1) : (uint8)(0u);
+    return f;
+}
+
+/* Unit f's term for token t */
+inline float few_term(struct few_unit f, int unit, const int lv, int t, int cols, __global const char *xq,
+                      __global const float *xd, __global const float *xsum, __global const float *xh) {
+    int nb = cols / 32;
+    size_t xb = (size_t)t * nb + f.kb0 / 32;
+    float d0 = f.ok0 ? xd[xb] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
+    if (unit == 2) {
+        int p = f.ok0 ? few_dot16(f.hf ? f.c0w.hi : f.c0w.lo, xq, cols, lv, t, f.ku) : 0;
+        return gemm_term(f.s, f.o, d0, p, f.ok0 ? xh[(size_t)t * (cols / 16) + f.ku / 16] : 0.0f);
+    }
+    int p = f.ok0 ? few_dot(f.c0w, xq, cols, lv, t, f.kb0) : 0;
+    float m0 = f.ok0 ? xsum[xb] : 0.0f;
+    if (unit != 1) return gemm_term(f.s, f.o, d0, p, m0);
+    int q = f.ok1 ? few_dot(f.c1w, xq, cols, lv, t, f.kb0 + 32) : 0;
+    float d1 = f.ok1 ? xd[xb + 1] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m1 = f.ok1 ? xsum[xb + 1] : 0.0f;
+    return gemm_term2(f.s, f.o, d0, p, d1, q, m0 + m1);
+}
+
 inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local float *T) {
     Q_FIX(bits0, gs0, dt0);
-    int lid = get_local_id(0), r0 = get_group_id(0) * tr, step = unit == 1, per = unit == 1 ? 1 : unit == 2 ? 4 : 2;
+    int lid = get_local_id(0), r0 = get_group_id(0) * tr, per = unit == 1 ? 1 : unit == 2 ? 4 : 2;
     GEMM_K_RANGE(k_begin, k_end);
     int units = (k_end - k_begin + GEMM_TK - 1) / GEMM_TK * per, pairs = tr * units;
-    int nb = cols / 32, ng = cols / gs0;
-    size_t row_words = (size_t)cols * bits0 / 32;
     int sr = lid / FEW_TN, st = lid % FEW_TN; /* the (row, token) this thread adds up */
     float acc = 0.0f;
-    for (int c0 = 0; c0 < pairs; c0 += FEW_LWS) {
-        int i = c0 + lid, rl = i / units, u = i % units, r = r0 + rl;
-        if (i < pairs && r < rows) {
-            /* the row's matrix in the stack (GEMM_PICK's choice, a row at a time) */
-            __global const uchar *W = W0, *S = S0, *B = B0;
-            int wr = r;
-            if (r >= rows_ab) W = W2, S = S2, B = B2, wr = r - rows_ab;
-            else if (r >= rows_a) W = W1, S = S1, B = B1, wr = r - rows_a;
-            /* the unit's inputs from ku: its blocks kb0 and (a step's) kb1, or (groups of 16) half hf of
-             * block kb0; a block past k_end adds nothing, as in the GEMMs */
-            int ku = k_begin + u / per * GEMM_TK + GEMM_TK / per * (u % per), kb0 = ku & ~31, kb1 = kb0 + 32, hf = ku % 32 / 16;
-            int ok0 = kb0 < k_end, ok1 = step && kb1 < k_end;
-            size_t g = (size_t)wr * ng + ku / gs0;
-            float s = ok0 ? ld_s(S, dt0, g) : 0.0f, o = ok0 ? ld_b(S, B, dt0, g) : 0.0f;
-            uint8 c0w = ok0 ? few_codes(W, bits0, row_words, wr, kb0) : (uint8)(0u);
-            uint8 c1w = ok1 ? few_codes(W, bits0, row_words, wr, kb1) : (uint8)(0u);
+    for (int c0 = 0; c0 < pairs; c0 += FEW_CHUNK) {
+        struct few_unit f[FEW_U];
 #pragma unroll
-            for (int t = 0; t < FEW_TN; t++) {
-                if (t >= n_tok) continue;
-                size_t xb = (size_t)t * nb + kb0 / 32;
-                float d0 = ok0 ? xd[xb] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
-                float term;
-                if (unit == 2) {
-                    int p = ok0 ? few_dot16(hf ? c0w.hi : c0w.lo, xq, cols, lv, t, ku) : 0;
-                    term = gemm_term(s, o, d0, p, ok0 ? xh[(size_t)t * (cols / 16) + ku / 16] : 0.0f);
-                } else {
-                    int p = ok0 ? few_dot(c0w, xq, cols, lv, t, kb0) : 0;
-                    float m0 = ok0 ? xsum[xb] : 0.0f;
-                    if (step) {
-                        int q = ok1 ? few_dot(c1w, xq, cols, lv, t, kb1) : 0;
-                        float d1 = ok1 ? xd[xb + 1] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f, m1 = ok1 ? xsum[xb + 1] : 0.0f;
-                        term = gemm_term2(s, o, d0, p, d1, q, m0 + m1);
-                    } else {
-                        term = gemm_term(s, o, d0, p, m0);
-                    }
-                }
-                T[t * FEW_LWS + lid] = term;
-            }
+        for (int v = 0; v < FEW_U; v++) /* every read first */
+            f[v] = few_load(WPASS(0), WPASS(1), WPASS(2), rows_a, rows_ab, rows, cols, k_begin, k_end, unit, units, pairs, r0,
+                            c0 + v * FEW_LWS + lid);
+#pragma unroll
+        for (int v = 0; v < FEW_U; v++) {
+            if (!f[v].live) continue;
+#pragma unroll
+            for (int t = 0; t < FEW_TN; t++)
+                if (t < n_tok) T[t * FEW_CHUNK + v * FEW_LWS + lid] = few_term(f[v], unit, lv, t, cols, xq, xd, xsum, xh);
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (sr < tr) { /* this chunk's units of row sr, in order */
-            int a = max(c0, sr * units) - c0, z = min(c0 + FEW_LWS, (sr + 1) * units) - c0;
-            __local const float *Tt = T + st * FEW_LWS;
+            int a = max(c0, sr * units) - c0, z = min(c0 + FEW_CHUNK, (sr + 1) * units) - c0;
+            __local const float *Tt = T + st * FEW_CHUNK;
 #pragma unroll 8
             for (int j = a; j < z; j++) acc += Tt[j];
         }
@@ -125,13 +155,13 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local 
 }
 
 __kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few(GEMM_Q8_KARGS, int unit, int tr) {
-    __local float T[FEW_LWS * FEW_TN];
+    __local float T[FEW_CHUNK * FEW_TN];
     GEMM_Q8_OPEN;
     gemm_few_body(GEMM_Q8_PASS, 1, unit, tr, T);
 }
 
 __kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void gemm_few_2(GEMM_Q8_KARGS, int unit, int tr) {
-    __local float T[FEW_LWS * FEW_TN];
+    __local float T[FEW_CHUNK * FEW_TN];
     GEMM_Q8_OPEN;
     gemm_few_body(GEMM_Q8_PASS, 2, unit, tr, T);
 }

@@ -45,7 +45,7 @@ __kernel void prefill_tunables(__global int *out) {
     out[6] = out[7] = out[8] = 0;
 #endif
     out[9] = FEW_TN; /* gemm_few's largest step */
-    out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT;
+    out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT, out[13] = FEW_U;
 }
 
 /* Where pf_norm, pf_swiglu and flash_combine leave a GEMM's input: one buffer (io) at byte offsets,

@@ -60,7 +60,7 @@ struct cl_prefill {
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    int few_tn, few_lws;                /* gemm_few's largest step and work-group (FEW_TN, FEW_LWS) */
+    int few_tn, few_lws, few_u;         /* gemm_few's largest step, work-group and units a thread (FEW_TN, FEW_LWS, FEW_U) */
     int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
     int fl_emit;                        /* flash_combine leaves every row as o_proj's input (FL_EMIT) */
     cl_kernel reduce, embed, norm, swiglu, rope, flash, combine, paged_rope, argmax, argmax_allowed;
@@ -211,14 +211,14 @@ static int make(struct tllm_cl *cl) {
     if (!rc && (tllm_cl_make_kernel(cl, &p->flash, "flash_prefill") || tllm_cl_make_kernel(cl, &p->combine, "flash_combine")))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
-    cl_int v[13] = {0};
-    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 13))) return rc;
+    cl_int v[14] = {0};
+    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 14))) return rc;
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
-    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12];
-    if (p->fl_span < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN positive");
+    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12], p->few_u = v[13];
+    if (p->fl_span < 1 || p->few_u < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN and FEW_U positive");
     p->mm.half = model_g16(cl);
     return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
@@ -391,7 +391,7 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
         /* the terms the GEMMs add: a half block (groups of 16), a step of two blocks (gemm_q8_mma's groups
          * of 64 or more), or a block */
         int unit = g16 ? 2 : mm->mma && w->gs % 64 == 0 ? 1 : 0;
-        int units = k_len / 64 * (unit == 2 ? 4 : unit ? 1 : 2), tr = p->few_lws / units;
+        int units = k_len / 64 * (unit == 2 ? 4 : unit ? 1 : 2), tr = p->few_u * p->few_lws / units; /* rows a work-group */
         tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
         ARG_INT(&a, unit);
         ARG_INT(&a, tr);
