@@ -83,14 +83,14 @@ static double now(void) {
 
 static cl_command_queue q;
 
-/* n launches of k; prints host enqueue time and wall time per launch */
-static double launches(const char *what, cl_kernel k, size_t groups, size_t lws, int n, int flush) {
-    size_t g = groups * lws;
-    CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &lws, 0, NULL, NULL));
+/* n launches of k as a range of `dims` dimensions (the others 1); prints host enqueue time and wall time per launch */
+static double launches_nd(const char *what, cl_kernel k, size_t groups, size_t lws, int n, int flush, cl_uint dims) {
+    size_t g[3] = {groups * lws, 1, 1}, l[3] = {lws, 1, 1};
+    CHECK(clEnqueueNDRangeKernel(q, k, dims, NULL, g, l, 0, NULL, NULL));
     CHECK(clFinish(q));
     double t0 = now();
     for (int i = 0; i < n; i++) {
-        CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &lws, 0, NULL, NULL));
+        CHECK(clEnqueueNDRangeKernel(q, k, dims, NULL, g, l, 0, NULL, NULL));
         if (flush && i % flush == flush - 1) CHECK(clFlush(q));
     }
     double t1 = now();
@@ -99,6 +99,23 @@ static double launches(const char *what, cl_kernel k, size_t groups, size_t lws,
     printf("%-34s groups %5zu x %4zu%s: enqueue %6.2f us, wall %6.2f us per launch\n", what, groups, lws,
            flush ? (flush == 1 ? " flush/1" : " flush/8") : "        ", (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6);
     return (t2 - t0) / n;
+}
+
+static double launches(const char *what, cl_kernel k, size_t groups, size_t lws, int n, int flush) {
+    return launches_nd(what, k, groups, lws, n, flush, 1);
+}
+
+/* n launches of kernel `name`: a buffer, then n_ints int arguments */
+static void int_args(cl_program pr, const char *name, cl_mem a, cl_uint n_ints, const char *what, size_t groups, int n) {
+    cl_int e;
+    cl_kernel k = clCreateKernel(pr, name, &e);
+    CHECK(e);
+    CHECK(clSetKernelArg(k, 0, sizeof a, &a));
+    cl_int big = 1 << 30; /* the first: a global id no work-item has */
+    CHECK(clSetKernelArg(k, 1, sizeof big, &big));
+    for (cl_uint i = 2; i <= n_ints; i++) CHECK(clSetKernelArg(k, i, sizeof i, &i));
+    launches(what, k, groups, 256, n, 0);
+    clReleaseKernel(k);
 }
 
 /* cl_khr_command_buffer: n one-thread increments recorded once, the buffer enqueued `reps` times: the
@@ -247,15 +264,7 @@ int main(int argc, char **argv) {
     launches("empty kernel", k_empty, cus * 4, 256, n, 1);
     launches("empty kernel", k_empty, cus * 4, 256, n, 8);
     launches("one thread increments a counter", k_chain, 1, 64, n, 0);
-    { /* the prompt path launches everything as 3-D ranges (run3 in cl_prefill.c) */
-        size_t l[3] = {256, 1, 1}, g[3] = {cus * 4 * 256, 1, 1};
-        double t0 = now();
-        for (int i = 0; i < n; i++) CHECK(clEnqueueNDRangeKernel(q, k_empty, 3, NULL, g, l, 0, NULL, NULL));
-        double t1 = now();
-        CHECK(clFinish(q));
-        printf("%-34s groups %5zu x %4zu        : enqueue %6.2f us, wall %6.2f us per launch\n", "empty kernel, a 3-D range",
-               g[0] / l[0], l[0], (t1 - t0) / n * 1e6, (now() - t0) / n * 1e6);
-    }
+    launches_nd("empty kernel, a 3-D range", k_empty, cus * 4, 256, n, 0, 3); /* as the prompt path launches (run3) */
     /* decode's kernels take a dozen buffers and a position that changes every step */
     cl_kernel k_many = clCreateKernel(pr, "many", &e);
     CHECK(e);
@@ -278,13 +287,8 @@ int main(int argc, char **argv) {
     }
     clReleaseKernel(k_many);
     /* is it the buffers, or any argument? */
-    cl_kernel k_ints = clCreateKernel(pr, "ints", &e);
-    CHECK(e);
-    CHECK(clSetKernelArg(k_ints, 0, sizeof a, &a));
-    CHECK(clSetKernelArg(k_ints, 1, sizeof big, &big));
-    for (cl_uint i = 2; i < 13; i++) CHECK(clSetKernelArg(k_ints, i, sizeof big, &i));
-    launches("a buffer and 12 int arguments", k_ints, cus * 4, 256, n, 0);
-    clReleaseKernel(k_ints);
+    int_args(pr, "ints", a, 12, "a buffer and 12 int arguments", cus * 4, n);
+    int_args(pr, "ints25", a, 25, "a buffer and 25 int arguments", cus * 4, n);
     /* what a GEMM launch of the prompt path passes besides its buffers: 13 ulong offsets, 12 ints */
     cl_kernel k_longs = clCreateKernel(pr, "longs", &e);
     CHECK(e);
@@ -296,15 +300,8 @@ int main(int argc, char **argv) {
     CHECK(clSetKernelArg(k_longs, 14, sizeof big, &big));
     for (cl_uint i = 15; i < 26; i++) CHECK(clSetKernelArg(k_longs, i, sizeof big, &i));
     launches("a buffer, 13 ulong and 12 int", k_longs, cus * 4, 256, n, 0);
-    cl_kernel k_ints25 = clCreateKernel(pr, "ints25", &e);
-    CHECK(e);
-    CHECK(clSetKernelArg(k_ints25, 0, sizeof a, &a));
-    CHECK(clSetKernelArg(k_ints25, 1, sizeof big, &big));
-    for (cl_uint i = 2; i < 26; i++) CHECK(clSetKernelArg(k_ints25, i, sizeof big, &i));
-    launches("a buffer and 25 int arguments", k_ints25, cus * 4, 256, n, 0);
-    clReleaseKernel(k_ints25);
     clReleaseKernel(k_longs);
-    /* the buffers: 12 distinct ones, and the first one large (a weight arena) */
+    /* the buffers: 12 distinct ones; one buffer 12 times, small or as large as a weight matrix */
     {
         cl_kernel km = clCreateKernel(pr, "many", &e);
         CHECK(e);
