@@ -6,7 +6,7 @@
  * truncation is copied on the device (copy on write); per-row outputs (logits of some rows, masked
  * argmaxes of others) are those of a step of logits; malformed steps get messages. Attention split into
  * spans of positions is checked with spans short enough for the fixtures, and o_proj's input left by
- * flash_combine against pf_norm's, bit for bit. */
+ * flash_combine against pf_norm's, bit for bit, and gemm_few_norm's norms against pf_norm's launches. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,11 +399,14 @@ out:
     ref_free(&r);
 }
 
-/* The attention output left as o_proj's input by flash_combine (FL_EMIT, the default) against pf_norm's
- * launch of its own (-DFL_EMIT=0): the same bits, float and int8 in one and two levels, f16 cache */
-static void test_emit(const char *dir, int device, const char *opts) {
+/* A step's kernels as the default fuses them against the launches they save: the same bits, float and
+ * int8 in one and two levels, f16 cache. The second run compiles with opts and extra (-DFL_EMIT=0:
+ * o_proj's input from a pf_norm of its own rather than flash_combine), or has env set
+ * (TLLM_CL_NO_FEW_NORM: a pf_norm launch after o_proj's and down_proj's gemm_few rather than
+ * gemm_few_norm's epilogue: the steps of one and two tokens, as sequence 2 alone takes) */
+static void test_fused(const char *dir, int device, const char *opts, const char *extra, const char *env, const char *what) {
     char o0[600];
-    snprintf(o0, sizeof o0, "%s -DFL_EMIT=0", opts);
+    snprintf(o0, sizeof o0, "%s %s", opts, extra);
     for (int packed = 0; packed < 2; packed++)
         for (int levels = 2; levels >= 2 - packed; levels--) {
             struct ref_fixture r;
@@ -419,23 +422,29 @@ static void test_emit(const char *dir, int device, const char *opts) {
             struct outcome out[2];
             memset(out, 0, sizeof out);
             int ok = 1;
+            struct plan one = pl;
+            one.budget = 0;
+            struct outcome alone[2];
+            memset(alone, 0, sizeof alone);
             for (int k = 0; k < 2; k++) {
-                setenv("TLLM_CL_OPTS", k ? o0 : opts, 1);
+                setenv("TLLM_CL_OPTS", k && extra ? o0 : opts, 1);
+                if (k && env) setenv(env, "1", 1);
                 struct tllm_backend *cl = NULL;
                 ok &= tllm_backend_device_init(&cl, m, 16, device) == TLLM_OK &&
-                      run_plan(cl, m, TLLM_DT_F16, &pl, -1, 1, 1, &out[k]) == TLLM_OK;
+                      run_plan(cl, m, TLLM_DT_F16, &pl, -1, 1, 1, &out[k]) == TLLM_OK &&
+                      run_plan(cl, m, TLLM_DT_F16, &one, 2, 0, 0, &alone[k]) == TLLM_OK;
                 tllm_backend_free(cl);
+                if (env) unsetenv(env);
             }
-            CHECK(ok, "%s: FL_EMIT 1 and 0: %s", dir, tllm_errmsg());
+            CHECK(ok, "%s: %s, fused and not: %s", dir, what, tllm_errmsg());
             int same = ok && !memcmp(out[0].all0, out[1].all0, (size_t)pl.n_prompt[0] * m->cfg.vocab_size * sizeof(float));
             for (int i = 0; ok && i < N_SEQ; i++)
                 same &= !memcmp(out[0].logits[i], out[1].logits[i], (size_t)(N_GEN + 1) * m->cfg.vocab_size * sizeof(float));
-            CHECK(same, "%s (%s, %d level(s)): o_proj's input from flash_combine differs from pf_norm's", dir,
-                  packed ? "int8" : "float", levels);
+            same &= ok && !memcmp(alone[0].logits[2], alone[1].logits[2], (size_t)(N_GEN + 1) * m->cfg.vocab_size * sizeof(float));
+            CHECK(same, "%s (%s, %d level(s)): %s: the fused kernel's bits differ", dir, packed ? "int8" : "float", levels, what);
             if (same)
-                printf("  o_proj's input from flash_combine = pf_norm's, bit for bit (%s%s)\n", packed ? "int8, levels " : "float",
-                       packed ? (levels == 2 ? "2" : "1") : "");
-            outcome_free(&out[0]), outcome_free(&out[1]);
+                printf("  %s, bit for bit (%s%s)\n", what, packed ? "int8, levels " : "float", packed ? (levels == 2 ? "2" : "1") : "");
+            outcome_free(&out[0]), outcome_free(&out[1]), outcome_free(&alone[0]), outcome_free(&alone[1]);
             tllm_model_free(m);
             ref_free(&r);
         }
@@ -469,7 +478,9 @@ int main(int argc, char **argv) {
     test_fixture(argv[1], dev ? atoi(dev) : -1, 1, 2);
     unsetenv("TLLM_CL_SPAN_FLOATS");
     printf("spans of 16 positions, the attention output as o_proj's input:\n");
-    test_emit(argv[1], dev ? atoi(dev) : -1, o16);
+    test_fused(argv[1], dev ? atoi(dev) : -1, o16, "-DFL_EMIT=0", NULL, "o_proj's input from flash_combine = pf_norm's");
+    printf("the norms after o_proj and down_proj in their GEMM's last work-group (steps of 1-2 tokens):\n");
+    test_fused(argv[1], dev ? atoi(dev) : -1, opts ? opts : "", NULL, "TLLM_CL_NO_FEW_NORM", "gemm_few_norm = gemm_few + pf_norm");
     if (saved) setenv("TLLM_CL_OPTS", saved, 1), free(saved);
     else unsetenv("TLLM_CL_OPTS");
     return check_done();

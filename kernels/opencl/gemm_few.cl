@@ -15,7 +15,10 @@
                   * H200 (bench -np, 128 + 128 tokens) 1 and 2 tokens gain (0.5B: 323 vs 285 tok/s at 1, 625 vs
                   * 573 at 2; 7B: 92 vs 72 and 142 vs 144), 4 and 8 lose (7B: 191 vs 286, 231 vs 569 at 8) */
 #endif
-#define FEW_LWS 256 /* threads of a work-group (FEW_LWS / FEW_TN rows at most) */
+#ifndef FEW_LWS
+#define FEW_LWS 256 /* threads of a work-group (FEW_LWS / FEW_TN rows at most; CPU devices: PF_LWS's 32, for
+                     * gemm_few_norm's epilogue) */
+#endif
 #ifndef FEW_U
 #define FEW_U 1 /* units a thread reads at once, all before their terms are computed: the bytes a work-group has in
                  * flight (a work-group takes FEW_U x FEW_LWS units at a time; the same sums in the same order) */

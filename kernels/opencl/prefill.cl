@@ -90,29 +90,44 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
     if (j < cols && t < n_tok) x[(size_t)t * cols + j] = embed_one(WPASS(0), cols, clamp(ids[t], 0, vocab - 1), j);
 }
 
-/* Row t_off + t of x (t: the work-group; rows_off >= 0: row meta[rows_off + t]), RMS-normalized with weight
- * vecs[norm_off ..] (norm_off < 0: as it is), as row t of a GEMM's input (cols % 32 == 0). n_split > 1:
- * the GEMM that adds into x (o_proj, down_proj over n_tok tokens) left its sums in slices: they are
- * added to the row first (gemm_reduce's arithmetic), and the row written back. */
+/* pf_norm's work on token t's row of x (row: that row; t counts the slices' rows): n_split > 1: the GEMM
+ * that adds into x left its sums in slices, added to the row first (gemm_reduce's arithmetic) and the
+ * row written back; then RMS-normalized with weight vecs[norm_off ..] (norm_off < 0: as it is), as row
+ * t of a GEMM's input (cols % 32 == 0). Read past L1 (volatile): in gemm_few_norm other work-groups of
+ * the launch wrote row and part. Every work-item of the group calls it, the first PF_LWS doing the work
+ * (gemm_few_norm's group may be larger: the same arithmetic); red: [get_local_size(0)] floats. */
+inline void norm_row(volatile __global float *row, volatile __global const float *part, int n_split, int n_tok, int t,
+                     int cols, __global const float *vecs, int norm_off, float eps, int int8, __global float *xf,
+                     __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh,
+                     __local float *red) {
+    int lid = get_local_id(0), active = lid < PF_LWS;
+    for (int j = lid; active && n_split > 1 && j < cols; j += PF_LWS) {
+        float v = 0.0f; /* gemm_slices' sum */
+        for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * cols + j];
+        row[j] += v;
+    }
+    float inv = 1.0f;
+    if (norm_off >= 0) {
+        float ss = 0.0f;
+        for (int j = lid; active && j < cols; j += PF_LWS) ss += row[j] * row[j];
+        inv = 1.0f / sqrt(wg_sum(ss, red, PF_LWS) / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
+    }
+    for (int j0 = 0; j0 < cols; j0 += PF_LWS) {
+        int j = j0 + lid, live = active && j < cols;
+        float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (row[j] * inv) : row[j]) : 0.0f;
+        emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, g16, xh, red);
+    }
+}
+
+/* Row t_off + t of x (t: the work-group; rows_off >= 0: row meta[rows_off + t]) through norm_row */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
 pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, int cols, __global const float *vecs,
         int norm_off, float eps, __global const float *part, int n_split, int n_tok, MM_OUT_ARGS) {
     __local float red[PF_LWS];
     MM_OUT_OPEN;
-    int t = get_group_id(0), lid = get_local_id(0);
+    int t = get_group_id(0);
     __global float *row = x + (size_t)(rows_off >= 0 ? meta[rows_off + t] : t_off + t) * cols;
-    for (int j = lid; n_split > 1 && j < cols; j += PF_LWS) row[j] += gemm_slices(part, n_split, n_tok, cols, t, j);
-    float inv = 1.0f;
-    if (norm_off >= 0) {
-        float ss = 0.0f;
-        for (int j = lid; j < cols; j += PF_LWS) ss += row[j] * row[j];
-        inv = 1.0f / sqrt(wg_sum(ss, red, PF_LWS) / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
-    }
-    for (int j0 = 0; j0 < cols; j0 += PF_LWS) {
-        int j = j0 + lid, live = j < cols;
-        float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (row[j] * inv) : row[j]) : 0.0f;
-        emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, g16, xh, red);
-    }
+    norm_row(row, part, n_split, n_tok, t, cols, vecs, norm_off, eps, int8, xf, xq, xd, xs, g16, xh, red);
 }
 
 /* h = [gate | up] ([n_tok][2 ffn], or its slices: gemm_in): silu(gate) * up as down_proj's input; one

@@ -193,6 +193,8 @@ int tllm_cl_build_program(struct tllm_cl *cl, int int8_ok) {
     /* and so do prefill's row-wise kernels at 256, and at 64 when part of a group is past the row's end
      * (a garbled quantization of a row; right with -cl-opt-disable): 32, one block of 32 a group */
     if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "PF_LWS"))) strncat(lws, " -DPF_LWS=32", sizeof lws - strlen(lws) - 1);
+    /* gemm_few's the same, so that gemm_few_norm's epilogue (pf_norm's work) has no work-items past the row */
+    if ((type & CL_DEVICE_TYPE_CPU) && !(extra && strstr(extra, "FEW_LWS"))) strncat(lws, " -DFEW_LWS=32", sizeof lws - strlen(lws) - 1);
     /* one format for every matrix (the usual mlx-lm checkpoint): compile it in (Q_FIX in kernels/opencl/common.cl) */
     /* and whether every matrix holds 4- or 8-bit codes (codes48), some with each half block's sum (halves):
      * the int8 activations' formats, below */

@@ -20,6 +20,7 @@
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
                               * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
 #endif
+#define PF_NO_NORM (-2) /* mm_run: no norm to fuse (a norm_off of -1 is pf_norm's "no weight") */
 #define PF_COMBINE_LWS 64 /* flash_combine's work-group (FL_COMBINE_LWS) */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 #ifndef PF_SPAN_GROUPS
@@ -41,6 +42,8 @@ struct pf_mm {
     cl_kernel k;
     cl_kernel k16;       /* the same for weights in groups of 16 (int8 inputs; gemm_q8_g16 ...) */
     cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
+    cl_kernel few_norm;  /* the same, then pf_norm's work by its last work-group (gemm_few_norm; NULL: none, or
+                          * TLLM_CL_NO_FEW_NORM) */
     int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
     int half;            /* int8 inputs also leave each half block's sum (xh): some weights have groups of 16 */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
@@ -71,6 +74,7 @@ struct cl_prefill {
     cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
     size_t cap_meta;
     cl_mem amax;                /* [cap] the argmax of each wanted row */
+    cl_mem done;                /* [1] gemm_few_norm's count of finished work-groups (0 between launches) */
     int fixed_n;                /* > 0: split-K as for a step of this many tokens, whatever its size (cl_paged.c) */
     size_t room;                /* fixed_room's answer for fixed_n = room_n and split = room_split (0: none yet) */
     int room_n, room_split;
@@ -134,12 +138,12 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->reduce,     p->embed,  p->norm,          p->swiglu,
-                      p->rope,   p->flash,  p->combine,    p->paged_rope, p->argmax, p->argmax_allowed};
+    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->mm.few_norm, p->reduce, p->embed,         p->norm,
+                      p->swiglu, p->rope,   p->flash,      p->combine,     p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
     cl_mem bs[] = {p->spans, p->meta, p->amax, p->x,        p->mm.io,  p->qkv,  p->q,
-                   p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask};
+                   p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask, p->done};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -186,6 +190,7 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
     if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
     if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
+    if (mm->few_norm) clReleaseKernel(mm->few_norm), mm->few_norm = NULL;
     int rc = tllm_cl_make_kernel(cl, &mm->k, name);
     if (!rc && int8 && mm->half) {
         char n16[32];
@@ -193,6 +198,8 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
         rc = tllm_cl_make_kernel(cl, &mm->k16, n16);
     }
     if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
+    if (!rc && mm->few && p->done && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
+        rc = tllm_cl_make_kernel(cl, &mm->few_norm, int8 == 2 ? "gemm_few_norm_2" : "gemm_few_norm");
     return rc;
 }
 
@@ -220,6 +227,9 @@ static int make(struct tllm_cl *cl) {
     p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12], p->few_u = v[13];
     if (p->fl_span < 1 || p->few_u < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN and FEW_U positive");
     p->mm.half = model_g16(cl);
+    cl_int zero = 0, e;
+    p->done = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &e);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: gemm_few_norm's count: %s", tllm_cl_err_name(e));
     return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
 
@@ -349,9 +359,12 @@ static void collect(struct tllm_cl *cl, double wall) {
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
  * pf_swiglu left it); W: the n_w (1 to 3) matrices of ws stacked by rows (stackable). left != NULL
  * (y_off 0, ldy the rows): split-K's slices may be left in mm->part for the next kernel to sum
- * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result) */
+ * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result). norm_off (not
+ * PF_NO_NORM; y the residual, add, left != NULL): the norm(y, norm_off, *left) that comes next, done
+ * by gemm_few_norm's last work-group where gemm_few takes the step; *left is then -1 (y whole, and
+ * normalized as mm's input) */
 static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
-                     cl_mem y, int y_off, int ldy, int add, int kind, int *left) {
+                     cl_mem y, int y_off, int ldy, int add, int kind, int *left, int norm_off) {
     struct cl_prefill *p = cl->pf;
     const struct cl_weights *w = ws[0];
     int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
@@ -360,7 +373,8 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
     int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
-    cl_kernel k = few ? mm->few : g16 ? mm->k16 : mm->k;
+    int fuse = few && mm->few_norm && norm_off != PF_NO_NORM && left && add && y_off == 0 && ldy == rows;
+    cl_kernel k = fuse ? mm->few_norm : few ? mm->few : g16 ? mm->k16 : mm->k;
     struct args a = {k, 0, CL_SUCCESS};
     ARG_MEM(&a, w->base); /* every matrix of a stack's (stackable) */
     arg_woff(&a, w);
@@ -395,6 +409,13 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
         tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
         ARG_INT(&a, unit);
         ARG_INT(&a, tr);
+        if (fuse) {
+            ARG_MEM(&a, p->done);
+            ARG_INT(&a, norm_off);
+            ARG_F32(&a, cl->m->cfg.norm_eps);
+            ARG_INT(&a, mm->int8);
+            ARG_INT(&a, mm->half);
+        }
         e = a.err ? a.err : run3(cl, k, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
     } else if (a.err) {
         e = a.err;
@@ -402,8 +423,8 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
         e = mm->mma ? run3(cl, k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
                     : run3(cl, k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
     }
-    if (left) *left = 0;
-    if (e || n_split == 1) return e;
+    if (left) *left = fuse ? -1 : 0;
+    if (e || fuse || n_split == 1) return e;
     if (left) return *left = n_split, CL_SUCCESS;
     struct args r = {p->reduce, 0, CL_SUCCESS};
     ARG_MEM(&r, mm->part);
@@ -421,7 +442,7 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
 
 static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
                    int kind) {
-    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL);
+    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL, PF_NO_NORM);
 }
 
 /* Whether matrices can be one GEMM launch (mm_run): one buffer, one format, and each but the last whole
@@ -593,8 +614,8 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
 }
 
 /* Layer l for the step's tokens. *pending: slices of the last GEMM that adds into x (the layer
- * before's down_proj), summed into x by the first norm; on return, this layer's (0: none: the last
- * layer leaves x whole for the outputs). Slices go to the next kernel wherever it can sum them, saving
+ * before's down_proj), summed into x by the first norm (-1: that GEMM did the norm: mm_run); on return,
+ * this layer's (0: none: the last layer leaves x whole for the outputs). Slices go to the next kernel wherever it can sum them, saving
  * gemm_reduce's launch (4 a layer when every GEMM splits). */
 static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *pending) {
     struct cl_prefill *p = cl->pf;
@@ -604,10 +625,10 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     struct cl_layer *D = &cl->layers[l];
     int n = tk->n, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, ld_qkv = q_dim + 2 * kv_dim;
     int bq = (int)(L->bq - m->vectors), left = 0, last = l + 1 == c->n_layers;
-    cl_int e = norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors), *pending);
+    cl_int e = *pending < 0 ? CL_SUCCESS : norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors), *pending);
     const struct cl_weights *qkv[3] = {&D->wq, &D->wk, &D->wv}, *gate_up[2] = {&D->gate, &D->up};
     if (!e && stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
-        e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left);
+        e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left, PF_NO_NORM);
     } else if (!e) {
         e = gemm(cl, &D->wq, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV);
         if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
@@ -616,10 +637,11 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     if (!e) e = attention(cl, l, tk, left, bq);
     if (!e && !p->fl_emit) e = norm(cl, p->att, n, q_dim, -1, 0); /* (else flash_combine left it as o_proj's input) */
     const struct cl_weights *wo = &D->wo;
-    if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left);
-    if (!e) e = norm(cl, p->x, n, c->dim, (int)(L->ffn_norm - m->vectors), left);
+    int ffn_norm = (int)(L->ffn_norm - m->vectors);
+    if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left, ffn_norm);
+    if (!e && left >= 0) e = norm(cl, p->x, n, c->dim, ffn_norm, left);
     if (!e && stackable(&p->mm, gate_up, 2)) {
-        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left);
+        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, PF_NO_NORM);
     } else if (!e) {
         left = 0;
         e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
@@ -636,7 +658,8 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
         e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
     const struct cl_weights *down = &D->down;
-    if (!e) e = mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending);
+    int next_norm = last ? PF_NO_NORM : (int)(m->layers[l + 1].attn_norm - m->vectors);
+    if (!e) e = mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending, next_norm);
     if (last) *pending = 0;
     return e;
 }
@@ -884,14 +907,14 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (!rc) {
         cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1, 0);
         if (reps > 0) {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL); /* warm-up */
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, PF_NO_NORM); /* warm-up */
             if (!e) e = clFinish(cl->q);
             double t0 = tllm_now();
-            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL);
+            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, PF_NO_NORM);
             if (!e) e = clFinish(cl->q);
             *secs = tllm_now() - t0;
         } else {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL);
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, PF_NO_NORM);
             if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
         }
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
@@ -903,6 +926,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (mm.k) clReleaseKernel(mm.k);
     if (mm.k16) clReleaseKernel(mm.k16);
     if (mm.few) clReleaseKernel(mm.few);
+    if (mm.few_norm) clReleaseKernel(mm.few_norm);
     return rc;
 }
 
