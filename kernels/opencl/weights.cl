@@ -516,9 +516,9 @@ inline float2 row_reduce2(float2 v, __local float2 *red, int tpr) {
 #define WARGS(n) __global const uchar *W##n, __global const uchar *S##n, __global const uchar *B##n, int bits##n, int gs##n, int dt##n
 #define WPASS(n) W##n, S##n, B##n, bits##n, gs##n, dt##n
 /* A launch's weights as byte offsets into one buffer (the arena, or the matrix's own), WAT making the
- * pointers WARGS names: NVIDIA's OpenCL spends ~0.4 us of the host's time on every buffer argument of
- * every launch (scripts/cl_floor.c), so a GEMM of three stacked matrices passed as nine buffers cost the
- * host ~3.5 us a launch more than as one, on steps of a few tokens that wait for the host */
+ * pointers WARGS names: one buffer argument rather than nine for a GEMM of three stacked matrices.
+ * (NVIDIA's OpenCL spends the host 0.25-0.4 us on a buffer argument, scripts/cl_floor.c; measured end
+ * to end, the eight fewer made no difference to a step: docs/performance.md, sessions 42-43.) */
 #define WOFF(n) ulong wo##n, ulong so##n, ulong bo##n, int bits##n, int gs##n, int dt##n
 #define WAT(A, n) __global const uchar *W##n = (A) + wo##n, *S##n = (A) + so##n, *B##n = (A) + bo##n
 
