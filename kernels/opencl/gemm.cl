@@ -101,12 +101,16 @@ inline void gemm_put(float acc, int r, int t, int rows, __global const float *ve
     if (r0 >= rows_ab) W0 = W2, S0 = S2, B0 = B2, wr0 = r0 - rows_ab, wrows = rows - rows_ab;          \
     else if (r0 >= rows_a) W0 = W1, S0 = S1, B0 = B1, wr0 = r0 - rows_a, wrows = rows_ab - rows_a
 
-/* The slices of output (t, r) added in order */
-inline float gemm_slices(__global const float *part, int n_split, int n_tok, int rows, int t, int r) {
-    float v = 0.0f;
-    for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * rows + r];
-    return v;
-}
+/* The slices of output (t, r) added in order; gemm_slices_l2 reads them past L1 (volatile), for a kernel
+ * whose other work-groups wrote them (gemm_few_norm) */
+#define GEMM_SLICES_FN(name, Q)                                                                         \
+    inline float name(Q __global const float *part, int n_split, int n_tok, int rows, int t, int r) {   \
+        float v = 0.0f;                                                                                 \
+        for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * rows + r];                \
+        return v;                                                                                       \
+    }
+GEMM_SLICES_FN(gemm_slices, )
+GEMM_SLICES_FN(gemm_slices_l2, volatile)
 
 __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int n_tok, __global const float *vecs,
                           int bias_off, __global float *y, int y_off, int ldy, int add) {

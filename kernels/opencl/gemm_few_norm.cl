@@ -3,7 +3,7 @@
  * x (the slices added where the GEMM split K), RMS-normalized and quantized as the next GEMM's input. A
  * step of a few tokens costs what its launches cost (an H100's driver takes the host 4 us for an empty
  * kernel, 6 for a pf_norm: tllm-cl-floor, TLLM_CL_PROFILE=host), and this saves pf_norm's, two a layer.
- * The arithmetic is pf_norm's (norm_row on PF_LWS of the group's work-items), so a token's bits do not
+ * The arithmetic is pf_norm's (norm_row_l2 on PF_LWS of the group's work-items), so a token's bits do not
  * depend on which kernel normalized it.
  * The input the next GEMM reads goes where this one's came from (io at xq_o ...): every work-group has
  * read its input before it counts itself done, and the last one reads no more of it. */
@@ -42,7 +42,7 @@ inline int few_last(volatile __global int *done, __local int *last) {
         __global float *xs_w = (__global float *)(out + xs_o), *xh_w = (__global float *)(out + xh_o);      \
         int n_split = get_num_groups(2);                                                                    \
         for (int t = 0; t < n_tok; t++)                                                                     \
-            norm_row(y + (size_t)t * ldy, part, n_split, n_tok, t, rows, vecs, norm_off, eps, int8, xf,     \
+            norm_row_l2(y + (size_t)t * ldy, part, n_split, n_tok, t, rows, vecs, norm_off, eps, int8, xf,  \
                      (__global char *)xf, xd_w, xs_w, g16, xh_w, T);                                        \
     }
 GEMM_FEW_NORM_KERNEL(gemm_few_norm, 1)

@@ -93,31 +93,32 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
 /* pf_norm's work on token t's row of x (row: that row; t counts the slices' rows): n_split > 1: the GEMM
  * that adds into x left its sums in slices, added to the row first (gemm_reduce's arithmetic) and the
  * row written back; then RMS-normalized with weight vecs[norm_off ..] (norm_off < 0: as it is), as row
- * t of a GEMM's input (cols % 32 == 0). Read past L1 (volatile): in gemm_few_norm other work-groups of
- * the launch wrote row and part. Every work-item of the group calls it, the first PF_LWS doing the work
- * (gemm_few_norm's group may be larger: the same arithmetic); red: [get_local_size(0)] floats. */
-inline void norm_row(volatile __global float *row, volatile __global const float *part, int n_split, int n_tok, int t,
-                     int cols, __global const float *vecs, int norm_off, float eps, int int8, __global float *xf,
-                     __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh,
-                     __local float *red) {
-    int lid = get_local_id(0), active = lid < PF_LWS;
-    for (int j = lid; active && n_split > 1 && j < cols; j += PF_LWS) {
-        float v = 0.0f; /* gemm_slices' sum */
-        for (int z = 0; z < n_split; z++) v += part[((size_t)z * n_tok + t) * cols + j];
-        row[j] += v;
+ * t of a GEMM's input (cols % 32 == 0). Every work-item of the group calls it, the first PF_LWS doing the
+ * work (gemm_few_norm's group may be larger: the same arithmetic); red: [get_local_size(0)] floats.
+ * norm_row_l2 reads row and part past L1 (volatile): in gemm_few_norm other work-groups of the launch
+ * wrote them. */
+#define NORM_ROW_FN(name, Q, slices)                                                                       \
+    inline void name(Q __global float *row, Q __global const float *part, int n_split, int n_tok, int t, int cols, \
+                     __global const float *vecs, int norm_off, float eps, int int8, __global float *xf,        \
+                     __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh,   \
+                     __local float *red) {                                                                 \
+        int lid = get_local_id(0), active = lid < PF_LWS;                                                  \
+        for (int j = lid; active && n_split > 1 && j < cols; j += PF_LWS)                                  \
+            row[j] += slices(part, n_split, n_tok, cols, t, j);                                            \
+        float inv = 1.0f;                                                                                  \
+        if (norm_off >= 0) {                                                                               \
+            float ss = 0.0f;                                                                               \
+            for (int j = lid; active && j < cols; j += PF_LWS) ss += row[j] * row[j];                      \
+            inv = 1.0f / sqrt(wg_sum(ss, red, PF_LWS) / (float)cols + eps); /* as the CPU's tllm_rmsnorm */ \
+        }                                                                                                  \
+        for (int j0 = 0; j0 < cols; j0 += PF_LWS) {                                                        \
+            int j = j0 + lid, live = active && j < cols;                                                   \
+            float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (row[j] * inv) : row[j]) : 0.0f;        \
+            emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, g16, xh, red);                            \
+        }                                                                                                  \
     }
-    float inv = 1.0f;
-    if (norm_off >= 0) {
-        float ss = 0.0f;
-        for (int j = lid; active && j < cols; j += PF_LWS) ss += row[j] * row[j];
-        inv = 1.0f / sqrt(wg_sum(ss, red, PF_LWS) / (float)cols + eps); /* as the CPU's tllm_rmsnorm */
-    }
-    for (int j0 = 0; j0 < cols; j0 += PF_LWS) {
-        int j = j0 + lid, live = active && j < cols;
-        float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (row[j] * inv) : row[j]) : 0.0f;
-        emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, g16, xh, red);
-    }
-}
+NORM_ROW_FN(norm_row, , gemm_slices)
+NORM_ROW_FN(norm_row_l2, volatile, gemm_slices_l2)
 
 /* Row t_off + t of x (t: the work-group; rows_off >= 0: row meta[rows_off + t]) through norm_row */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
