@@ -21,17 +21,15 @@ inline void kv_put(__global float *p, size_t i, float v, int kv_half) {
     else p[i] = v;
 }
 
-/* qkv (QKV_IN_ARGS: kernels/opencl/prefill.cl): RoPE on q (into q) and k at each token's position
- * (meta[pos_off + t]), then k and v into the pool at its slot (meta[slot_off + t]). One work-item per
- * RoPE pair (or pair of values), the rotation pf_rope's and decode's (rope_store). */
-__kernel void paged_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, __global const int *meta, int pos_off, int slot_off,
-                         __global const float *inv_freq, int layer, int n_blocks, int kv_half, __global float *q,
-                         __global float *kp, __global float *vp) {
-    int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
-    if (u >= (n_heads + 2 * n_kv) * half_d) return;
-    int i = u % half_d, q_dim = n_heads * hd, kv_dim = n_kv * hd, pos = meta[pos_off + t], slot = meta[slot_off + t];
+/* paged_rope's work on RoPE pair (or pair of values) u of token t, a (its two elements of qkv): RoPE on q
+ * (into q) and k at the token's position (meta[pos_off + t]), then k and v into the pool at its slot
+ * (meta[slot_off + t]); the rotation pf_rope's and decode's (rope_store). Also gemm_few_rope's epilogue
+ * (kernels/opencl/gemm_few_rope.cl): one function, the same bits. */
+inline void paged_rope_pair(float2 a, int u, int t, int n_heads, int n_kv, int hd, __global const int *meta, int pos_off,
+                            int slot_off, __global const float *inv_freq, int layer, int n_blocks, int kv_half,
+                            __global float *q, __global float *kp, __global float *vp) {
+    int half_d = hd / 2, i = u % half_d, q_dim = n_heads * hd, pos = meta[pos_off + t], slot = meta[slot_off + t];
     QKV_PICK(which, r, u / half_d, i);
-    float2 a = QKV_PAIR(t, (u / half_d) * hd + i, half_d, q_dim + 2 * kv_dim);
     float angle = (float)pos * inv_freq[i], c = cos(angle), s = sin(angle), x0 = a.x, x1 = a.y;
     if (which == 0) {
         q[(size_t)t * q_dim + r] = x0 * c - x1 * s;
@@ -47,6 +45,21 @@ __kernel void paged_rope(QKV_IN_ARGS, int n_heads, int n_kv, int hd, __global co
         kv_put(vp, base + (size_t)o * hd + i, x0, kv_half);
         kv_put(vp, base + (size_t)o * hd + i + half_d, x1, kv_half);
     }
+}
+
+/* The arguments of paged_rope_pair after a and u, t (gemm_few_rope's too) */
+#define PAGED_ROPE_ARGS                                                                                          \
+    int n_heads, int n_kv, int hd, __global const int *meta, int pos_off, int slot_off, __global const float *inv_freq, \
+        int layer, int n_blocks, int kv_half, __global float *q, __global float *kp, __global float *vp
+#define PAGED_ROPE_PASS n_heads, n_kv, hd, meta, pos_off, slot_off, inv_freq, layer, n_blocks, kv_half, q, kp, vp
+
+/* qkv (QKV_IN_ARGS: kernels/opencl/prefill.cl) through paged_rope_pair, one work-item per RoPE pair (or
+ * pair of values) */
+__kernel void paged_rope(QKV_IN_ARGS, PAGED_ROPE_ARGS) {
+    int u = get_global_id(0), t = get_global_id(1), half_d = hd / 2;
+    if (u >= (n_heads + 2 * n_kv) * half_d) return;
+    int i = u % half_d, ld = (n_heads + 2 * n_kv) * hd;
+    paged_rope_pair(QKV_PAIR(t, (u / half_d) * hd + i, half_d, ld), u, t, PAGED_ROPE_PASS);
 }
 
 #ifndef ARGMAX_UNROLL

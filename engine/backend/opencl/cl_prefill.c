@@ -20,7 +20,14 @@
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
                               * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
 #endif
-#define PF_NO_NORM (-2) /* mm_run: no norm to fuse (a norm_off of -1 is pf_norm's "no weight") */
+/* What comes after a GEMM that gemm_few's launch may do itself (mm_run) */
+struct pf_next {
+    enum { PF_NEXT_NORM, PF_NEXT_SWIGLU, PF_NEXT_ROPE } what; /* pf_norm (y the residual), pf_swiglu (gate and up
+                                                                * stacked), paged_rope (q, k, v stacked) */
+    int norm_off;                                             /* NORM: the weight's offset in vecs (-1: none) */
+    const struct cl_tokens *tk;                               /* ROPE: the step (paged) and layer */
+    int layer;
+};
 #define PF_COMBINE_LWS 64 /* flash_combine's work-group (FL_COMBINE_LWS) */
 #define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
 #ifndef PF_SPAN_GROUPS
@@ -37,6 +44,12 @@ enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN
 static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k,v", "rope + cache", "flash attention",
                                              "gemm o_proj", "gemm gate,up", "swiglu", "gemm down_proj", "lm_head"};
 
+/* Where a GEMM's input lies in pf_mm's io: byte offsets of [tokens][cols] floats or int8 (in), per block of 32
+ * d (xd) and sum (xs), [tokens][cols / 16] with half: per half block d x its sum (xh; else xs again) */
+struct pf_place {
+    size_t in, xd, xs, xh;
+};
+
 /* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
 struct pf_mm {
     cl_kernel k;
@@ -44,15 +57,20 @@ struct pf_mm {
     cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
     cl_kernel few_norm;  /* the same, then pf_norm's work by its last work-group (gemm_few_norm; NULL: none, or
                           * TLLM_CL_NO_FEW_NORM) */
+    cl_kernel few_swiglu; /* gemm_few of gate and up, then pf_swiglu's work block by block (gemm_few_swiglu; NULL:
+                           * none, or TLLM_CL_NO_FEW_SWIGLU) */
+    cl_kernel few_rope;  /* gemm_few of q, k and v, then paged_rope's work head by head (gemm_few_rope; NULL: none,
+                          * or TLLM_CL_NO_FEW_ROPE) */
     int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
     int half;            /* int8 inputs also leave each half block's sum (xh): some weights have groups of 16 */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
     int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
-    /* one buffer (a buffer argument, not four: WOFF in kernels/opencl/weights.cl) at byte offsets: [tokens][cols]
-     * floats or int8 (in), per block of 32 d (xd) and sum (xs), [tokens][cols / 16] with half: per half block d
-     * x its sum (xh; else xs again) */
+    /* one buffer (a buffer argument, not four: WOFF in kernels/opencl/weights.cl) in two places: at[0] for the
+     * buffers' tokens, at[1] for a step of few_tn (gemm_few_swiglu leaves down_proj's input in the place its
+     * own input is not in) */
     cl_mem io;
-    size_t o_in, o_xd, o_xs, o_xh;
+    struct pf_place at[2];
+    int cur;             /* the place of the next GEMM's input (0 at the start of a step) */
     cl_mem part;         /* split-K slices of the sums */
     size_t part_floats;  /* part's size */
     int split;           /* TLLM_CL_SPLIT (tests): slices wherever there are the steps; 0: the device's choice */
@@ -74,7 +92,9 @@ struct cl_prefill {
     cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
     size_t cap_meta;
     cl_mem amax;                /* [cap] the argmax of each wanted row */
-    cl_mem done;                /* [1] gemm_few_norm's count of finished work-groups (0 between launches) */
+    cl_mem counts;              /* [1 + blocks] gemm_few_norm's count of finished work-groups, then gemm_few_swiglu's
+                                 * rows done of each block of 32 (ffn / 32) or gemm_few_rope's of each head (all 0
+                                 * between launches) */
     int fixed_n;                /* > 0: split-K as for a step of this many tokens, whatever its size (cl_paged.c) */
     size_t room;                /* fixed_room's answer for fixed_n = room_n and split = room_split (0: none yet) */
     int room_n, room_split;
@@ -138,12 +158,12 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->mm.few_norm, p->reduce, p->embed,         p->norm,
+    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->mm.few_norm, p->mm.few_swiglu, p->mm.few_rope, p->reduce, p->embed, p->norm,
                       p->swiglu, p->rope,   p->flash,      p->combine,     p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
     cl_mem bs[] = {p->spans, p->meta, p->amax, p->x,        p->mm.io,  p->qkv,  p->q,
-                   p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask, p->done};
+                   p->att,   p->h,    p->mm.part, p->logits, p->allow, p->mask, p->counts};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
     free(p);
@@ -191,6 +211,8 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
     if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
     if (mm->few_norm) clReleaseKernel(mm->few_norm), mm->few_norm = NULL;
+    if (mm->few_swiglu) clReleaseKernel(mm->few_swiglu), mm->few_swiglu = NULL;
+    if (mm->few_rope) clReleaseKernel(mm->few_rope), mm->few_rope = NULL;
     int rc = tllm_cl_make_kernel(cl, &mm->k, name);
     if (!rc && int8 && mm->half) {
         char n16[32];
@@ -198,8 +220,12 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
         rc = tllm_cl_make_kernel(cl, &mm->k16, n16);
     }
     if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
-    if (!rc && mm->few && p->done && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
+    if (!rc && mm->few && p->counts && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
         rc = tllm_cl_make_kernel(cl, &mm->few_norm, int8 == 2 ? "gemm_few_norm_2" : "gemm_few_norm");
+    if (!rc && mm->few && p->counts && p->few_lws % 32 == 0 && !getenv("TLLM_CL_NO_FEW_SWIGLU"))
+        rc = tllm_cl_make_kernel(cl, &mm->few_swiglu, int8 == 2 ? "gemm_few_swiglu_2" : "gemm_few_swiglu");
+    if (!rc && mm->few && p->counts && !getenv("TLLM_CL_NO_FEW_ROPE"))
+        rc = tllm_cl_make_kernel(cl, &mm->few_rope, int8 == 2 ? "gemm_few_rope_2" : "gemm_few_rope");
     return rc;
 }
 
@@ -227,9 +253,13 @@ static int make(struct tllm_cl *cl) {
     p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12], p->few_u = v[13];
     if (p->fl_span < 1 || p->few_u < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN and FEW_U positive");
     p->mm.half = model_g16(cl);
-    cl_int zero = 0, e;
-    p->done = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof zero, &zero, &e);
-    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: gemm_few_norm's count: %s", tllm_cl_err_name(e));
+    const struct tllm_config *c = &cl->m->cfg;
+    size_t blocks = (size_t)c->ffn_dim / 32, heads = (size_t)c->n_heads + 2 * (size_t)c->n_kv_heads;
+    size_t n_counts = 1 + (blocks > heads ? blocks : heads);
+    cl_int *zeros = calloc(n_counts, sizeof *zeros), e = CL_OUT_OF_HOST_MEMORY;
+    if (zeros) p->counts = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n_counts * sizeof *zeros, zeros, &e);
+    free(zeros);
+    if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: gemm_few's counts: %s", tllm_cl_err_name(e));
     return mm_kernel(cl, &p->mm, int8_levels(cl));
 }
 
@@ -269,15 +299,21 @@ static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
     return most;
 }
 
-/* Lays out mm's input buffer for n tokens of cols inputs (mm->o_*); its size in bytes */
-static size_t mm_io_layout(struct pf_mm *mm, size_t n, size_t cols) {
-    size_t at = 0, lens[4] = {n * cols * 4, n * cols / 32 * 4, n * cols / 32 * 4, mm->half ? n * cols / 16 * 4 : 0};
-    size_t *offs[4] = {&mm->o_in, &mm->o_xd, &mm->o_xs, &mm->o_xh};
-    for (int i = 0; i < 4; i++) {
-        *offs[i] = at;
-        at = (at + lens[i] + 255) / 256 * 256; /* each part on its own lines */
+/* Lays out mm's input buffer, at[0] for n tokens of cols inputs and at[1] for few (0: none) after it; its size
+ * in bytes */
+static size_t mm_io_layout(struct pf_mm *mm, size_t n, size_t cols, size_t few) {
+    size_t at = 0;
+    for (int k = 0; k < 2; k++) {
+        size_t m = k ? few : n, lens[4] = {m * cols * 4, m * cols / 32 * 4, m * cols / 32 * 4, mm->half ? m * cols / 16 * 4 : 0};
+        struct pf_place *pl = &mm->at[k];
+        size_t *offs[4] = {&pl->in, &pl->xd, &pl->xs, &pl->xh};
+        for (int i = 0; i < 4; i++) {
+            *offs[i] = at;
+            at = (at + lens[i] + 255) / 256 * 256; /* each part on its own lines */
+        }
+        if (!mm->half) pl->xh = pl->xs; /* (unread) */
     }
-    if (!mm->half) mm->o_xh = mm->o_xs; /* (unread) */
+    mm->cur = 0;
     return at;
 }
 
@@ -296,7 +332,7 @@ static int reserve(struct tllm_cl *cl, int n) {
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_layout(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
+    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_layout(&p->mm, N, (size_t)wide(c), (size_t)p->few_tn), N * (q_dim + 2 * kv_dim) * 4,
                       N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4, part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
@@ -356,15 +392,36 @@ static void collect(struct tllm_cl *cl, double wall) {
     p->prof_wall_s += wall;
 }
 
+/* paged_rope's arguments after qkv's (PAGED_ROPE_ARGS in kernels/opencl/paged.cl): the step's tables, layer l's
+ * pool */
+static void arg_paged_rope(struct args *a, struct tllm_cl *cl, const struct cl_tokens *tk, int l) {
+    const struct tllm_config *c = &cl->m->cfg;
+    const struct cl_pages *pg = tk->pages;
+    ARG_INT(a, c->n_heads);
+    ARG_INT(a, c->n_kv_heads);
+    ARG_INT(a, c->head_dim);
+    ARG_MEM(a, cl->pf->meta);
+    ARG_INT(a, pg->pos_off);
+    ARG_INT(a, pg->slot_off);
+    ARG_MEM(a, cl->inv_freq);
+    ARG_INT(a, l);
+    ARG_INT(a, pg->n_blocks);
+    ARG_INT(a, pg->kv_half);
+    ARG_MEM(a, cl->pf->q);
+    ARG_MEM(a, pg->kp);
+    ARG_MEM(a, pg->vp);
+}
+
 /* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
  * pf_swiglu left it); W: the n_w (1 to 3) matrices of ws stacked by rows (stackable). left != NULL
  * (y_off 0, ldy the rows): split-K's slices may be left in mm->part for the next kernel to sum
- * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result). norm_off (not
- * PF_NO_NORM; y the residual, add, left != NULL): the norm(y, norm_off, *left) that comes next, done
- * by gemm_few_norm's last work-group where gemm_few takes the step; *left is then -1 (y whole, and
- * normalized as mm's input) */
-static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
-                     cl_mem y, int y_off, int ldy, int add, int kind, int *left, int norm_off) {
+ * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result). next (left != NULL;
+ * NULL: none): what comes after, done by this launch where gemm_few takes the step, *left then -1: a norm
+ * (y the residual, add), norm(y, norm_off, *left), by gemm_few_norm's last work-group (y whole, and
+ * normalized as mm's input); pf_swiglu's work (gate and up; y = h, not add) by gemm_few_swiglu (mm's input
+ * then in its other place); paged_rope's (q, k, v of a paged step; y = qkv) by gemm_few_rope */
+static cl_int mm_run(struct tllm_cl *cl, struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
+                     cl_mem y, int y_off, int ldy, int add, int kind, int *left, const struct pf_next *next) {
     struct cl_prefill *p = cl->pf;
     const struct cl_weights *w = ws[0];
     int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
@@ -373,8 +430,14 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
     int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
-    int fuse = few && mm->few_norm && norm_off != PF_NO_NORM && left && add && y_off == 0 && ldy == rows;
-    cl_kernel k = fuse ? mm->few_norm : few ? mm->few : g16 ? mm->k16 : mm->k;
+    int at_y = few && next && left && y_off == 0 && ldy == rows; /* (the epilogues read y as [n][rows]) */
+    int fuse_norm = at_y && mm->few_norm && next->what == PF_NEXT_NORM && add;
+    int fuse_swiglu = at_y && mm->few_swiglu && next->what == PF_NEXT_SWIGLU && !add && n_w == 2 && rows == 2 * rows_a &&
+                      bias_off < 0;
+    int fuse_rope = at_y && mm->few_rope && next->what == PF_NEXT_ROPE && !add && n_w == 3 && next->tk->pages;
+    int fuse = fuse_norm || fuse_swiglu || fuse_rope;
+    cl_kernel k = fuse_norm ? mm->few_norm : fuse_swiglu ? mm->few_swiglu : fuse_rope ? mm->few_rope : few ? mm->few : g16 ? mm->k16 : mm->k;
+    const struct pf_place *in = &mm->at[mm->cur];
     struct args a = {k, 0, CL_SUCCESS};
     ARG_MEM(&a, w->base); /* every matrix of a stack's (stackable) */
     arg_woff(&a, w);
@@ -386,11 +449,11 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
     ARG_INT(&a, w->cols);
     ARG_INT(&a, n);
     ARG_MEM(&a, mm->io);
-    ARG_U64(&a, mm->o_in);
+    ARG_U64(&a, in->in);
     if (mm->int8) {
-        ARG_U64(&a, mm->o_xd);
-        ARG_U64(&a, mm->o_xs);
-        ARG_U64(&a, mm->o_xh);
+        ARG_U64(&a, in->xd);
+        ARG_U64(&a, in->xs);
+        ARG_U64(&a, in->xh);
     }
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
@@ -409,12 +472,24 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
         tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
         ARG_INT(&a, unit);
         ARG_INT(&a, tr);
-        if (fuse) {
-            ARG_MEM(&a, p->done);
-            ARG_INT(&a, norm_off);
+        if (fuse_norm) {
+            ARG_MEM(&a, p->counts);
+            ARG_INT(&a, next->norm_off);
             ARG_F32(&a, cl->m->cfg.norm_eps);
             ARG_INT(&a, mm->int8);
             ARG_INT(&a, mm->half);
+        } else if (fuse_swiglu) {
+            const struct pf_place *out = &mm->at[!mm->cur];
+            ARG_MEM(&a, p->counts);
+            ARG_INT(&a, mm->int8);
+            ARG_INT(&a, mm->half);
+            ARG_U64(&a, out->in);
+            ARG_U64(&a, out->xd);
+            ARG_U64(&a, out->xs);
+            ARG_U64(&a, out->xh);
+        } else if (fuse_rope) {
+            ARG_MEM(&a, p->counts);
+            arg_paged_rope(&a, cl, next->tk, next->layer);
         }
         e = a.err ? a.err : run3(cl, k, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
     } else if (a.err) {
@@ -424,6 +499,7 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
                     : run3(cl, k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
     }
     if (left) *left = fuse ? -1 : 0;
+    if (!e && fuse_swiglu) mm->cur = !mm->cur;
     if (e || fuse || n_split == 1) return e;
     if (left) return *left = n_split, CL_SUCCESS;
     struct args r = {p->reduce, 0, CL_SUCCESS};
@@ -442,7 +518,7 @@ static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl
 
 static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
                    int kind) {
-    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL, PF_NO_NORM);
+    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL, NULL);
 }
 
 /* Whether matrices can be one GEMM launch (mm_run): one buffer, one format, and each but the last whole
@@ -458,12 +534,13 @@ static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws,
 /* The last arguments of pf_norm and pf_swiglu: where they leave mm's input */
 static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
     ARG_INT(a, mm->int8);
+    const struct pf_place *in = &mm->at[mm->cur];
     ARG_MEM(a, mm->io);
-    ARG_U64(a, mm->o_in); /* floats or int8 */
-    ARG_U64(a, mm->o_xd);
-    ARG_U64(a, mm->o_xs);
+    ARG_U64(a, in->in); /* floats or int8 */
+    ARG_U64(a, in->xd);
+    ARG_U64(a, in->xs);
     ARG_INT(a, mm->half);
-    ARG_U64(a, mm->o_xh);
+    ARG_U64(a, in->xh);
 }
 
 /* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
@@ -548,35 +625,24 @@ static cl_int combine(struct tllm_cl *cl, int pos_off, int spo_off, int base, in
     return j.err ? j.err : run2(cl, p->combine, (size_t)c->n_heads * c->head_dim, (size_t)n, PF_COMBINE_LWS, 1, P_FLASH);
 }
 
-/* RoPE, K and V into the cache, and attention of a step's tokens in layer l (q, k, v in p->qkv, or in
- * `left` slices with their biases at bias_off: mm_run) */
-static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
+/* RoPE on q (into p->q) and k, then k and v into the cache, for a step's tokens in layer l (q, k, v in
+ * p->qkv, or in `left` slices with their biases at bias_off: mm_run) */
+static cl_int rope(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_config *c = &cl->m->cfg;
-    const struct cl_pages *pg = tk->pages;
-    int n = tk->n, paged = pg != NULL;
-    struct args a = {paged ? p->paged_rope : p->rope, 0, CL_SUCCESS};
+    struct args a = {tk->pages ? p->paged_rope : p->rope, 0, CL_SUCCESS};
     ARG_MEM(&a, p->qkv);
     ARG_MEM(&a, p->mm.part);
     ARG_INT(&a, left);
-    ARG_INT(&a, n);
+    ARG_INT(&a, tk->n);
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
-    ARG_INT(&a, c->n_heads);
-    ARG_INT(&a, c->n_kv_heads);
-    ARG_INT(&a, c->head_dim);
-    if (paged) {
-        ARG_MEM(&a, p->meta);
-        ARG_INT(&a, pg->pos_off);
-        ARG_INT(&a, pg->slot_off);
-        ARG_MEM(&a, cl->inv_freq);
-        ARG_INT(&a, l);
-        ARG_INT(&a, pg->n_blocks);
-        ARG_INT(&a, pg->kv_half);
-        ARG_MEM(&a, p->q);
-        ARG_MEM(&a, pg->kp);
-        ARG_MEM(&a, pg->vp);
+    if (tk->pages) {
+        arg_paged_rope(&a, cl, tk, l);
     } else {
+        ARG_INT(&a, c->n_heads);
+        ARG_INT(&a, c->n_kv_heads);
+        ARG_INT(&a, c->head_dim);
         ARG_INT(&a, tk->pos0);
         ARG_MEM(&a, cl->inv_freq);
         ARG_INT(&a, l);
@@ -585,7 +651,19 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
         ARG_MEM(&a, cl->kt);
         ARG_MEM(&a, cl->vc);
     }
-    cl_int e = a.err ? a.err : run2(cl, a.k, (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2), (size_t)n, 64, 1, P_ROPE);
+    size_t pairs = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2);
+    return a.err ? a.err : run2(cl, a.k, pairs, (size_t)tk->n, 64, 1, P_ROPE);
+}
+
+/* RoPE, K and V into the cache, and attention of a step's tokens in layer l (q, k, v in p->qkv, or in
+ * `left` slices with their biases at bias_off: mm_run; -1: the q, k, v GEMM did the RoPE and the cache's
+ * part, gemm_few_rope) */
+static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
+    struct cl_prefill *p = cl->pf;
+    const struct tllm_config *c = &cl->m->cfg;
+    const struct cl_pages *pg = tk->pages;
+    int n = tk->n, paged = pg != NULL;
+    cl_int e = left < 0 ? CL_SUCCESS : rope(cl, l, tk, left, bias_off);
     if (e) return e;
     int per = p->fl_qb / (c->n_heads / c->n_kv_heads); /* tokens of a run */
     if (!paged) {
@@ -628,7 +706,8 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     cl_int e = *pending < 0 ? CL_SUCCESS : norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors), *pending);
     const struct cl_weights *qkv[3] = {&D->wq, &D->wk, &D->wv}, *gate_up[2] = {&D->gate, &D->up};
     if (!e && stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
-        e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left, PF_NO_NORM);
+        struct pf_next rope_next = {PF_NEXT_ROPE, 0, tk, l};
+        e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left, &rope_next);
     } else if (!e) {
         e = gemm(cl, &D->wq, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV);
         if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
@@ -638,16 +717,17 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     if (!e && !p->fl_emit) e = norm(cl, p->att, n, q_dim, -1, 0); /* (else flash_combine left it as o_proj's input) */
     const struct cl_weights *wo = &D->wo;
     int ffn_norm = (int)(L->ffn_norm - m->vectors);
-    if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left, ffn_norm);
+    struct pf_next norm_next = {PF_NEXT_NORM, ffn_norm, NULL, 0}, swiglu_next = {PF_NEXT_SWIGLU, 0, NULL, 0};
+    if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left, &norm_next);
     if (!e && left >= 0) e = norm(cl, p->x, n, c->dim, ffn_norm, left);
     if (!e && stackable(&p->mm, gate_up, 2)) {
-        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, PF_NO_NORM);
+        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, &swiglu_next);
     } else if (!e) {
         left = 0;
         e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
         if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
     }
-    if (!e) {
+    if (!e && left >= 0) { /* (-1: the GEMM did it) */
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
         ARG_INT(&a, c->ffn_dim);
@@ -658,8 +738,8 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
         e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
     const struct cl_weights *down = &D->down;
-    int next_norm = last ? PF_NO_NORM : (int)(m->layers[l + 1].attn_norm - m->vectors);
-    if (!e) e = mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending, next_norm);
+    struct pf_next next_norm = {PF_NEXT_NORM, last ? -1 : (int)(m->layers[l + 1].attn_norm - m->vectors), NULL, 0};
+    if (!e) e = mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending, last ? NULL : &next_norm);
     if (last) *pending = 0;
     return e;
 }
@@ -795,6 +875,7 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
     if ((rc = reserve(cl, tk->n)) || (rc = room(cl, &p->meta, &p->cap_meta, (size_t)tk->n_meta, "a step's tables"))) return rc;
     if (tk->mask && tk->argmax && tk->n_out && (rc = upload_masks(cl, tk))) return rc;
+    p->mm.cur = 0; /* (at[1] holds few_tn tokens only) */
     double t0 = cl->profile || cl->host_times ? tllm_now() : 0;
     struct mask_job job = {.tk = tk0};
     pthread_t helper;
@@ -900,21 +981,21 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     cl_mem xb = NULL, yb = NULL;
     rc = mm_kernel(cl, &mm, int8);
     if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_layout(&mm, N, cols), "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_layout(&mm, N, cols, 0), "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
     if (!rc) {
         cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1, 0);
         if (reps > 0) {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, PF_NO_NORM); /* warm-up */
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, NULL); /* warm-up */
             if (!e) e = clFinish(cl->q);
             double t0 = tllm_now();
-            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, PF_NO_NORM);
+            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, NULL);
             if (!e) e = clFinish(cl->q);
             *secs = tllm_now() - t0;
         } else {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, PF_NO_NORM);
+            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, NULL);
             if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
         }
         if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
@@ -927,6 +1008,8 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (mm.k16) clReleaseKernel(mm.k16);
     if (mm.few) clReleaseKernel(mm.few);
     if (mm.few_norm) clReleaseKernel(mm.few_norm);
+    if (mm.few_swiglu) clReleaseKernel(mm.few_swiglu);
+    if (mm.few_rope) clReleaseKernel(mm.few_rope);
     return rc;
 }
 
