@@ -403,8 +403,8 @@ out:
  * int8 in one and two levels, f16 cache. The second run compiles with opts and extra (-DFL_EMIT=0:
  * o_proj's input from a pf_norm of its own rather than flash_combine), or has env set
  * (TLLM_CL_NO_FEW_NORM: a pf_norm launch after o_proj's and down_proj's gemm_few rather than
- * gemm_few_norm's epilogue; TLLM_CL_NO_FEW_SWIGLU, TLLM_CL_NO_FEW_ROPE: a pf_swiglu (paged_rope) launch
- * after gate/up's (q, k, v's) rather than gemm_few_swiglu's (gemm_few_rope's): the steps of one and two tokens, as sequence 2 alone takes; int8_only: gemm_few
+ * gemm_few_norm's epilogue, one token a step; TLLM_CL_NO_FEW_ROPE: a paged_rope launch after q, k, v's gemm_few
+ * rather than gemm_few_rope's epilogue: the steps of one and two tokens, as sequence 2 alone takes; int8_only: gemm_few
  * takes int8 inputs only, so float has nothing to compare) */
 static void test_fused(const char *dir, int device, const char *opts, const char *extra, const char *env, int int8_only,
                        const char *what) {
@@ -482,17 +482,13 @@ int main(int argc, char **argv) {
     unsetenv("TLLM_CL_SPAN_FLOATS");
     printf("spans of 16 positions, the attention output as o_proj's input:\n");
     test_fused(argv[1], dev ? atoi(dev) : -1, o16, "-DFL_EMIT=0", NULL, 0, "o_proj's input from flash_combine = pf_norm's");
-    printf("the norms after o_proj and down_proj in their GEMM's last work-group (steps of 1-2 tokens):\n");
+    printf("the norms after o_proj and down_proj in their GEMM's last work-group (steps of one token):\n");
     test_fused(argv[1], dev ? atoi(dev) : -1, opts ? opts : "", NULL, "TLLM_CL_NO_FEW_NORM", 1, "gemm_few_norm = gemm_few + pf_norm");
-    printf("silu(gate) * up in the gate/up GEMM, a block of 32 by the work-group that finishes it (steps of 1-2 tokens):\n");
-    test_fused(argv[1], dev ? atoi(dev) : -1, opts ? opts : "", NULL, "TLLM_CL_NO_FEW_SWIGLU", 1, "gemm_few_swiglu = gemm_few + pf_swiglu");
     printf("RoPE and the cache's stores in the q, k, v GEMM, a head by the work-group that finishes it (steps of 1-2 "
            "tokens):\n");
     test_fused(argv[1], dev ? atoi(dev) : -1, opts ? opts : "", NULL, "TLLM_CL_NO_FEW_ROPE", 1, "gemm_few_rope = gemm_few + paged_rope");
     setenv("TLLM_CL_SPLIT", "2", 1); /* every GEMM with the inputs for it in two split-K slices */
-    printf("the same with split-K slices:\n");
-    test_fused(argv[1], dev ? atoi(dev) : -1, opts ? opts : "", NULL, "TLLM_CL_NO_FEW_SWIGLU", 1,
-               "gemm_few_swiglu = gemm_few + pf_swiglu, two slices");
+    printf("the same with two split-K slices:\n");
     test_fused(argv[1], dev ? atoi(dev) : -1, opts ? opts : "", NULL, "TLLM_CL_NO_FEW_ROPE", 1,
                "gemm_few_rope = gemm_few + paged_rope, two slices");
     unsetenv("TLLM_CL_SPLIT");

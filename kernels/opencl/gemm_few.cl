@@ -157,22 +157,21 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local 
     if (sr < tr && r < rows && st < n_tok) gemm_put(acc, r, st, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
 }
 
-/* For epilogues done block by block (gemm_few_swiglu, gemm_few_rope): the blocks of `bs` (>= 16) rows whose
- * last rows this work-group computed (rows [ra, rb) of the launch's `rows`, slice get_group_id(2)), in
- * mine[1 ..] (FEW_BLOCKS_MAX at most), their count in mine[0] (and returned). Row r is of block (r % wrap) /
- * bs: blocks a wrap apart are one block (gate's and up's rows j and ffn + j). count[b]: rows of block b done
- * so far in this launch over every slice, set back to 0 by the group that finds the block whole, for the
- * next launch. Each work-item's stores are fenced before the rows are counted (the threadfence pattern, as
- * few_last in gemm_few_norm.cl); the caller then reads the blocks' outputs past L1 (gemm_in_l2 ...). */
+/* For an epilogue done a block of rows at a time (gemm_few_rope: a head): the blocks of `bs` (>= 16) rows
+ * whose last rows this work-group computed (rows [ra, rb), slice get_group_id(2)), in mine[1 ..]
+ * (FEW_BLOCKS_MAX at most), their count in mine[0] (and returned). count[b]: rows of block b done so far in
+ * this launch over every slice, set back to 0 by the group that finds the block whole, for the next launch.
+ * Each work-item's stores are fenced before the rows are counted (the threadfence pattern, as few_last in
+ * gemm_few_norm.cl); the caller then reads the blocks' outputs past L1 (gemm_in_bias_l2). */
 #define FEW_BLOCKS_MAX (FEW_LWS / FEW_TN / 16 + 2) /* blocks of 16 rows or more that FEW_LWS / FEW_TN rows touch */
-inline int few_blocks_done(volatile __global int *count, int rows, int wrap, int bs, int ra, int rb, __local int *mine) {
+inline int few_blocks_done(volatile __global int *count, int bs, int ra, int rb, __local int *mine) {
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
     if (get_local_id(0) == 0) {
-        int n = 0, whole = bs * (rows / wrap) * (int)get_num_groups(2);
+        int n = 0, whole = bs * (int)get_num_groups(2);
         for (int r = ra, end; r < rb; r = end) {
-            int w0 = r / wrap * wrap, b = (r - w0) / bs, c;
-            end = min(rb, w0 + bs * (b + 1)), c = end - r;
+            int b = r / bs, c;
+            end = min(rb, bs * (b + 1)), c = end - r;
             if (atomic_add(count + b, c) == whole - c) count[b] = 0, mine[++n] = b;
         }
         mine[0] = n;

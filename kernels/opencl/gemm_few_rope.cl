@@ -16,7 +16,7 @@
         GEMM_Q8_OPEN;                                                                                         \
         gemm_few_body(GEMM_Q8_PASS, lv, unit, tr, T);                                                         \
         int r0 = get_group_id(0) * tr, half_d = hd / 2;                                                       \
-        int nb = few_blocks_done(count + 1, rows, rows, hd, r0, min(rows, r0 + tr), mine);                    \
+        int nb = few_blocks_done(count + 1, hd, r0, min(rows, r0 + tr), mine);                                  \
         int n_split = get_num_groups(2), items = nb * half_d * n_tok;                                         \
         for (int i = get_local_id(0); i < items; i += FEW_LWS) { /* (head, token, pair) */                    \
             int head = mine[1 + i / (half_d * n_tok)], t = i / half_d % n_tok, c = i % half_d;                \

@@ -131,9 +131,6 @@ pf_norm(__global float *x, int t_off, __global const int *meta, int rows_off, in
     norm_row(row, part, n_split, n_tok, t, cols, vecs, norm_off, eps, int8, xf, xq, xd, xs, g16, xh, red);
 }
 
-/* silu(g) * u: pf_swiglu's and gemm_few_swiglu's, one expression so their bits are the same */
-inline float silu_mul(float g, float u) { return g / (1.0f + exp(-g)) * u; }
-
 /* h = [gate | up] ([n_tok][2 ffn], or its slices: gemm_in): silu(gate) * up as down_proj's input; one
  * work-item an element */
 __kernel __attribute__((reqd_work_group_size(PF_LWS, 1, 1))) void
@@ -143,7 +140,7 @@ pf_swiglu(__global const float *h, int ffn, __global const float *part, int n_sp
     int j = get_global_id(0), t = get_global_id(1), live = j < ffn;
     float g = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, j) : 0.0f;
     float u = live ? gemm_in(h, part, n_split, n_tok, 2 * ffn, t, ffn + j) : 0.0f;
-    float v = live ? silu_mul(g, u) : 0.0f;
+    float v = live ? g / (1.0f + exp(-g)) * u : 0.0f;
     emit_lane(v, t, j, ffn, live, int8, xf, xq, xd, xs, g16, xh, red);
 }
 

@@ -22,10 +22,9 @@
 #endif
 /* What comes after a GEMM that gemm_few's launch may do itself (mm_run) */
 struct pf_next {
-    enum { PF_NEXT_NORM, PF_NEXT_SWIGLU, PF_NEXT_ROPE } what; /* pf_norm (y the residual), pf_swiglu (gate and up
-                                                                * stacked), paged_rope (q, k, v stacked) */
-    int norm_off;                                             /* NORM: the weight's offset in vecs (-1: none) */
-    const struct cl_tokens *tk;                               /* ROPE: the step (paged) and layer */
+    enum { PF_NEXT_NORM, PF_NEXT_ROPE } what; /* pf_norm (y the residual), paged_rope (q, k, v stacked) */
+    int norm_off;                             /* NORM: the weight's offset in vecs (-1: none) */
+    const struct cl_tokens *tk;               /* ROPE: the step (paged) and layer */
     int layer;
 };
 #define PF_COMBINE_LWS 64 /* flash_combine's work-group (FL_COMBINE_LWS) */
@@ -44,12 +43,6 @@ enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN
 static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k,v", "rope + cache", "flash attention",
                                              "gemm o_proj", "gemm gate,up", "swiglu", "gemm down_proj", "lm_head"};
 
-/* Where a GEMM's input lies in pf_mm's io: byte offsets of [tokens][cols] floats or int8 (in), per block of 32
- * d (xd) and sum (xs), [tokens][cols / 16] with half: per half block d x its sum (xh; else xs again) */
-struct pf_place {
-    size_t in, xd, xs, xh;
-};
-
 /* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
 struct pf_mm {
     cl_kernel k;
@@ -57,20 +50,17 @@ struct pf_mm {
     cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
     cl_kernel few_norm;  /* the same, then pf_norm's work by its last work-group (gemm_few_norm; NULL: none, or
                           * TLLM_CL_NO_FEW_NORM) */
-    cl_kernel few_swiglu; /* gemm_few of gate and up, then pf_swiglu's work block by block (gemm_few_swiglu; NULL:
-                           * none, or TLLM_CL_NO_FEW_SWIGLU) */
     cl_kernel few_rope;  /* gemm_few of q, k and v, then paged_rope's work head by head (gemm_few_rope; NULL: none,
                           * or TLLM_CL_NO_FEW_ROPE) */
     int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
     int half;            /* int8 inputs also leave each half block's sum (xh): some weights have groups of 16 */
     int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
     int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
-    /* one buffer (a buffer argument, not four: WOFF in kernels/opencl/weights.cl) in two places: at[0] for the
-     * buffers' tokens, at[1] for a step of few_tn (gemm_few_swiglu leaves down_proj's input in the place its
-     * own input is not in) */
+    /* one buffer (a buffer argument, not four: WOFF in kernels/opencl/weights.cl) at byte offsets: [tokens][cols]
+     * floats or int8 (in), per block of 32 d (xd) and sum (xs), [tokens][cols / 16] with half: per half block d
+     * x its sum (xh; else xs again) */
     cl_mem io;
-    struct pf_place at[2];
-    int cur;             /* the place of the next GEMM's input (0 at the start of a step) */
+    size_t o_in, o_xd, o_xs, o_xh;
     cl_mem part;         /* split-K slices of the sums */
     size_t part_floats;  /* part's size */
     int split;           /* TLLM_CL_SPLIT (tests): slices wherever there are the steps; 0: the device's choice */
@@ -92,9 +82,8 @@ struct cl_prefill {
     cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
     size_t cap_meta;
     cl_mem amax;                /* [cap] the argmax of each wanted row */
-    cl_mem counts;              /* [1 + blocks] gemm_few_norm's count of finished work-groups, then gemm_few_swiglu's
-                                 * rows done of each block of 32 (ffn / 32) or gemm_few_rope's of each head (all 0
-                                 * between launches) */
+    cl_mem counts;              /* [1 + heads] gemm_few_norm's count of finished work-groups, then gemm_few_rope's rows
+                                 * done of each head of q, k, v (all 0 between launches) */
     int fixed_n;                /* > 0: split-K as for a step of this many tokens, whatever its size (cl_paged.c) */
     size_t room;                /* fixed_room's answer for fixed_n = room_n and split = room_split (0: none yet) */
     int room_n, room_split;
@@ -158,7 +147,7 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->mm.few_norm, p->mm.few_swiglu, p->mm.few_rope, p->reduce, p->embed, p->norm,
+    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->mm.few_norm, p->mm.few_rope, p->reduce, p->embed, p->norm,
                       p->swiglu, p->rope,   p->flash,      p->combine,     p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
@@ -211,7 +200,6 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
     if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
     if (mm->few_norm) clReleaseKernel(mm->few_norm), mm->few_norm = NULL;
-    if (mm->few_swiglu) clReleaseKernel(mm->few_swiglu), mm->few_swiglu = NULL;
     if (mm->few_rope) clReleaseKernel(mm->few_rope), mm->few_rope = NULL;
     int rc = tllm_cl_make_kernel(cl, &mm->k, name);
     if (!rc && int8 && mm->half) {
@@ -222,8 +210,6 @@ static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
     if (!rc && mm->few && p->counts && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
         rc = tllm_cl_make_kernel(cl, &mm->few_norm, int8 == 2 ? "gemm_few_norm_2" : "gemm_few_norm");
-    if (!rc && mm->few && p->counts && p->few_lws % 32 == 0 && !getenv("TLLM_CL_NO_FEW_SWIGLU"))
-        rc = tllm_cl_make_kernel(cl, &mm->few_swiglu, int8 == 2 ? "gemm_few_swiglu_2" : "gemm_few_swiglu");
     if (!rc && mm->few && p->counts && !getenv("TLLM_CL_NO_FEW_ROPE"))
         rc = tllm_cl_make_kernel(cl, &mm->few_rope, int8 == 2 ? "gemm_few_rope_2" : "gemm_few_rope");
     return rc;
@@ -253,9 +239,7 @@ static int make(struct tllm_cl *cl) {
     p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12], p->few_u = v[13];
     if (p->fl_span < 1 || p->few_u < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN and FEW_U positive");
     p->mm.half = model_g16(cl);
-    const struct tllm_config *c = &cl->m->cfg;
-    size_t blocks = (size_t)c->ffn_dim / 32, heads = (size_t)c->n_heads + 2 * (size_t)c->n_kv_heads;
-    size_t n_counts = 1 + (blocks > heads ? blocks : heads);
+    size_t n_counts = 1 + (size_t)cl->m->cfg.n_heads + 2 * (size_t)cl->m->cfg.n_kv_heads;
     cl_int *zeros = calloc(n_counts, sizeof *zeros), e = CL_OUT_OF_HOST_MEMORY;
     if (zeros) p->counts = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n_counts * sizeof *zeros, zeros, &e);
     free(zeros);
@@ -299,21 +283,15 @@ static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
     return most;
 }
 
-/* Lays out mm's input buffer, at[0] for n tokens of cols inputs and at[1] for few (0: none) after it; its size
- * in bytes */
-static size_t mm_io_layout(struct pf_mm *mm, size_t n, size_t cols, size_t few) {
-    size_t at = 0;
-    for (int k = 0; k < 2; k++) {
-        size_t m = k ? few : n, lens[4] = {m * cols * 4, m * cols / 32 * 4, m * cols / 32 * 4, mm->half ? m * cols / 16 * 4 : 0};
-        struct pf_place *pl = &mm->at[k];
-        size_t *offs[4] = {&pl->in, &pl->xd, &pl->xs, &pl->xh};
-        for (int i = 0; i < 4; i++) {
-            *offs[i] = at;
-            at = (at + lens[i] + 255) / 256 * 256; /* each part on its own lines */
-        }
-        if (!mm->half) pl->xh = pl->xs; /* (unread) */
+/* Lays out mm's input buffer for n tokens of cols inputs (mm->o_*); its size in bytes */
+static size_t mm_io_layout(struct pf_mm *mm, size_t n, size_t cols) {
+    size_t at = 0, lens[4] = {n * cols * 4, n * cols / 32 * 4, n * cols / 32 * 4, mm->half ? n * cols / 16 * 4 : 0};
+    size_t *offs[4] = {&mm->o_in, &mm->o_xd, &mm->o_xs, &mm->o_xh};
+    for (int i = 0; i < 4; i++) {
+        *offs[i] = at;
+        at = (at + lens[i] + 255) / 256 * 256; /* each part on its own lines */
     }
-    mm->cur = 0;
+    if (!mm->half) mm->o_xh = mm->o_xs; /* (unread) */
     return at;
 }
 
@@ -332,7 +310,7 @@ static int reserve(struct tllm_cl *cl, int n) {
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_layout(&p->mm, N, (size_t)wide(c), (size_t)p->few_tn), N * (q_dim + 2 * kv_dim) * 4,
+    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_layout(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
                       N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4, part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
@@ -417,10 +395,10 @@ static void arg_paged_rope(struct args *a, struct tllm_cl *cl, const struct cl_t
  * (y_off 0, ldy the rows): split-K's slices may be left in mm->part for the next kernel to sum
  * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result). next (left != NULL;
  * NULL: none): what comes after, done by this launch where gemm_few takes the step, *left then -1: a norm
- * (y the residual, add), norm(y, norm_off, *left), by gemm_few_norm's last work-group (y whole, and
- * normalized as mm's input); pf_swiglu's work (gate and up; y = h, not add) by gemm_few_swiglu (mm's input
- * then in its other place); paged_rope's (q, k, v of a paged step; y = qkv) by gemm_few_rope */
-static cl_int mm_run(struct tllm_cl *cl, struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
+ * (y the residual, add; steps of one token), norm(y, norm_off, *left), by gemm_few_norm's last work-group
+ * (y whole, and normalized as mm's input); paged_rope's work (q, k, v of a paged step; y = qkv) by
+ * gemm_few_rope */
+static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
                      cl_mem y, int y_off, int ldy, int add, int kind, int *left, const struct pf_next *next) {
     struct cl_prefill *p = cl->pf;
     const struct cl_weights *w = ws[0];
@@ -431,13 +409,12 @@ static cl_int mm_run(struct tllm_cl *cl, struct pf_mm *mm, const struct cl_weigh
     n_split = (w->cols + k_len - 1) / k_len;
     int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
     int at_y = few && next && left && y_off == 0 && ldy == rows; /* (the epilogues read y as [n][rows]) */
-    int fuse_norm = at_y && mm->few_norm && next->what == PF_NEXT_NORM && add;
-    int fuse_swiglu = at_y && mm->few_swiglu && next->what == PF_NEXT_SWIGLU && !add && n_w == 2 && rows == 2 * rows_a &&
-                      bias_off < 0;
+    /* the norm by one work-group: one token's row (H100, 7B, two sequences: 169 tok/s with pf_norm's launch, 155
+     * with the norm of both rows in gemm_few_norm) */
+    int fuse_norm = at_y && mm->few_norm && next->what == PF_NEXT_NORM && add && n == 1;
     int fuse_rope = at_y && mm->few_rope && next->what == PF_NEXT_ROPE && !add && n_w == 3 && next->tk->pages;
-    int fuse = fuse_norm || fuse_swiglu || fuse_rope;
-    cl_kernel k = fuse_norm ? mm->few_norm : fuse_swiglu ? mm->few_swiglu : fuse_rope ? mm->few_rope : few ? mm->few : g16 ? mm->k16 : mm->k;
-    const struct pf_place *in = &mm->at[mm->cur];
+    int fuse = fuse_norm || fuse_rope;
+    cl_kernel k = fuse_norm ? mm->few_norm : fuse_rope ? mm->few_rope : few ? mm->few : g16 ? mm->k16 : mm->k;
     struct args a = {k, 0, CL_SUCCESS};
     ARG_MEM(&a, w->base); /* every matrix of a stack's (stackable) */
     arg_woff(&a, w);
@@ -449,11 +426,11 @@ static cl_int mm_run(struct tllm_cl *cl, struct pf_mm *mm, const struct cl_weigh
     ARG_INT(&a, w->cols);
     ARG_INT(&a, n);
     ARG_MEM(&a, mm->io);
-    ARG_U64(&a, in->in);
+    ARG_U64(&a, mm->o_in);
     if (mm->int8) {
-        ARG_U64(&a, in->xd);
-        ARG_U64(&a, in->xs);
-        ARG_U64(&a, in->xh);
+        ARG_U64(&a, mm->o_xd);
+        ARG_U64(&a, mm->o_xs);
+        ARG_U64(&a, mm->o_xh);
     }
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
@@ -478,15 +455,6 @@ static cl_int mm_run(struct tllm_cl *cl, struct pf_mm *mm, const struct cl_weigh
             ARG_F32(&a, cl->m->cfg.norm_eps);
             ARG_INT(&a, mm->int8);
             ARG_INT(&a, mm->half);
-        } else if (fuse_swiglu) {
-            const struct pf_place *out = &mm->at[!mm->cur];
-            ARG_MEM(&a, p->counts);
-            ARG_INT(&a, mm->int8);
-            ARG_INT(&a, mm->half);
-            ARG_U64(&a, out->in);
-            ARG_U64(&a, out->xd);
-            ARG_U64(&a, out->xs);
-            ARG_U64(&a, out->xh);
         } else if (fuse_rope) {
             ARG_MEM(&a, p->counts);
             arg_paged_rope(&a, cl, next->tk, next->layer);
@@ -499,7 +467,6 @@ static cl_int mm_run(struct tllm_cl *cl, struct pf_mm *mm, const struct cl_weigh
                     : run3(cl, k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
     }
     if (left) *left = fuse ? -1 : 0;
-    if (!e && fuse_swiglu) mm->cur = !mm->cur;
     if (e || fuse || n_split == 1) return e;
     if (left) return *left = n_split, CL_SUCCESS;
     struct args r = {p->reduce, 0, CL_SUCCESS};
@@ -534,13 +501,12 @@ static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws,
 /* The last arguments of pf_norm and pf_swiglu: where they leave mm's input */
 static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
     ARG_INT(a, mm->int8);
-    const struct pf_place *in = &mm->at[mm->cur];
     ARG_MEM(a, mm->io);
-    ARG_U64(a, in->in); /* floats or int8 */
-    ARG_U64(a, in->xd);
-    ARG_U64(a, in->xs);
+    ARG_U64(a, mm->o_in); /* floats or int8 */
+    ARG_U64(a, mm->o_xd);
+    ARG_U64(a, mm->o_xs);
     ARG_INT(a, mm->half);
-    ARG_U64(a, in->xh);
+    ARG_U64(a, mm->o_xh);
 }
 
 /* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
@@ -717,17 +683,17 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     if (!e && !p->fl_emit) e = norm(cl, p->att, n, q_dim, -1, 0); /* (else flash_combine left it as o_proj's input) */
     const struct cl_weights *wo = &D->wo;
     int ffn_norm = (int)(L->ffn_norm - m->vectors);
-    struct pf_next norm_next = {PF_NEXT_NORM, ffn_norm, NULL, 0}, swiglu_next = {PF_NEXT_SWIGLU, 0, NULL, 0};
+    struct pf_next norm_next = {PF_NEXT_NORM, ffn_norm, NULL, 0};
     if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left, &norm_next);
     if (!e && left >= 0) e = norm(cl, p->x, n, c->dim, ffn_norm, left);
     if (!e && stackable(&p->mm, gate_up, 2)) {
-        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, &swiglu_next);
+        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, NULL);
     } else if (!e) {
         left = 0;
         e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
         if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
     }
-    if (!e && left >= 0) { /* (-1: the GEMM did it) */
+    if (!e) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
         ARG_MEM(&a, p->h);
         ARG_INT(&a, c->ffn_dim);
@@ -875,7 +841,6 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
     if ((rc = reserve(cl, tk->n)) || (rc = room(cl, &p->meta, &p->cap_meta, (size_t)tk->n_meta, "a step's tables"))) return rc;
     if (tk->mask && tk->argmax && tk->n_out && (rc = upload_masks(cl, tk))) return rc;
-    p->mm.cur = 0; /* (at[1] holds few_tn tokens only) */
     double t0 = cl->profile || cl->host_times ? tllm_now() : 0;
     struct mask_job job = {.tk = tk0};
     pthread_t helper;
@@ -981,7 +946,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     cl_mem xb = NULL, yb = NULL;
     rc = mm_kernel(cl, &mm, int8);
     if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_layout(&mm, N, cols, 0), "matmul input");
+    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_layout(&mm, N, cols), "matmul input");
     if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
     if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
     if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
@@ -1008,7 +973,6 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     if (mm.k16) clReleaseKernel(mm.k16);
     if (mm.few) clReleaseKernel(mm.few);
     if (mm.few_norm) clReleaseKernel(mm.few_norm);
-    if (mm.few_swiglu) clReleaseKernel(mm.few_swiglu);
     if (mm.few_rope) clReleaseKernel(mm.few_rope);
     return rc;
 }
