@@ -3,7 +3,7 @@
  * attention between them (kernels/opencl/prefill.cl), K and V written straight into the device cache
  * (or the block pool). The kernels and the buffers are made at the first step and grow with the
  * largest one. */
-#include "engine/backend/opencl/cl_internal.h"
+#include "engine/backend/opencl/cl_prefill.h"
 #include "engine/backend/backend.h"
 
 #include <pthread.h>
@@ -14,92 +14,8 @@
 #include "base/clock.h"
 #include "base/error.h"
 
-#define PF_LOGIT_ROWS 64 /* tokens whose logits one lm_head GEMM computes (several tokens' logits or argmaxes) */
-#define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */
-#ifndef PF_SPLIT_MIN_STEPS
-#define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
-                              * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
-#endif
-/* What comes after a GEMM that gemm_few's launch may do itself (mm_run) */
-struct pf_next {
-    enum { PF_NEXT_NORM, PF_NEXT_ROPE } what; /* pf_norm (y the residual), paged_rope (q, k, v stacked) */
-    int norm_off;                             /* NORM: the weight's offset in vecs (-1: none) */
-    const struct cl_tokens *tk;               /* ROPE: the step (paged) and layer */
-    int layer;
-};
-#define PF_COMBINE_LWS 64 /* flash_combine's work-group (FL_COMBINE_LWS) */
-#define PF_MAX_HEAD_DIM 128 /* flash_prefill's local memory at larger heads is above NVIDIA's 48 KiB */
-#ifndef PF_SPAN_GROUPS
-#define PF_SPAN_GROUPS 4 /* flash_prefill's work-groups a compute unit, past which one takes several spans
-                          * (H200, 1.5B, 256 sequences: a work-group a span cost 4% of the step) */
-#endif
-#ifndef PF_SPAN_FLOATS
-#define PF_SPAN_FLOATS (16 << 20) /* flash_prefill's span sums a launch at most (64 MiB): a step's runs go in
-                                   * as many launches as they need (TLLM_CL_SPAN_FLOATS: tests) */
-#endif
-
-/* What a chunk's launches do, for TLLM_CL_PROFILE */
-enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN, P_LM_HEAD, P_COUNT };
 static const char *const p_names[P_COUNT] = {"embed", "norm/quantize", "gemm q,k,v", "rope + cache", "flash attention",
                                              "gemm o_proj", "gemm gate,up", "swiglu", "gemm down_proj", "lm_head"};
-
-/* A GEMM kernel and its input, as pf_norm and pf_swiglu leave it */
-struct pf_mm {
-    cl_kernel k;
-    cl_kernel k16;       /* the same for weights in groups of 16 (int8 inputs; gemm_q8_g16 ...) */
-    cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
-    cl_kernel few_norm;  /* the same, then pf_norm's work by its last work-group (gemm_few_norm; NULL: none, or
-                          * TLLM_CL_NO_FEW_NORM) */
-    cl_kernel few_rope;  /* gemm_few of q, k and v, then paged_rope's work head by head (gemm_few_rope; NULL: none,
-                          * or TLLM_CL_NO_FEW_ROPE) */
-    int int8;            /* int8 blocks in this many levels (gemm_q8: 1 or 2), else 0: floats (gemm_f) */
-    int half;            /* int8 inputs also leave each half block's sum (xh): some weights have groups of 16 */
-    int mma;             /* gemm_q8_mma on NVIDIA's tensor cores: 1-D work-groups of gt threads */
-    int tm, tn, gt;      /* its tile: rows, tokens, threads along a side (mma: all of them) */
-    /* one buffer (a buffer argument, not four: WOFF in kernels/opencl/weights.cl) at byte offsets: [tokens][cols]
-     * floats or int8 (in), per block of 32 d (xd) and sum (xs), [tokens][cols / 16] with half: per half block d
-     * x its sum (xh; else xs again) */
-    cl_mem io;
-    size_t o_in, o_xd, o_xs, o_xh;
-    cl_mem part;         /* split-K slices of the sums */
-    size_t part_floats;  /* part's size */
-    int split;           /* TLLM_CL_SPLIT (tests): slices wherever there are the steps; 0: the device's choice */
-};
-
-struct cl_prefill {
-    int cap; /* tokens the buffers hold */
-    struct pf_mm mm;
-    int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
-    int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    int few_tn, few_lws, few_u;         /* gemm_few's largest step, work-group and units a thread (FEW_TN, FEW_LWS, FEW_U) */
-    int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
-    int fl_emit;                        /* flash_combine leaves every row as o_proj's input (FL_EMIT) */
-    cl_kernel reduce, embed, norm, swiglu, rope, flash, combine, paged_rope, argmax, argmax_allowed;
-    cl_mem spans;               /* [cap_spans] flash_prefill's sums of the spans of split rows */
-    size_t cap_spans, span_floats; /* its size; the most a launch may use (PF_SPAN_FLOATS) */
-    cl_mem allow, mask;         /* a step's bitsets of allowed ids and each wanted row's (struct cl_tokens) */
-    size_t cap_allow, cap_mask; /* their sizes in 32-bit words */
-    cl_mem meta;                /* [cap_meta] a step's ids and tables (struct cl_tokens) */
-    size_t cap_meta;
-    cl_mem amax;                /* [cap] the argmax of each wanted row */
-    cl_mem counts;              /* [1 + heads] gemm_few_norm's count of finished work-groups, then gemm_few_rope's rows
-                                 * done of each head of q, k, v (all 0 between launches) */
-    int fixed_n;                /* > 0: split-K as for a step of this many tokens, whatever its size (cl_paged.c) */
-    size_t room;                /* fixed_room's answer for fixed_n = room_n and split = room_split (0: none yet) */
-    int room_n, room_split;
-    cl_mem x;                   /* [cap][dim] the residual stream */
-    cl_mem qkv, q, att;         /* [cap][q_dim + 2 kv_dim], [cap][q_dim] (RoPE'd), [cap][q_dim] */
-    cl_mem h;                   /* [cap][2 ffn]: gate | up */
-    cl_mem logits;              /* [PF_LOGIT_ROWS][vocab], made when every token's logits are asked */
-    /* TLLM_CL_PROFILE: device time and launches by kind, over all chunks (printed by tllm_cl_prefill_free) */
-    double prof_ns[P_COUNT], prof_wall_s;
-    long prof_n[P_COUNT], chunks, tokens;
-    cl_event *ev;
-    int *ev_kind, n_ev, cap_ev, launches; /* launches: the last chunk's */
-    /* TLLM_CL_PROFILE=host: a step's host time queueing (of it, in clEnqueueNDRangeKernel) and waiting */
-    double host_queue_s, host_enq_s, host_wait_s, host_enq_kind_s[P_COUNT];
-    long host_steps, host_launches, host_launches_kind[P_COUNT];
-};
 
 static int wide(const struct tllm_config *c) {
     int w = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
@@ -184,38 +100,7 @@ static int model_g16(const struct tllm_cl *cl) {
     return 0;
 }
 
-/* TLLM_CL_SPLIT, read once a call (tests change it between calls) */
-static int split_asked(void) {
-    const char *s = getenv("TLLM_CL_SPLIT");
-    return s ? atoi(s) : 0;
-}
-
-/* mm's kernel for int8 (in int8 levels) or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
-static int mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
-    const struct cl_prefill *p = cl->pf;
-    mm->int8 = int8, mm->mma = int8 && p->mma_tm > 0 && !getenv("TLLM_CL_NO_MMA");
-    mm->tm = mm->mma ? p->mma_tm : p->tm, mm->tn = mm->mma ? p->mma_tn : p->tn, mm->gt = mm->mma ? p->mma_lws : p->gt;
-    const char *name = mm->mma ? (int8 == 2 ? "gemm_q8_mma_2" : "gemm_q8_mma") : int8 == 2 ? "gemm_q8_2" : int8 ? "gemm_q8" : "gemm_f";
-    if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
-    if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
-    if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
-    if (mm->few_norm) clReleaseKernel(mm->few_norm), mm->few_norm = NULL;
-    if (mm->few_rope) clReleaseKernel(mm->few_rope), mm->few_rope = NULL;
-    int rc = tllm_cl_make_kernel(cl, &mm->k, name);
-    if (!rc && int8 && mm->half) {
-        char n16[32];
-        snprintf(n16, sizeof n16, "%s_g16", name);
-        rc = tllm_cl_make_kernel(cl, &mm->k16, n16);
-    }
-    if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
-    if (!rc && mm->few && p->counts && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
-        rc = tllm_cl_make_kernel(cl, &mm->few_norm, int8 == 2 ? "gemm_few_norm_2" : "gemm_few_norm");
-    if (!rc && mm->few && p->counts && !getenv("TLLM_CL_NO_FEW_ROPE"))
-        rc = tllm_cl_make_kernel(cl, &mm->few_rope, int8 == 2 ? "gemm_few_rope_2" : "gemm_few_rope");
-    return rc;
-}
-
-static int make(struct tllm_cl *cl) {
+int tllm_cl_pf_make(struct tllm_cl *cl) {
     struct cl_prefill *p = calloc(1, sizeof *p);
     if (!p) return tllm_fail(TLLM_ERR_NOMEM, "out of memory");
     cl->pf = p;
@@ -244,55 +129,7 @@ static int make(struct tllm_cl *cl) {
     if (zeros) p->counts = clCreateBuffer(cl->cx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, n_counts * sizeof *zeros, zeros, &e);
     free(zeros);
     if (e != CL_SUCCESS) return tllm_fail(TLLM_ERR_IO, "opencl: gemm_few's counts: %s", tllm_cl_err_name(e));
-    return mm_kernel(cl, &p->mm, int8_levels(cl));
-}
-
-/* Split-K slices for a GEMM of rows x cols over n tokens: enough for two work-groups per compute unit,
- * each slice at least PF_SPLIT_MIN_STEPS staging steps, as many as the slices' buffer holds (1: none; TLLM_CL_SPLIT=N
- * asks for N, TLLM_CL_SPLIT=1 for none). With fixed_n, as for fixed_n tokens whatever n is (and the
- * buffer made to hold them: fixed_room): a token's sums are then added in the same order in any step. */
-static int splits(const struct tllm_cl *cl, const struct pf_mm *mm, int rows, int cols, size_t n) {
-    int fixed = cl->pf->fixed_n;
-    size_t tiles = ((size_t)rows + mm->tm - 1) / mm->tm * (((fixed ? (size_t)fixed : n) + mm->tn - 1) / mm->tn);
-    size_t want = (2 * (size_t)cl->n_cu + tiles - 1) / tiles, steps = ((size_t)cols + 63) / 64;
-    size_t room = fixed ? SIZE_MAX : mm->part_floats / (n * (size_t)rows);
-    size_t s = want < steps / PF_SPLIT_MIN_STEPS ? want : steps / PF_SPLIT_MIN_STEPS;
-    if (mm->split > 0) s = (size_t)mm->split < steps ? (size_t)mm->split : steps;
-    s = s < room ? s : room;
-    return s > 1 ? (int)s : 1;
-}
-
-/* Floats a token's slices take in the GEMM that splits most (fixed_n set) */
-static size_t fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm) {
-    const size_t n = 1; /* any: the split does not depend on it */
-    size_t most = 0;
-    for (int l = 0; l < cl->m->cfg.n_layers; l++) {
-        const struct cl_layer *D = &cl->layers[l];
-        const struct cl_weights *ws[] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->gate, &D->up, &D->down};
-        int rows[9], cols[9]; /* each matrix, and the stacks layer() may launch */
-        for (int i = 0; i < 7; i++) rows[i] = ws[i]->rows, cols[i] = ws[i]->cols;
-        rows[7] = D->wq.rows + D->wk.rows + D->wv.rows, cols[7] = D->wq.cols;
-        rows[8] = D->gate.rows + D->up.rows, cols[8] = D->gate.cols;
-        for (int i = 0; i < 9; i++) {
-            int sp = splits(cl, mm, rows[i], cols[i], n);
-            if (sp > 1 && (size_t)sp * rows[i] > most) most = (size_t)sp * rows[i];
-        }
-    }
-    int sp = splits(cl, mm, cl->lm_head.rows, cl->lm_head.cols, n);
-    if (sp > 1 && (size_t)sp * cl->lm_head.rows > most) most = (size_t)sp * cl->lm_head.rows;
-    return most;
-}
-
-/* Lays out mm's input buffer for n tokens of cols inputs (mm->o_*); its size in bytes */
-static size_t mm_io_layout(struct pf_mm *mm, size_t n, size_t cols) {
-    size_t at = 0, lens[4] = {n * cols * 4, n * cols / 32 * 4, n * cols / 32 * 4, mm->half ? n * cols / 16 * 4 : 0};
-    size_t *offs[4] = {&mm->o_in, &mm->o_xd, &mm->o_xs, &mm->o_xh};
-    for (int i = 0; i < 4; i++) {
-        *offs[i] = at;
-        at = (at + lens[i] + 255) / 256 * 256; /* each part on its own lines */
-    }
-    if (!mm->half) mm->o_xh = mm->o_xs; /* (unread) */
-    return at;
+    return tllm_cl_mm_kernel(cl, &p->mm, int8_levels(cl));
 }
 
 /* Room for steps of n tokens */
@@ -300,7 +137,7 @@ static int reserve(struct tllm_cl *cl, int n) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_config *c = &cl->m->cfg;
     if (p->fixed_n && (p->room_n != p->fixed_n || p->room_split != p->mm.split)) /* a loop over every GEMM: once */
-        p->room = fixed_room(cl, &p->mm), p->room_n = p->fixed_n, p->room_split = p->mm.split;
+        p->room = tllm_cl_mm_fixed_room(cl, &p->mm), p->room_n = p->fixed_n, p->room_split = p->mm.split;
     size_t part_tok = PF_PART * (size_t)c->dim, fixed = p->fixed_n ? p->room : 0;
     part_tok = fixed > part_tok ? fixed : part_tok;
     if (n <= p->cap && part_tok * p->cap <= p->mm.part_floats) return TLLM_OK;
@@ -310,7 +147,7 @@ static int reserve(struct tllm_cl *cl, int n) {
         if (*bs[i]) clReleaseMemObject(*bs[i]), *bs[i] = NULL;
     p->cap = 0;
     size_t N = (size_t)n, q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[] = {N * 4, N * c->dim * 4, mm_io_layout(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
+    size_t sizes[] = {N * 4, N * c->dim * 4, tllm_cl_mm_io_layout(&p->mm, N, (size_t)wide(c)), N * (q_dim + 2 * kv_dim) * 4,
                       N * q_dim * 4, N * q_dim * 4, N * 2 * c->ffn_dim * 4, part_tok * N * 4};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++) {
         int rc = tllm_cl_device_buffer(cl, bs[i], sizes[i], "prompt activations");
@@ -319,38 +156,6 @@ static int reserve(struct tllm_cl *cl, int n) {
     p->cap = n;
     p->mm.part_floats = part_tok * N;
     return TLLM_OK;
-}
-
-static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
-
-/* A launch over [g0 x g1 x g2] work-items in groups of [l0 x l1 x 1] (g0, g1 rounded up) */
-static cl_int run3(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t g2, size_t l0, size_t l1, int kind) {
-    struct cl_prefill *p = cl->pf;
-    size_t g[3] = {round_up(g0, l0), round_up(g1, l1), g2}, l[3] = {l0, l1, 1};
-    cl_event *ev = NULL;
-    if (cl->profile) {
-        if (p->n_ev == p->cap_ev) {
-            int cap = p->cap_ev ? 2 * p->cap_ev : 512;
-            cl_event *ne = realloc(p->ev, (size_t)cap * sizeof *ne);
-            int *nk = ne ? realloc(p->ev_kind, (size_t)cap * sizeof *nk) : NULL;
-            if (ne) p->ev = ne;
-            if (!nk) return CL_OUT_OF_HOST_MEMORY;
-            p->ev_kind = nk, p->cap_ev = cap;
-        }
-        p->ev_kind[p->n_ev] = kind;
-        ev = &p->ev[p->n_ev++];
-    }
-    if (!cl->host_times) return clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
-    double t0 = tllm_now();
-    cl_int e = clEnqueueNDRangeKernel(cl->q, k, 3, NULL, g, l, 0, NULL, ev);
-    double dt = tllm_now() - t0;
-    p->host_enq_s += dt, p->host_enq_kind_s[kind] += dt;
-    p->host_launches++, p->host_launches_kind[kind]++;
-    return e;
-}
-
-static cl_int run2(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t l0, size_t l1, int kind) {
-    return run3(cl, k, g0, g1, 1, l0, l1, kind);
 }
 
 /* TLLM_CL_PROFILE: the chunk's events, summed by kind */
@@ -370,169 +175,8 @@ static void collect(struct tllm_cl *cl, double wall) {
     p->prof_wall_s += wall;
 }
 
-/* paged_rope's arguments after qkv's (PAGED_ROPE_ARGS in kernels/opencl/paged.cl): the step's tables, layer l's
- * pool */
-static void arg_paged_rope(struct args *a, struct tllm_cl *cl, const struct cl_tokens *tk, int l) {
-    const struct tllm_config *c = &cl->m->cfg;
-    const struct cl_pages *pg = tk->pages;
-    ARG_INT(a, c->n_heads);
-    ARG_INT(a, c->n_kv_heads);
-    ARG_INT(a, c->head_dim);
-    ARG_MEM(a, cl->pf->meta);
-    ARG_INT(a, pg->pos_off);
-    ARG_INT(a, pg->slot_off);
-    ARG_MEM(a, cl->inv_freq);
-    ARG_INT(a, l);
-    ARG_INT(a, pg->n_blocks);
-    ARG_INT(a, pg->kv_half);
-    ARG_MEM(a, cl->pf->q);
-    ARG_MEM(a, pg->kp);
-    ARG_MEM(a, pg->vp);
-}
-
-/* y[t][y_off + r] (+)= W . input[t] (+ bias) for n tokens (the input: mm's, as the last pf_norm or
- * pf_swiglu left it); W: the n_w (1 to 3) matrices of ws stacked by rows (stackable). left != NULL
- * (y_off 0, ldy the rows): split-K's slices may be left in mm->part for the next kernel to sum
- * (gemm_in in kernels/opencl/gemm.cl), *left their count (0: y holds the result). next (left != NULL;
- * NULL: none): what comes after, done by this launch where gemm_few takes the step, *left then -1: a norm
- * (y the residual, add; steps of one token), norm(y, norm_off, *left), by gemm_few_norm's last work-group
- * (y whole, and normalized as mm's input); paged_rope's work (q, k, v of a paged step; y = qkv) by
- * gemm_few_rope */
-static cl_int mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w, int n, int bias_off,
-                     cl_mem y, int y_off, int ldy, int add, int kind, int *left, const struct pf_next *next) {
-    struct cl_prefill *p = cl->pf;
-    const struct cl_weights *w = ws[0];
-    int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
-    size_t groups_r = ((size_t)rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + mm->tn - 1) / mm->tn;
-    int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
-    int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
-    n_split = (w->cols + k_len - 1) / k_len;
-    int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
-    int at_y = few && next && left && y_off == 0 && ldy == rows; /* (the epilogues read y as [n][rows]) */
-    /* the norm by one work-group: one token's row (H100, 7B, two sequences: 169 tok/s with pf_norm's launch, 155
-     * with the norm of both rows in gemm_few_norm) */
-    int fuse_norm = at_y && mm->few_norm && next->what == PF_NEXT_NORM && add && n == 1;
-    int fuse_rope = at_y && mm->few_rope && next->what == PF_NEXT_ROPE && !add && n_w == 3 && next->tk->pages;
-    int fuse = fuse_norm || fuse_rope;
-    cl_kernel k = fuse_norm ? mm->few_norm : fuse_rope ? mm->few_rope : few ? mm->few : g16 ? mm->k16 : mm->k;
-    struct args a = {k, 0, CL_SUCCESS};
-    ARG_MEM(&a, w->base); /* every matrix of a stack's (stackable) */
-    arg_woff(&a, w);
-    arg_woff(&a, ws[n_w > 1]);
-    arg_woff(&a, ws[n_w > 2 ? 2 : 0]);
-    ARG_INT(&a, rows_a);
-    ARG_INT(&a, rows_ab);
-    ARG_INT(&a, rows);
-    ARG_INT(&a, w->cols);
-    ARG_INT(&a, n);
-    ARG_MEM(&a, mm->io);
-    ARG_U64(&a, mm->o_in);
-    if (mm->int8) {
-        ARG_U64(&a, mm->o_xd);
-        ARG_U64(&a, mm->o_xs);
-        ARG_U64(&a, mm->o_xh);
-    }
-    ARG_MEM(&a, cl->vecs);
-    ARG_INT(&a, bias_off);
-    ARG_MEM(&a, y);
-    ARG_INT(&a, y_off);
-    ARG_INT(&a, ldy);
-    ARG_INT(&a, add);
-    ARG_MEM(&a, mm->part);
-    ARG_INT(&a, k_len);
-    cl_int e;
-    if (few) {
-        /* the terms the GEMMs add: a half block (groups of 16), a step of two blocks (gemm_q8_mma's groups
-         * of 64 or more), or a block */
-        int unit = g16 ? 2 : mm->mma && w->gs % 64 == 0 ? 1 : 0;
-        int units = k_len / 64 * (unit == 2 ? 4 : unit ? 1 : 2), tr = p->few_u * p->few_lws / units; /* rows a work-group */
-        tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
-        ARG_INT(&a, unit);
-        ARG_INT(&a, tr);
-        if (fuse_norm) {
-            ARG_MEM(&a, p->counts);
-            ARG_INT(&a, next->norm_off);
-            ARG_F32(&a, cl->m->cfg.norm_eps);
-            ARG_INT(&a, mm->int8);
-            ARG_INT(&a, mm->half);
-        } else if (fuse_rope) {
-            ARG_MEM(&a, p->counts);
-            arg_paged_rope(&a, cl, next->tk, next->layer);
-        }
-        e = a.err ? a.err : run3(cl, k, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
-    } else if (a.err) {
-        e = a.err;
-    } else {
-        e = mm->mma ? run3(cl, k, groups_r * mm->gt, groups_t, (size_t)n_split, mm->gt, 1, kind)
-                    : run3(cl, k, groups_r * mm->gt, groups_t * mm->gt, (size_t)n_split, mm->gt, mm->gt, kind);
-    }
-    if (left) *left = fuse ? -1 : 0;
-    if (e || fuse || n_split == 1) return e;
-    if (left) return *left = n_split, CL_SUCCESS;
-    struct args r = {p->reduce, 0, CL_SUCCESS};
-    ARG_MEM(&r, mm->part);
-    ARG_INT(&r, n_split);
-    ARG_INT(&r, rows);
-    ARG_INT(&r, n);
-    ARG_MEM(&r, cl->vecs);
-    ARG_INT(&r, bias_off);
-    ARG_MEM(&r, y);
-    ARG_INT(&r, y_off);
-    ARG_INT(&r, ldy);
-    ARG_INT(&r, add);
-    return r.err ? r.err : run2(cl, p->reduce, (size_t)rows, (size_t)n, 64, 1, kind);
-}
-
-static cl_int gemm(struct tllm_cl *cl, const struct cl_weights *w, int n, int bias_off, cl_mem y, int y_off, int ldy, int add,
-                   int kind) {
-    return mm_run(cl, &cl->pf->mm, &w, 1, n, bias_off, y, y_off, ldy, add, kind, NULL, NULL);
-}
-
-/* Whether matrices can be one GEMM launch (mm_run): one buffer, one format, and each but the last whole
- * tiles of rows */
-static int stackable(const struct pf_mm *mm, const struct cl_weights *const *ws, int n_w) {
-    for (int i = 0; i < n_w; i++)
-        if (ws[i]->base != ws[0]->base || ws[i]->bits != ws[0]->bits || ws[i]->gs != ws[0]->gs || ws[i]->dt != ws[0]->dt ||
-            ws[i]->cols != ws[0]->cols || (i + 1 < n_w && ws[i]->rows % mm->tm))
-            return 0;
-    return 1;
-}
-
-/* The last arguments of pf_norm and pf_swiglu: where they leave mm's input */
-static void arg_mm_input(struct args *a, const struct pf_mm *mm) {
-    ARG_INT(a, mm->int8);
-    ARG_MEM(a, mm->io);
-    ARG_U64(a, mm->o_in); /* floats or int8 */
-    ARG_U64(a, mm->o_xd);
-    ARG_U64(a, mm->o_xs);
-    ARG_INT(a, mm->half);
-    ARG_U64(a, mm->o_xh);
-}
-
-/* mm's input: rows [t_off, t_off + n) of x ([n][cols]), or (rows_off >= 0) rows meta[rows_off ..] of it,
- * normalized by the weight at norm_off (< 0: none); left > 1: first x += the slices a GEMM left (mm_run) */
-static cl_int mm_input(struct tllm_cl *cl, const struct pf_mm *mm, cl_mem x, int t_off, int rows_off, int n, int cols,
-                       int norm_off, int left) {
-    struct cl_prefill *p = cl->pf;
-    struct args a = {p->norm, 0, CL_SUCCESS};
-    ARG_MEM(&a, x);
-    ARG_INT(&a, t_off);
-    ARG_MEM(&a, p->meta);
-    ARG_INT(&a, rows_off);
-    ARG_INT(&a, cols);
-    ARG_MEM(&a, cl->vecs);
-    ARG_INT(&a, norm_off);
-    ARG_F32(&a, cl->m->cfg.norm_eps);
-    ARG_MEM(&a, p->mm.part);
-    ARG_INT(&a, left);
-    ARG_INT(&a, n);
-    arg_mm_input(&a, mm);
-    if (a.err) return a.err;
-    return run2(cl, p->norm, (size_t)n * p->lws, 1, (size_t)p->lws, 1, P_NORM);
-}
-
 static cl_int norm(struct tllm_cl *cl, cl_mem x, int n, int cols, int norm_off, int left) {
-    return mm_input(cl, &cl->pf->mm, x, 0, -1, n, cols, norm_off, left);
+    return tllm_cl_mm_input(cl, &cl->pf->mm, x, 0, -1, n, cols, norm_off, left);
 }
 
 /* flash_prefill over runs [g0, g0 + runs) (paged: the step's; else runs of the chunk from g0 = 0) in
@@ -567,7 +211,7 @@ static cl_int flash(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int g
     ARG_INT(&f, base);
     ARG_MEM(&f, sp);
     ARG_MEM(&f, p->att);
-    return f.err ? f.err : run3(cl, p->flash, (size_t)runs * p->fl_lws, (size_t)c->n_kv_heads, (size_t)(n_span + per_wg - 1) / per_wg,
+    return f.err ? f.err : tllm_cl_pf_run3(cl, p->flash, (size_t)runs * p->fl_lws, (size_t)c->n_kv_heads, (size_t)(n_span + per_wg - 1) / per_wg,
                                 (size_t)p->fl_lws, 1, P_FLASH);
 }
 
@@ -587,12 +231,12 @@ static cl_int combine(struct tllm_cl *cl, int pos_off, int spo_off, int base, in
     ARG_INT(&j, c->n_heads);
     ARG_MEM(&j, p->att);
     ARG_INT(&j, p->fl_emit);
-    arg_mm_input(&j, &p->mm);
-    return j.err ? j.err : run2(cl, p->combine, (size_t)c->n_heads * c->head_dim, (size_t)n, PF_COMBINE_LWS, 1, P_FLASH);
+    tllm_cl_arg_mm_input(&j, &p->mm);
+    return j.err ? j.err : tllm_cl_pf_run2(cl, p->combine, (size_t)c->n_heads * c->head_dim, (size_t)n, PF_COMBINE_LWS, 1, P_FLASH);
 }
 
 /* RoPE on q (into p->q) and k, then k and v into the cache, for a step's tokens in layer l (q, k, v in
- * p->qkv, or in `left` slices with their biases at bias_off: mm_run) */
+ * p->qkv, or in `left` slices with their biases at bias_off: tllm_cl_mm_run) */
 static cl_int rope(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
     struct cl_prefill *p = cl->pf;
     const struct tllm_config *c = &cl->m->cfg;
@@ -604,7 +248,7 @@ static cl_int rope(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int le
     ARG_MEM(&a, cl->vecs);
     ARG_INT(&a, bias_off);
     if (tk->pages) {
-        arg_paged_rope(&a, cl, tk, l);
+        tllm_cl_arg_paged_rope(&a, cl, tk, l);
     } else {
         ARG_INT(&a, c->n_heads);
         ARG_INT(&a, c->n_kv_heads);
@@ -618,11 +262,11 @@ static cl_int rope(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int le
         ARG_MEM(&a, cl->vc);
     }
     size_t pairs = (size_t)(c->n_heads + 2 * c->n_kv_heads) * (c->head_dim / 2);
-    return a.err ? a.err : run2(cl, a.k, pairs, (size_t)tk->n, 64, 1, P_ROPE);
+    return a.err ? a.err : tllm_cl_pf_run2(cl, a.k, pairs, (size_t)tk->n, 64, 1, P_ROPE);
 }
 
 /* RoPE, K and V into the cache, and attention of a step's tokens in layer l (q, k, v in p->qkv, or in
- * `left` slices with their biases at bias_off: mm_run; -1: the q, k, v GEMM did the RoPE and the cache's
+ * `left` slices with their biases at bias_off: tllm_cl_mm_run; -1: the q, k, v GEMM did the RoPE and the cache's
  * part, gemm_few_rope) */
 static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int left, int bias_off) {
     struct cl_prefill *p = cl->pf;
@@ -658,7 +302,7 @@ static cl_int attention(struct tllm_cl *cl, int l, const struct cl_tokens *tk, i
 }
 
 /* Layer l for the step's tokens. *pending: slices of the last GEMM that adds into x (the layer
- * before's down_proj), summed into x by the first norm (-1: that GEMM did the norm: mm_run); on return,
+ * before's down_proj), summed into x by the first norm (-1: that GEMM did the norm: tllm_cl_mm_run); on return,
  * this layer's (0: none: the last layer leaves x whole for the outputs). Slices go to the next kernel wherever it can sum them, saving
  * gemm_reduce's launch (4 a layer when every GEMM splits). */
 static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *pending) {
@@ -671,27 +315,27 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
     int bq = (int)(L->bq - m->vectors), left = 0, last = l + 1 == c->n_layers;
     cl_int e = *pending < 0 ? CL_SUCCESS : norm(cl, p->x, n, c->dim, (int)(L->attn_norm - m->vectors), *pending);
     const struct cl_weights *qkv[3] = {&D->wq, &D->wk, &D->wv}, *gate_up[2] = {&D->gate, &D->up};
-    if (!e && stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
+    if (!e && tllm_cl_mm_stackable(&p->mm, qkv, 3) && L->bk == L->bq + q_dim && L->bv == L->bk + kv_dim) { /* one launch */
         struct pf_next rope_next = {PF_NEXT_ROPE, 0, tk, l};
-        e = mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left, &rope_next);
+        e = tllm_cl_mm_run(cl, &p->mm, qkv, 3, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV, &left, &rope_next);
     } else if (!e) {
-        e = gemm(cl, &D->wq, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV);
-        if (!e) e = gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
-        if (!e) e = gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
+        e = tllm_cl_gemm(cl, &D->wq, n, bq, p->qkv, 0, ld_qkv, 0, P_QKV);
+        if (!e) e = tllm_cl_gemm(cl, &D->wk, n, (int)(L->bk - m->vectors), p->qkv, q_dim, ld_qkv, 0, P_QKV);
+        if (!e) e = tllm_cl_gemm(cl, &D->wv, n, (int)(L->bv - m->vectors), p->qkv, q_dim + kv_dim, ld_qkv, 0, P_QKV);
     }
     if (!e) e = attention(cl, l, tk, left, bq);
     if (!e && !p->fl_emit) e = norm(cl, p->att, n, q_dim, -1, 0); /* (else flash_combine left it as o_proj's input) */
     const struct cl_weights *wo = &D->wo;
     int ffn_norm = (int)(L->ffn_norm - m->vectors);
     struct pf_next norm_next = {PF_NEXT_NORM, ffn_norm, NULL, 0};
-    if (!e) e = mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left, &norm_next);
+    if (!e) e = tllm_cl_mm_run(cl, &p->mm, &wo, 1, n, -1, p->x, 0, c->dim, 1, P_O, &left, &norm_next);
     if (!e && left >= 0) e = norm(cl, p->x, n, c->dim, ffn_norm, left);
-    if (!e && stackable(&p->mm, gate_up, 2)) {
-        e = mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, NULL);
+    if (!e && tllm_cl_mm_stackable(&p->mm, gate_up, 2)) {
+        e = tllm_cl_mm_run(cl, &p->mm, gate_up, 2, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP, &left, NULL);
     } else if (!e) {
         left = 0;
-        e = gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
-        if (!e) e = gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
+        e = tllm_cl_gemm(cl, &D->gate, n, -1, p->h, 0, 2 * c->ffn_dim, 0, P_GATE_UP);
+        if (!e) e = tllm_cl_gemm(cl, &D->up, n, -1, p->h, c->ffn_dim, 2 * c->ffn_dim, 0, P_GATE_UP);
     }
     if (!e) {
         struct args a = {p->swiglu, 0, CL_SUCCESS};
@@ -700,12 +344,12 @@ static cl_int layer(struct tllm_cl *cl, int l, const struct cl_tokens *tk, int *
         ARG_MEM(&a, p->mm.part);
         ARG_INT(&a, left);
         ARG_INT(&a, n);
-        arg_mm_input(&a, &p->mm);
-        e = a.err ? a.err : run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
+        tllm_cl_arg_mm_input(&a, &p->mm);
+        e = a.err ? a.err : tllm_cl_pf_run2(cl, p->swiglu, (size_t)c->ffn_dim, (size_t)n, (size_t)p->lws, 1, P_SWIGLU);
     }
     const struct cl_weights *down = &D->down;
     struct pf_next next_norm = {PF_NEXT_NORM, last ? -1 : (int)(m->layers[l + 1].attn_norm - m->vectors), NULL, 0};
-    if (!e) e = mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending, last ? NULL : &next_norm);
+    if (!e) e = tllm_cl_mm_run(cl, &p->mm, &down, 1, n, -1, p->x, 0, c->dim, 1, P_DOWN, last ? NULL : pending, last ? NULL : &next_norm);
     if (last) *pending = 0;
     return e;
 }
@@ -737,8 +381,8 @@ static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
     }
     for (int w0 = 0; w0 < tk->n_out && !e; w0 += PF_LOGIT_ROWS) {
         int nw = tk->n_out - w0 < PF_LOGIT_ROWS ? tk->n_out - w0 : PF_LOGIT_ROWS;
-        e = mm_input(cl, &p->mm, p->x, 0, tk->rows_off + w0, nw, c->dim, (int)(cl->m->final_norm - cl->m->vectors), 0);
-        if (!e) e = gemm(cl, &cl->lm_head, nw, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
+        e = tllm_cl_mm_input(cl, &p->mm, p->x, 0, tk->rows_off + w0, nw, c->dim, (int)(cl->m->final_norm - cl->m->vectors), 0);
+        if (!e) e = tllm_cl_gemm(cl, &cl->lm_head, nw, -1, p->logits, 0, c->vocab_size, 0, P_LM_HEAD);
         if (!e && tk->argmax) {
             cl_kernel k = tk->mask ? p->argmax_allowed : p->argmax;
             struct args a = {k, 0, CL_SUCCESS};
@@ -752,7 +396,7 @@ static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
                 ARG_MEM(&a, p->mask);
                 ARG_INT(&a, TLLM_MASK_WORDS(c->vocab_size));
             }
-            e = a.err ? a.err : run2(cl, k, (size_t)cl->t.mv_lws, (size_t)nw, (size_t)cl->t.mv_lws, 1, P_LM_HEAD);
+            e = a.err ? a.err : tllm_cl_pf_run2(cl, k, (size_t)cl->t.mv_lws, (size_t)nw, (size_t)cl->t.mv_lws, 1, P_LM_HEAD);
         }
         /* the rows wanted, in runs of consecutive rows (queued: the step's clFinish waits for them) */
         for (int j0 = 0, j1; tk->logits && j0 < nw && !e; j0 = j1) {
@@ -768,12 +412,12 @@ static cl_int outputs(struct tllm_cl *cl, const struct cl_tokens *tk) {
 }
 
 int tllm_cl_flash_rows(struct tllm_cl *cl) {
-    if (!cl->pf && make(cl)) return 0;
+    if (!cl->pf && tllm_cl_pf_make(cl)) return 0;
     return cl->pf->fl_qb;
 }
 
 int tllm_cl_flash_span(struct tllm_cl *cl) {
-    if (!cl->pf && make(cl)) return 0;
+    if (!cl->pf && tllm_cl_pf_make(cl)) return 0;
     return cl->pf->fl_span;
 }
 
@@ -830,12 +474,12 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
     const struct tllm_config *c = &cl->m->cfg;
     const char *why = tllm_cl_prefill_refusal(cl);
     if (why) return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: steps of many tokens cannot run on %s: %s", cl->name, why);
-    int rc = cl->pf ? TLLM_OK : make(cl);
+    int rc = cl->pf ? TLLM_OK : tllm_cl_pf_make(cl);
     if (rc) return rc;
     struct cl_prefill *p = cl->pf;
     int lv = p->mm.int8 ? model_levels(cl) : 0; /* the model's choice may change between steps */
-    if (lv != p->mm.int8 && (rc = mm_kernel(cl, &p->mm, lv))) return rc;
-    p->mm.split = split_asked();
+    if (lv != p->mm.int8 && (rc = tllm_cl_mm_kernel(cl, &p->mm, lv))) return rc;
+    p->mm.split = tllm_cl_split_asked();
     const char *sf = getenv("TLLM_CL_SPAN_FLOATS");
     p->span_floats = sf && atol(sf) > 0 ? (size_t)atol(sf) : PF_SPAN_FLOATS;
     p->fixed_n = tk->pages ? tk->pages->fixed_n : 0;
@@ -854,7 +498,7 @@ int tllm_cl_tokens(struct tllm_cl *cl, const struct cl_tokens *tk0) {
         ARG_INT(&a, tk->n);
         ARG_INT(&a, c->vocab_size);
         ARG_MEM(&a, p->x);
-        e = a.err ? a.err : run2(cl, p->embed, (size_t)c->dim, (size_t)tk->n, 64, 1, P_EMBED);
+        e = a.err ? a.err : tllm_cl_pf_run2(cl, p->embed, (size_t)c->dim, (size_t)tk->n, 64, 1, P_EMBED);
     }
     int pending = 0;
     for (int l = 0; l < c->n_layers && !e; l++) e = layer(cl, l, tk, &pending);
@@ -909,79 +553,4 @@ int tllm_cl_prefill(struct tllm_cl *cl, const int32_t *ids, int n, int pos0, con
     int rc = tllm_cl_tokens(cl, &tk);
     free(meta);
     return rc;
-}
-
-static int same_format(const struct tllm_qweights *a, int a_dt, const struct tllm_qweights *b, int b_dt) {
-    return a->format == b->format && a->bits == b->bits && a->group_size == b->group_size && a_dt == b_dt;
-}
-
-/* Whether the kernels read w's format (its scales plain): the program has none compiled in, or w's
- * is one of the model's (-DQ_BITS: its only one; -DQ_NF: one of the copies) */
-static int reads_format(const struct tllm_cl *cl, const struct tllm_qweights *w) {
-    if (!cl->fixed_formats) return 1;
-    for (int i = 0; i < tllm_cl_n_mats(cl->m); i++)
-        if (same_format(&cl->mats[i], cl->forms[i].dt, w, tllm_cl_dt_code(w->dtype))) return 1;
-    return 0;
-}
-
-/* tllm_cl_matmul, or with reps > 0 the GEMM alone reps times (its input quantized once) and *secs
- * the wall time of those launches */
-static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y, int reps,
-                  double *secs) {
-    int affine = w->format == TLLM_WF_AFFINE && (w->bits == 2 || w->bits == 4 || w->bits == 8);
-    if (!(affine || w->format == TLLM_WF_DENSE) || w->cols % 32 || n < 1)
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: %s is not dense or 2/4/8-bit affine with a multiple of 32 columns", w->name);
-    if (int8 < 0 || int8 > 2) return tllm_fail(TLLM_ERR_ARG, "opencl matmul: %d int8 levels (0 to 2)", int8);
-    if (int8 && (!affine || (w->group_size % 32 && w->group_size != 16)))
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: int8 inputs need affine groups of 16 or a multiple of 32 (%s)", w->name);
-    if (!reads_format(cl, w))
-        return tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl matmul: the program has the model's weight formats compiled in, not %s's",
-                         w->name);
-    int rc = cl->pf ? TLLM_OK : make(cl);
-    if (rc) return rc;
-    size_t N = (size_t)n, cols = (size_t)w->cols, rows = (size_t)w->rows;
-    struct pf_mm mm = {.part_floats = 4 * N * rows, .split = split_asked(), .half = w->group_size == 16};
-    struct cl_weights cw = {0};
-    const struct cl_weights *cwp = &cw;
-    cl_mem xb = NULL, yb = NULL;
-    rc = mm_kernel(cl, &mm, int8);
-    if (!rc) rc = tllm_cl_upload(cl, &xb, x, N * cols * 4, "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.io, mm_io_layout(&mm, N, cols), "matmul input");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &mm.part, mm.part_floats * 4, "matmul slices");
-    if (!rc) rc = tllm_cl_device_buffer(cl, &yb, N * rows * 4, "matmul output");
-    if (!rc) rc = tllm_cl_weights_own(cl, w, &cw);
-    if (!rc) {
-        cl_int e = mm_input(cl, &mm, xb, 0, -1, n, w->cols, -1, 0);
-        if (reps > 0) {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, NULL); /* warm-up */
-            if (!e) e = clFinish(cl->q);
-            double t0 = tllm_now();
-            for (int i = 0; i < reps && !e; i++) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, NULL);
-            if (!e) e = clFinish(cl->q);
-            *secs = tllm_now() - t0;
-        } else {
-            if (!e) e = mm_run(cl, &mm, &cwp, 1, n, -1, yb, 0, w->rows, 0, P_O, NULL, NULL);
-            if (!e) e = clEnqueueReadBuffer(cl->q, yb, CL_TRUE, 0, N * rows * 4, y, 0, NULL, NULL);
-        }
-        if (e) rc = tllm_fail(TLLM_ERR_IO, "opencl matmul on %s: %s (%d)", cl->name, tllm_cl_err_name(e), e);
-    }
-    tllm_cl_release_weights(&cw);
-    cl_mem bs[] = {xb, yb, mm.io, mm.part};
-    for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
-        if (bs[i]) clReleaseMemObject(bs[i]);
-    if (mm.k) clReleaseKernel(mm.k);
-    if (mm.k16) clReleaseKernel(mm.k16);
-    if (mm.few) clReleaseKernel(mm.few);
-    if (mm.few_norm) clReleaseKernel(mm.few_norm);
-    if (mm.few_rope) clReleaseKernel(mm.few_rope);
-    return rc;
-}
-
-int tllm_cl_matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, float *y) {
-    return matmul(cl, w, x, n, int8, y, 0, NULL);
-}
-
-int tllm_cl_matmul_bench(struct tllm_cl *cl, const struct tllm_qweights *w, const float *x, int n, int int8, int reps, double *secs) {
-    if (reps < 1) return tllm_fail(TLLM_ERR_ARG, "opencl matmul bench: %d repetitions", reps);
-    return matmul(cl, w, x, n, int8, NULL, reps, secs);
 }
