@@ -126,7 +126,7 @@ __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int
 inline float gemm_in(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, int r) {
     return n_split <= 1 ? y[(size_t)t * rows + r] : gemm_slices(part, n_split, n_tok, rows, t, r);
 }
-/* gemm_in past L1 (volatile), for a kernel whose other work-groups wrote y or the slices (gemm_few_swiglu) */
+/* gemm_in past L1 (volatile), for a kernel whose other work-groups wrote y or the slices (gemm_few_rope) */
 inline float gemm_in_l2(volatile __global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t,
                         int r) {
     return n_split <= 1 ? y[(size_t)t * rows + r] : gemm_slices_l2(part, n_split, n_tok, rows, t, r);

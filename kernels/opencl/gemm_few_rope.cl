@@ -1,9 +1,10 @@
 /* gemm_few_rope: gemm_few (gemm_few.cl) for q, k and v stacked in a step of paged sequences, which then does
  * paged_rope's work (paged.cl) itself, a head at a time: the work-group that computes the last of a
  * head's rows (in every split-K slice) rotates that head's pairs for the step's tokens and stores k and v
- * into the pool, while the rest of the launch still runs. A step of a few tokens costs what its launches
- * cost the host (gemm_few_norm.cl), and this saves paged_rope's, one a layer. The arithmetic is
- * paged_rope's (paged_rope_pair), so a token's bits do not depend on which kernel rotated it. */
+ * into the pool, while the rest of the launch still runs. This saves paged_rope's launch, one a layer, whose
+ * few microseconds of work cost the GPU 8-9 (H100, 0.5B) in a step that waits for its kernels one after
+ * another. The arithmetic is paged_rope's (paged_rope_pair), so a token's bits do not depend on which
+ * kernel rotated it. */
 
 /* y is qkv ([n_tok][q_dim + 2 kv_dim], ldy = rows, y_off 0, biases at bias_off, not add); count: [0]
  * gemm_few_norm's, [1 + head] the heads' of the stack (few_blocks_done in gemm_few.cl; heads of q, then of k,
