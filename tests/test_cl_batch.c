@@ -400,12 +400,12 @@ out:
 }
 
 /* A step's kernels as the default fuses them against the launches they save: the same bits, float and
- * int8 in one and two levels, f16 cache. The second run compiles with opts and extra (-DFL_EMIT=0:
- * o_proj's input from a pf_norm of its own rather than flash_combine), or has env set
- * (TLLM_CL_NO_FEW_NORM: a pf_norm launch after o_proj's and down_proj's gemm_few rather than
- * gemm_few_norm's epilogue, one token a step; TLLM_CL_NO_FEW_ROPE: a paged_rope launch after q, k, v's gemm_few
- * rather than gemm_few_rope's epilogue: the steps of one and two tokens, as sequence 2 alone takes; int8_only: gemm_few
- * takes int8 inputs only, so float has nothing to compare) */
+ * int8 in one and two levels, f16 cache, the plan's steps and sequence 2 alone (steps of one token). The
+ * second run compiles with opts and extra (-DFL_EMIT=0: o_proj's input from a pf_norm of its own rather
+ * than flash_combine), or has env set: TLLM_CL_NO_FEW_NORM (a pf_norm launch after o_proj's and
+ * down_proj's gemm_few in one-token steps, not gemm_few_norm's epilogue) or TLLM_CL_NO_FEW_ROPE (a
+ * paged_rope launch after q, k, v's gemm_few in steps of 1-2 tokens, not gemm_few_rope's epilogue).
+ * int8_only: gemm_few takes int8 inputs only, so float has nothing to compare. */
 static void test_fused(const char *dir, int device, const char *opts, const char *extra, const char *env, int int8_only,
                        const char *what) {
     char o0[600];

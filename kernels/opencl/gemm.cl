@@ -122,26 +122,21 @@ __kernel void gemm_reduce(__global const float *part, int n_split, int rows, int
 /* Output (t, r) of a GEMM of `rows` rows, as the kernel after it reads it: from y ([n_tok][rows], where
  * the GEMM or gemm_reduce left it), or (n_split > 1) summed from the slices the host left for it, the same
  * arithmetic as gemm_reduce's (which that launch then saves). gemm_in: a GEMM without biases;
- * gemm_in_bias: with vecs[bias_off + r] (bias_off >= 0), which the GEMM adds itself when it does not split */
-inline float gemm_in(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, int r) {
-    return n_split <= 1 ? y[(size_t)t * rows + r] : gemm_slices(part, n_split, n_tok, rows, t, r);
-}
-/* gemm_in past L1 (volatile), for a kernel whose other work-groups wrote y or the slices (gemm_few_rope) */
-inline float gemm_in_l2(volatile __global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t,
-                        int r) {
-    return n_split <= 1 ? y[(size_t)t * rows + r] : gemm_slices_l2(part, n_split, n_tok, rows, t, r);
-}
-inline float gemm_in_bias(__global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t,
-                          int r, __global const float *vecs, int bias_off) {
-    float v = gemm_in(y, part, n_split, n_tok, rows, t, r);
-    return n_split > 1 && bias_off >= 0 ? v + vecs[bias_off + r] : v;
-}
-
-inline float gemm_in_bias_l2(volatile __global const float *y, __global const float *part, int n_split, int n_tok, int rows,
-                             int t, int r, __global const float *vecs, int bias_off) {
-    float v = gemm_in_l2(y, part, n_split, n_tok, rows, t, r);
-    return n_split > 1 && bias_off >= 0 ? v + vecs[bias_off + r] : v;
-}
+ * gemm_in_bias: with vecs[bias_off + r] (bias_off >= 0), which the GEMM adds itself when it does not split;
+ * gemm_in_l2, gemm_in_bias_l2: the same past L1 (volatile), for a kernel whose other work-groups wrote y or
+ * the slices (gemm_few_rope) */
+#define GEMM_IN_FNS(in, in_bias, Q, slices)                                                                 \
+    inline float in(Q __global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, \
+                    int r) {                                                                                \
+        return n_split <= 1 ? y[(size_t)t * rows + r] : slices(part, n_split, n_tok, rows, t, r);           \
+    }                                                                                                       \
+    inline float in_bias(Q __global const float *y, __global const float *part, int n_split, int n_tok, int rows, int t, \
+                         int r, __global const float *vecs, int bias_off) {                                 \
+        float v = in(y, part, n_split, n_tok, rows, t, r);                                                  \
+        return n_split > 1 && bias_off >= 0 ? v + vecs[bias_off + r] : v;                                  \
+    }
+GEMM_IN_FNS(gemm_in, gemm_in_bias, , gemm_slices)
+GEMM_IN_FNS(gemm_in_l2, gemm_in_bias_l2, volatile, gemm_slices_l2)
 
 /* The qkv arguments of pf_rope and paged_rope (kernels/opencl/prefill.cl, paged.cl): [q | k | v]
  * ([n_tok][q_dim + 2 kv_dim], biases added), or its slices with the biases at vecs[bias_off ..] (gemm_in_bias) */

@@ -157,12 +157,13 @@ inline void gemm_few_body(GEMM_Q8_ARGS, const int lv, int unit, int tr, __local 
     if (sr < tr && r < rows && st < n_tok) gemm_put(acc, r, st, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
 }
 
-/* For an epilogue done a block of rows at a time (gemm_few_rope: a head): the blocks of `bs` (>= 16) rows
+/* For an epilogue done a block of rows at a time (gemm_few_rope: a head; gemm_few_norm: one block of all the
+ * rows, so the launch's last work-group): the blocks of `bs` (>= 16) rows
  * whose last rows this work-group computed (rows [ra, rb), slice get_group_id(2)), in mine[1 ..]
  * (FEW_BLOCKS_MAX at most), their count in mine[0] (and returned). count[b]: rows of block b done so far in
  * this launch over every slice, set back to 0 by the group that finds the block whole, for the next launch.
- * Each work-item's stores are fenced before the rows are counted (the threadfence pattern, as few_last in
- * gemm_few_norm.cl); the caller then reads the blocks' outputs past L1 (gemm_in_bias_l2). */
+ * Each work-item's stores are fenced before the rows are counted (the threadfence pattern); the caller
+ * then reads the blocks' outputs past L1 (gemm_in_bias_l2, norm_row_l2). */
 #define FEW_BLOCKS_MAX (FEW_LWS / FEW_TN / 16 + 2) /* blocks of 16 rows or more that FEW_LWS / FEW_TN rows touch */
 inline int few_blocks_done(volatile __global int *count, int bs, int ra, int rb, __local int *mine) {
     mem_fence(CLK_GLOBAL_MEM_FENCE);

@@ -1,5 +1,6 @@
 /* gemm_few_norm: gemm_few (gemm_few.cl) for a GEMM that adds into the residual x (o_proj, down_proj), whose
- * last work-group to finish then does what pf_norm (prefill.cl) would do next: the step's tokens' rows of
+ * last work-group to finish (few_blocks_done with one block of all the rows) then does what pf_norm
+ * (prefill.cl) would do next: the step's tokens' rows of
  * x (the slices added where the GEMM split K), RMS-normalized and quantized as the next GEMM's input. A
  * step of a few tokens costs what its launches cost (an H100's driver takes the host 4 us for an empty
  * kernel, 6 for a pf_norm: tllm-cl-floor, TLLM_CL_PROFILE=host), and this saves pf_norm's, two a layer.
@@ -10,33 +11,17 @@
 
 #if PF_LWS <= FEW_LWS /* (else the host does without it) */
 
-/* Whether this work-group is the launch's last to finish (done: a counter, left at 0 for the next launch);
- * its outputs are then visible to the last (the threadfence pattern: each work-item's stores fenced before
- * the count) */
-inline int few_last(volatile __global int *done, __local int *last) {
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE);
-    if (get_local_id(0) == 0) {
-        int all = (int)(get_num_groups(0) * get_num_groups(2));
-        last[0] = atomic_inc(done) == all - 1;
-        if (last[0]) done[0] = 0;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int l = last[0];
-    if (l) mem_fence(CLK_GLOBAL_MEM_FENCE);
-    return l;
-}
-
 /* y is x ([n_tok][rows], ldy = rows, y_off 0, add): norm_off, eps as pf_norm takes them; int8, g16 the next
- * GEMM's input as MM_OUT_ARGS describes it */
+ * GEMM's input as MM_OUT_ARGS describes it; done: [0] the rows done (0 between launches) */
 #define GEMM_FEW_NORM_KERNEL(name, lv)                                                                      \
     __kernel __attribute__((reqd_work_group_size(FEW_LWS, 1, 1))) void name(                                \
         GEMM_Q8_KARGS, int unit, int tr, volatile __global int *done, int norm_off, float eps, int int8, int g16) { \
         __local float T[FEW_CHUNK * FEW_TN];                                                                \
-        __local int last[1];                                                                                \
+        __local int mine[1 + FEW_BLOCKS_MAX];                                                               \
         GEMM_Q8_OPEN;                                                                                       \
         gemm_few_body(GEMM_Q8_PASS, lv, unit, tr, T);                                                       \
-        if (!few_last(done, last)) return;                                                                  \
+        int r0 = get_group_id(0) * tr;                                                                      \
+        if (!few_blocks_done(done, rows, r0, min(rows, r0 + tr), mine)) return;                             \
         __global uchar *out = (__global uchar *)io;                                                         \
         __global float *xf = (__global float *)(out + xq_o), *xd_w = (__global float *)(out + xd_o);        \
         __global float *xs_w = (__global float *)(out + xs_o), *xh_w = (__global float *)(out + xh_o);      \

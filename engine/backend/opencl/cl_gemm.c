@@ -201,14 +201,13 @@ cl_int tllm_cl_mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct c
         tr = tr < 1 ? 1 : tr > p->few_lws / p->few_tn ? p->few_lws / p->few_tn : tr;
         ARG_INT(&a, unit);
         ARG_INT(&a, tr);
+        if (fuse) ARG_MEM(&a, p->counts);
         if (fuse_norm) {
-            ARG_MEM(&a, p->counts);
             ARG_INT(&a, next->norm_off);
             ARG_F32(&a, cl->m->cfg.norm_eps);
             ARG_INT(&a, mm->int8);
             ARG_INT(&a, mm->half);
         } else if (fuse_rope) {
-            ARG_MEM(&a, p->counts);
             tllm_cl_arg_paged_rope(&a, cl, next->tk, next->layer);
         }
         e = a.err ? a.err : tllm_cl_pf_run3(cl, k, ((size_t)rows + tr - 1) / tr * p->few_lws, 1, (size_t)n_split, (size_t)p->few_lws, 1, kind);
