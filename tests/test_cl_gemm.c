@@ -101,16 +101,17 @@ static void one_case(struct tllm_backend *cl, int bits, int gs, enum tllm_dtype 
         }
     }
     CHECK(worst <= TOL_GEMM, "%s: error %.3g of sum |w x| (tolerance %.0e)", what, worst, TOL_GEMM);
-    if (int8 && n <= 8 && rc == TLLM_OK) { /* gemm_few took it (n <= FEW_TN): the tiled GEMM's bits */
+    if (int8 && n <= 16 && rc == TLLM_OK) { /* gemm_few (n <= FEW_TN) or gemm_q8_mma's tiles of 16 tokens took it:
+                                              * the bits of the tiles of 64 */
         float *yg = malloc((size_t)n * rows * sizeof(float));
-        setenv("TLLM_CL_NO_FEW", "1", 1);
+        setenv("TLLM_CL_NO_FEW", "1", 1), setenv("TLLM_CL_NO_MMA_S", "1", 1);
         if (split) setenv("TLLM_CL_SPLIT", split, 1);
         rc = cl->ops->matmul(cl, &w, x, n, int8, yg, 0, NULL);
-        unsetenv("TLLM_CL_SPLIT"), unsetenv("TLLM_CL_NO_FEW");
+        unsetenv("TLLM_CL_SPLIT"), unsetenv("TLLM_CL_NO_FEW"), unsetenv("TLLM_CL_NO_MMA_S");
         CHECK(rc == TLLM_OK, "%s, tiled: %s", what, tllm_errmsg());
         size_t diff = 0;
         for (size_t i = 0; rc == TLLM_OK && i < (size_t)n * rows; i++) diff += memcmp(&y[i], &yg[i], sizeof *y) != 0;
-        CHECK(diff == 0, "%s: %zu of %zu outputs of gemm_few differ from the tiled GEMM's", what, diff, (size_t)n * rows);
+        CHECK(diff == 0, "%s: %zu of %zu outputs differ from the 64-token tiles'", what, diff, (size_t)n * rows);
         free(yg);
     }
     free(codes), free(sc), free(bi), free(x), free(xo), free(slack), free(y), free(wr);
@@ -165,6 +166,10 @@ int main(int argc, char **argv) {
                 }
                 if (gss[g] == 32 && bits[b] > 2) /* half a staging step */
                     for (int lv = 1; lv <= 2; lv++) one_case(cl, bits[b], 32, dt, 67, 96, 3, lv, NULL);
+                for (int lv = 1; lv <= 2; lv++) { /* steps of 3-16 tokens (NVIDIA: gemm_q8_mma's tiles of 16) */
+                    one_case(cl, bits[b], gss[g], dt, 130, 384, 16, lv, "3");
+                    one_case(cl, bits[b], gss[g], dt, 75, 640, 11, lv, NULL);
+                }
             }
         for (int b = 0; b < 3; b++) { /* groups of 16 (GGUF's K-quants, nvfp4): a term a half block */
             int k1 = 128 / bits[b] > 32 ? 128 / bits[b] : 32;

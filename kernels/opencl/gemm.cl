@@ -312,7 +312,8 @@ gemm_f(GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io
  * Staged rows are GEMM_KW + 4 words apart, so the 8 rows x 4 words a fragment load touches fall in
  * 32 different banks. */
 #define MMA_TM 64
-#define MMA_TN 64
+#define MMA_TN 64 /* the tile's tokens; gemm_q8_mma_s* take MMA_TN_S (steps of at most that many tokens) */
+#define MMA_TN_S 16
 #define MMA_LWS 128
 #define MMA_KS (GEMM_KW + 4) /* words between staged rows */
 
@@ -350,8 +351,8 @@ struct mma_stage {
 };
 
 inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __global const char *xq, __global const float *xd,
-                                 __global const float *xsum, __global const float *xh, int lv, const int nh, int r0, int t0,
-                                 int k0, int k_end) {
+                                 __global const float *xsum, __global const float *xh, int lv, const int nh, const int tn, int r0,
+                                 int t0, int k0, int k_end) {
     Q_FIX(bits0, gs0, dt0);
     struct mma_stage st;
     int lid = get_local_id(0), wpr = 2 * bits0; /* words of a row a step */
@@ -361,7 +362,8 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
         st.a[j] = i < MMA_TM * wpr / 4 && r0 + r < rows ? mma_codes(W0, row_words, bits0, r0 + r, k0, w, k_end) : (uint4)(0u);
     }
     for (int j = 0; j < MMA_XV; j++) { /* 16 bytes a load: rows of cols % 32 == 0 bytes keep them aligned */
-        int i = lid + j * MMA_LWS, t = i / (GEMM_KW / 4), k = k0 + 16 * (i % (GEMM_KW / 4)), ok = t0 + t < n_tok && k < k_end;
+        int i = lid + j * MMA_LWS, t = i / (GEMM_KW / 4), k = k0 + 16 * (i % (GEMM_KW / 4));
+        int ok = t < tn && t0 + t < n_tok && k < k_end;
         __global const uint4 *xr = (__global const uint4 *)(xq + (size_t)(t0 + t) * lv * cols);
         st.x[j] = ok ? xr[k / 16] : (uint4)(0u);
         st.x2[j] = ok && lv == 2 ? xr[(cols + k) / 16] : (uint4)(0u);
@@ -371,27 +373,31 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
         size_t gi = (size_t)(r0 + r) * (cols / gs0) + (k + 16 * h) / gs0;
         st.s[h] = ok ? ld_s(S0, dt0, gi) : 0.0f, st.o[h] = ok ? ld_b(S0, B0, dt0, gi) : 0.0f;
     }
-    ok = t0 + r < n_tok && k < k_end;
+    ok = r < tn && t0 + r < n_tok && k < k_end;
     st.d = ok ? xd[(size_t)(t0 + r) * (cols / 32) + k / 32] * (lv == 2 ? 1.0f / 128.0f : 1.0f) : 0.0f;
     if (nh == 2) st.m[0] = ok ? xh[(size_t)(t0 + r) * (cols / 16) + k / 16] : 0.0f, st.m[1] = ok ? xh[(size_t)(t0 + r) * (cols / 16) + k / 16 + 1] : 0.0f;
     else st.m[0] = ok ? xsum[(size_t)(t0 + r) * (cols / 32) + k / 32] : 0.0f;
     return st;
 }
 
-/* The body of gemm_q8_mma (lv and nh as gemm_q8_tiles') */
-inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local uint *As, __local uint *Bs, __local uint *Bs2,
-                              __local float (*Asc)[MMA_TM], __local float (*Abi)[MMA_TM], __local float (*Bd)[MMA_TN],
-                              __local float (*Bsum)[MMA_TN]) {
+/* The body of gemm_q8_mma (lv and nh as gemm_q8_tiles'; tn: the tile's tokens, 64 or 16). Each warp takes mi
+ * fragments of 16 rows by mj of 8 tokens: 32 x 32 of a 64-token tile (2 x 2 warps), 16 x 16 of a 16-token
+ * one (4 x 1: a step of few tokens does a quarter of the work). A (row, token)'s terms and their order are
+ * the same in either: so are its bits. */
+inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, const int tn, __local uint *As, __local uint *Bs,
+                              __local uint *Bs2, __local float (*Asc)[MMA_TM], __local float (*Abi)[MMA_TM],
+                              __local float (*Bd)[MMA_TN], __local float (*Bsum)[MMA_TN]) {
     Q_FIX(bits0, gs0, dt0);
+    const int mi = tn == 64 ? 2 : 1, mj = tn == 64 ? 4 : 2, warps_r = MMA_TM / (16 * mi);
     int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
-    int wr = (warp % 2) * 32, wt = (warp / 2) * 32; /* the warp's rows and tokens in the tile */
-    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * MMA_TN, wpr = 2 * bits0, per = 32 / bits0;
+    int wr = (warp % warps_r) * 16 * mi, wt = (warp / warps_r) * 8 * mj; /* the warp's rows and tokens in the tile */
+    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * tn, wpr = 2 * bits0, per = 32 / bits0;
     GEMM_PICK(r0, wr0, wrows);
     float acc[2][4][4];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     GEMM_K_RANGE(k_begin, k_end);
-    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, wr0, t0, k_begin, k_end);
+    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, tn, wr0, t0, k_begin, k_end);
     for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
         for (int j = 0; j < 2; j++) {
             int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
@@ -402,27 +408,28 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local 
         }
         for (int j = 0; j < MMA_XV; j++) {
             int i = lid + j * MMA_LWS, at = (i / (GEMM_KW / 4)) * MMA_KS + 4 * (i % (GEMM_KW / 4));
+            if (i >= tn * GEMM_KW / 4) break;
             *(__local uint4 *)(Bs + at) = st.x[j];
             if (lv == 2) *(__local uint4 *)(Bs2 + at) = st.x2[j];
         }
         for (int h = 0; h < nh; h++) {
             Asc[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.s[h], Abi[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.o[h];
-            Bsum[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.m[h];
+            if (lid % MMA_TM < tn) Bsum[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.m[h];
         }
-        Bd[lid / MMA_TM][lid % MMA_TM] = st.d;
+        if (lid % MMA_TM < tn) Bd[lid / MMA_TM][lid % MMA_TM] = st.d;
         barrier(CLK_LOCAL_MEM_FENCE);
         if (k0 + GEMM_TK < k_end)
-            st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, wr0, t0, k0 + GEMM_TK, k_end);
+            st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, tn, wr0, t0, k0 + GEMM_TK, k_end);
         uint a[2][2][4], v[2][4][2], v2[2][4][2]; /* [block of 32][fragment] */
 #pragma unroll
         for (int b = 0; b < 2; b++) {
             int kw = 8 * b + c;
-            for (int i = 0; i < 2; i++) {
+            for (int i = 0; i < mi; i++) {
                 int r = wr + 16 * i + g;
                 a[b][i][0] = As[r * MMA_KS + kw], a[b][i][1] = As[(r + 8) * MMA_KS + kw];
                 a[b][i][2] = As[r * MMA_KS + kw + 4], a[b][i][3] = As[(r + 8) * MMA_KS + kw + 4];
             }
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < mj; j++) {
                 int t = wt + 8 * j + g;
                 v[b][j][0] = Bs[t * MMA_KS + kw], v[b][j][1] = Bs[t * MMA_KS + kw + 4];
                 v2[b][j][0] = lv == 2 ? Bs2[t * MMA_KS + kw] : 0u, v2[b][j][1] = lv == 2 ? Bs2[t * MMA_KS + kw + 4] : 0u;
@@ -431,9 +438,9 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local 
         /* both blocks of the step in one weight group (groups of 64 or more): one scale and bias for
          * the two, so the float epilogue runs once a step, not once a block */
         int one_group = gs0 % GEMM_TK == 0;
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < mi; i++) {
             int r = wr + 16 * i + g;
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < mj; j++) {
                 int t = wt + 8 * j + 2 * c;
                 int4 p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v[0][j][0], v[0][j][1], (int4)(0));
                 int4 q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v[1][j][0], v[1][j][1], (int4)(0));
@@ -483,26 +490,30 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, __local 
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++)
+    for (int i = 0; i < mi; i++)
+        for (int j = 0; j < mj; j++)
             for (int e = 0; e < 4; e++) {
                 int r = r0 + wr + 16 * i + g + 8 * (e / 2), t = t0 + wt + 8 * j + 2 * c + e % 2;
                 if (r < rows && t < n_tok) gemm_put(acc[i][j][e], r, t, rows, vecs, bias_off, y, y_off, ldy, add, part, n_tok);
             }
 }
 
-#define MMA_LOCALS(n2, nh)                                                                                  \
-    __local uint As[MMA_TM * MMA_KS], Bs[MMA_TN * MMA_KS] __attribute__((aligned(16))),                    \
+#define MMA_LOCALS(tn, n2, nh)                                                                              \
+    __local uint As[MMA_TM * MMA_KS], Bs[(tn) * MMA_KS] __attribute__((aligned(16))),                      \
         Bs2[n2] __attribute__((aligned(16)));                                                               \
     __local float Asc[2 * (nh)][MMA_TM], Abi[2 * (nh)][MMA_TM], Bd[2][MMA_TN], Bsum[2 * (nh)][MMA_TN]
-#define MMA_KERNEL(name, lv, nh)                                                                            \
+#define MMA_KERNEL(name, lv, nh, tn)                                                                        \
     __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void name(GEMM_Q8_KARGS) {                \
-        MMA_LOCALS((lv) == 2 ? MMA_TN * MMA_KS : 4, nh);                                                     \
+        MMA_LOCALS(tn, (lv) == 2 ? (tn) * MMA_KS : 4, nh);                                                   \
         GEMM_Q8_OPEN;                                                                                        \
-        gemm_q8_mma_tiles(GEMM_Q8_PASS, lv, nh, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                           \
+        gemm_q8_mma_tiles(GEMM_Q8_PASS, lv, nh, tn, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                       \
     }
-MMA_KERNEL(gemm_q8_mma, 1, 1)
-MMA_KERNEL(gemm_q8_mma_2, 2, 1)
-MMA_KERNEL(gemm_q8_mma_g16, 1, 2)
-MMA_KERNEL(gemm_q8_mma_2_g16, 2, 2)
+MMA_KERNEL(gemm_q8_mma, 1, 1, MMA_TN)
+MMA_KERNEL(gemm_q8_mma_2, 2, 1, MMA_TN)
+MMA_KERNEL(gemm_q8_mma_g16, 1, 2, MMA_TN)
+MMA_KERNEL(gemm_q8_mma_2_g16, 2, 2, MMA_TN)
+MMA_KERNEL(gemm_q8_mma_s, 1, 1, MMA_TN_S) /* steps of at most MMA_TN_S tokens */
+MMA_KERNEL(gemm_q8_mma_s_2, 2, 1, MMA_TN_S)
+MMA_KERNEL(gemm_q8_mma_s_g16, 1, 2, MMA_TN_S)
+MMA_KERNEL(gemm_q8_mma_s_2_g16, 2, 2, MMA_TN_S)
 #endif

@@ -46,6 +46,11 @@ __kernel void prefill_tunables(__global int *out) {
 #endif
     out[9] = FEW_TN; /* gemm_few's largest step */
     out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT, out[13] = FEW_U;
+#if defined(MMA_PTX)
+    out[14] = MMA_TN_S; /* gemm_q8_mma_s*'s tokens */
+#else
+    out[14] = 0;
+#endif
 }
 
 /* Where pf_norm, pf_swiglu and flash_combine leave a GEMM's input: one buffer (io) at byte offsets,

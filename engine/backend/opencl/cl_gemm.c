@@ -25,6 +25,8 @@ int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     const char *name = mm->mma ? (int8 == 2 ? "gemm_q8_mma_2" : "gemm_q8_mma") : int8 == 2 ? "gemm_q8_2" : int8 ? "gemm_q8" : "gemm_f";
     if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
     if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
+    if (mm->ks) clReleaseKernel(mm->ks), mm->ks = NULL;
+    if (mm->ks16) clReleaseKernel(mm->ks16), mm->ks16 = NULL;
     if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
     if (mm->few_norm) clReleaseKernel(mm->few_norm), mm->few_norm = NULL;
     if (mm->few_rope) clReleaseKernel(mm->few_rope), mm->few_rope = NULL;
@@ -33,6 +35,10 @@ int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
         char n16[32];
         snprintf(n16, sizeof n16, "%s_g16", name);
         rc = tllm_cl_make_kernel(cl, &mm->k16, n16);
+    }
+    if (!rc && mm->mma && p->mma_tn_s > 0 && !getenv("TLLM_CL_NO_MMA_S")) {
+        rc = tllm_cl_make_kernel(cl, &mm->ks, int8 == 2 ? "gemm_q8_mma_s_2" : "gemm_q8_mma_s");
+        if (!rc && mm->half) rc = tllm_cl_make_kernel(cl, &mm->ks16, int8 == 2 ? "gemm_q8_mma_s_2_g16" : "gemm_q8_mma_s_g16");
     }
     if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
     if (!rc && mm->few && p->counts && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
@@ -155,7 +161,10 @@ cl_int tllm_cl_mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct c
     struct cl_prefill *p = cl->pf;
     const struct cl_weights *w = ws[0];
     int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
-    size_t groups_r = ((size_t)rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + mm->tn - 1) / mm->tn;
+    /* a step of few tokens in gemm_q8_mma's small tiles (the split and the sums as in its large ones) */
+    int small = mm->ks && n <= p->mma_tn_s && (mm->int8 && w->gs == 16 ? mm->ks16 != NULL : 1);
+    size_t tn = small ? (size_t)p->mma_tn_s : (size_t)mm->tn;
+    size_t groups_r = ((size_t)rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + tn - 1) / tn;
     int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
@@ -166,7 +175,8 @@ cl_int tllm_cl_mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct c
     int fuse_norm = at_y && mm->few_norm && next->what == PF_NEXT_NORM && add && n == 1;
     int fuse_rope = at_y && mm->few_rope && next->what == PF_NEXT_ROPE && !add && n_w == 3 && next->tk->pages;
     int fuse = fuse_norm || fuse_rope;
-    cl_kernel k = fuse_norm ? mm->few_norm : fuse_rope ? mm->few_rope : few ? mm->few : g16 ? mm->k16 : mm->k;
+    cl_kernel k = fuse_norm ? mm->few_norm : fuse_rope ? mm->few_rope : few ? mm->few : small ? (g16 ? mm->ks16 : mm->ks)
+                : g16 ? mm->k16 : mm->k;
     struct args a = {k, 0, CL_SUCCESS};
     ARG_MEM(&a, w->base); /* every matrix of a stack's (tllm_cl_mm_stackable) */
     arg_woff(&a, w);
@@ -342,6 +352,8 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
         if (bs[i]) clReleaseMemObject(bs[i]);
     if (mm.k) clReleaseKernel(mm.k);
     if (mm.k16) clReleaseKernel(mm.k16);
+    if (mm.ks) clReleaseKernel(mm.ks);
+    if (mm.ks16) clReleaseKernel(mm.ks16);
     if (mm.few) clReleaseKernel(mm.few);
     if (mm.few_norm) clReleaseKernel(mm.few_norm);
     if (mm.few_rope) clReleaseKernel(mm.few_rope);

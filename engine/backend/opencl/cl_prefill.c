@@ -63,8 +63,9 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k,   p->mm.k16, p->mm.few,     p->mm.few_norm, p->mm.few_rope, p->reduce, p->embed, p->norm,
-                      p->swiglu, p->rope,   p->flash,      p->combine,     p->paged_rope, p->argmax, p->argmax_allowed};
+    cl_kernel ks[] = {p->mm.k,      p->mm.k16,   p->mm.ks,    p->mm.ks16,  p->mm.few, p->mm.few_norm,
+                      p->mm.few_rope, p->reduce, p->embed, p->norm, p->swiglu, p->rope,
+                      p->flash,     p->combine,  p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
     cl_mem bs[] = {p->spans, p->meta, p->amax, p->x,        p->mm.io,  p->qkv,  p->q,
@@ -115,13 +116,13 @@ int tllm_cl_pf_make(struct tllm_cl *cl) {
     if (!rc && (tllm_cl_make_kernel(cl, &p->flash, "flash_prefill") || tllm_cl_make_kernel(cl, &p->combine, "flash_combine")))
         rc = tllm_fail(TLLM_ERR_UNSUPPORTED, "opencl: flash_prefill is compiled only with -DHEAD_DIM (TLLM_CL_OPTS overrides it)");
     if (rc) return rc;
-    cl_int v[14] = {0};
-    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 14))) return rc;
+    cl_int v[15] = {0};
+    if ((rc = tllm_cl_ints_of(cl, "prefill_tunables", v, 15))) return rc;
     p->tm = v[0], p->tn = v[1], p->gt = v[2], p->lws = v[3], p->fl_qb = v[4], p->fl_lws = v[5];
     if (p->gt < 1 || p->tm % p->gt || p->tn % p->gt || p->lws < 32 || (p->lws & (p->lws - 1)) || p->fl_qb < 1 || p->fl_lws < 1)
         return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: GEMM_T, GEMM_RM, GEMM_RN positive, PF_LWS a power of two >= 32");
     p->mma_tm = v[6], p->mma_tn = v[7], p->mma_lws = v[8];
-    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12], p->few_u = v[13];
+    p->few_tn = v[9], p->fl_span = v[10], p->few_lws = v[11], p->fl_emit = v[12], p->few_u = v[13], p->mma_tn_s = v[14];
     if (p->fl_span < 1 || p->few_u < 1) return tllm_fail(TLLM_ERR_ARG, "TLLM_CL_OPTS: FL_SPAN and FEW_U positive");
     p->mm.half = model_g16(cl);
     size_t n_counts = 1 + (size_t)cl->m->cfg.n_heads + 2 * (size_t)cl->m->cfg.n_kv_heads;
