@@ -1,7 +1,9 @@
 /* What a decode step's launches and grid barriers cost on an OpenCL device, measured without the
  * model: back-to-back empty kernels (host enqueue time and device throughput, with and without a
  * flush per launch), kernels that each read a matrix-sized buffer once, and grid barriers inside one
- * launch. The numbers bound what any arrangement of the decode kernels can reach.
+ * launch, and what one work-group a compute unit reads with a given number of bytes in flight (in
+ * registers, or cp.async copies into local memory on NVIDIA). The numbers bound what any arrangement of
+ * the decode kernels can reach.
  *   cl_floor [DEVICE_INDEX]        (built as tllm-cl-floor) */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -189,6 +191,94 @@ static void command_buffer(cl_device_id dev, cl_mem a, cl_kernel k_chain, const 
     clReleaseKernel(k_put);
 }
 
+/* What one work-group of 256 threads a compute unit can read (the `token` kernel's shape): each thread
+ * loads U uint4s before it uses them (`reg`), or copies them into a ring of S stages of V uint4s a thread in
+ * local memory with cp.async (`cpa`, NVIDIA's inline PTX: copies in flight without registers); SW = S - 1 */
+static const char *src_flight =
+    "#ifndef U\n#define U 4\n#endif\n#ifndef V\n#define V 4\n#endif\n#ifndef S\n#define S 2\n#define SW 1\n#endif\n"
+    "__kernel __attribute__((reqd_work_group_size(256, 1, 1))) void reg(__global const uint4 *w, int chunks, __global uint *out) {\n"
+    "  uint s = 0;\n"
+    "  for (int c = get_group_id(0); c < chunks; c += get_num_groups(0)) {\n"
+    "    __global const uint4 *p = w + (size_t)c * 256 * U;\n"
+    "    uint4 v[U];\n"
+    "    for (int j = 0; j < U; j++) v[j] = p[get_local_id(0) + j * 256];\n"
+    "    for (int j = 0; j < U; j++) s += v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;\n"
+    "  }\n"
+    "  if (s == 0x12345678u) out[0] = s;\n"
+    "}\n"
+    "#ifdef CPA\n"
+    "#define COPY(dst, src) asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"((uint)(size_t)(dst)), \"l\"(src) : \"memory\")\n"
+    "#define COMMIT() asm volatile(\"cp.async.commit_group;\" ::: \"memory\")\n"
+    "#define WAIT_(n) asm volatile(\"cp.async.wait_group \" #n \";\" ::: \"memory\")\n"
+    "#define WAIT(n) WAIT_(n)\n"
+    "__kernel __attribute__((reqd_work_group_size(256, 1, 1))) void cpa(__global const uint4 *w, int chunks, __global uint *out) {\n"
+    "  __local uint4 ring[S][V * 256];\n"
+    "  uint s = 0;\n"
+    "  int lid = get_local_id(0), G = get_num_groups(0), c0 = get_group_id(0);\n"
+    "  int mine = c0 < chunks ? (chunks - c0 + G - 1) / G : 0;\n"
+    "  for (int i = 0; i < S - 1 + mine; i++) {\n"
+    "    if (i < mine) { /* stage i's copies */\n"
+    "      __global const uint4 *p = w + (size_t)(c0 + i * G) * 256 * V;\n"
+    "      for (int j = 0; j < V; j++) COPY(&ring[i % S][lid + j * 256], p + lid + j * 256);\n"
+    "    }\n"
+    "    COMMIT();\n"
+    "    if (i < S - 1) continue;\n"
+    "    WAIT(SW); /* stage i - (S - 1) has landed (a thread reads only its own copies: no barrier) */\n"
+    "    for (int j = 0; j < V; j++) { uint4 v = ring[(i - (S - 1)) % S][lid + j * 256]; s += v.x ^ v.y ^ v.z ^ v.w; }\n"
+    "  }\n"
+    "  if (s == 0x12345678u) out[0] = s;\n"
+    "}\n"
+    "#endif\n";
+
+/* Read bandwidth of 1 GiB (or half the largest allocation) by `groups` work-groups of each in-flight variant */
+static void in_flight(cl_context cx, cl_device_id dev, cl_uint cus, int nvidia) {
+    cl_ulong max_alloc = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+    size_t bytes = (size_t)1 << 30;
+    while (bytes > max_alloc / 2 && bytes > (1u << 24)) bytes /= 2;
+    cl_int e;
+    cl_mem w = clCreateBuffer(cx, CL_MEM_READ_ONLY, bytes, NULL, &e), out = clCreateBuffer(cx, CL_MEM_READ_WRITE, 64, NULL, &e);
+    CHECK(e);
+    unsigned char pat = 1;
+    CHECK(clEnqueueFillBuffer(q, w, &pat, 1, 0, bytes, 0, NULL, NULL));
+    /* kernel, options, uint4s a thread a chunk */
+    const struct { const char *k, *opts; int per; } vs[] = {
+        {"reg", "-DU=4", 4},  {"reg", "-DU=8", 8},  {"reg", "-DU=16", 16},
+        {"cpa", "-DCPA -DV=4 -DS=2 -DSW=1", 4}, {"cpa", "-DCPA -DV=4 -DS=3 -DSW=2", 4},
+        {"cpa", "-DCPA -DV=2 -DS=5 -DSW=4", 2}, {"cpa", "-DCPA -DV=1 -DS=11 -DSW=10", 1}};
+    for (int mult = 1; mult <= 2; mult++)
+        for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
+            if (!nvidia && vs[v].k[0] == 'c') continue;
+            cl_program pr = clCreateProgramWithSource(cx, 1, &src_flight, NULL, &e);
+            CHECK(e);
+            if (clBuildProgram(pr, 1, &dev, vs[v].opts, NULL, NULL)) {
+                printf("in flight: %s %s does not build here\n", vs[v].k, vs[v].opts);
+                clReleaseProgram(pr);
+                continue;
+            }
+            cl_kernel k = clCreateKernel(pr, vs[v].k, &e);
+            CHECK(e);
+            cl_int chunks = (cl_int)(bytes / (256 * 16 * (size_t)vs[v].per));
+            CHECK(clSetKernelArg(k, 0, sizeof w, &w));
+            CHECK(clSetKernelArg(k, 1, sizeof chunks, &chunks));
+            CHECK(clSetKernelArg(k, 2, sizeof out, &out));
+            size_t l = 256, g = (size_t)cus * mult * l;
+            double best = 1e30;
+            for (int r = 0; r < 6; r++) { /* the first run warms up */
+                double t0 = now();
+                CHECK(clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &l, 0, NULL, NULL));
+                CHECK(clFinish(q));
+                double t = now() - t0;
+                if (r && t < best) best = t;
+            }
+            printf("in flight: %d group(s) a CU, %-3s %-26s %7.0f GB/s\n", mult, vs[v].k, vs[v].opts, bytes / best / 1e9);
+            clReleaseKernel(k);
+            clReleaseProgram(pr);
+        }
+    clReleaseMemObject(w);
+    clReleaseMemObject(out);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     int want = argc > 1 ? atoi(argv[1]) : -1; /* default: the first GPU, else the first device */
@@ -371,6 +461,9 @@ int main(int argc, char **argv) {
                    got == rounds * (int)(g / l) ? "" : " (TIMED OUT: not all groups resident)");
             clReleaseKernel(k);
         }
+    char vendor[256] = "";
+    clGetDeviceInfo(dev, CL_DEVICE_VENDOR, sizeof vendor, vendor, NULL);
+    in_flight(cx, dev, cus, strstr(vendor, "NVIDIA") != NULL);
     clReleaseKernel(k_empty);
     clReleaseKernel(k_chain);
     clReleaseKernel(k_stream);
