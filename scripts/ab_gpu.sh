@@ -3,14 +3,16 @@
 # a build of another commit, TLLM_CL_OPTS, a TLLM_CL_NO_* switch), alternating within each round, so their
 # ratio holds even where the card's speed drifts between rounds. Prints S_TG of `bench -np B` (and with
 # --pp the prompt rate) for each model, B and round; with --texts also whether each variant's greedy texts
-# (generate --prompts, three prompts, -np of each B) are the same as the first variant's.
+# (generate --prompts, three prompts, -np of each B) are the same as the first variant's; with --tg N the
+# one-sequence decode rate tgN (bench -p 0 -n N: the one-launch decoder on a GPU).
 #   bash scripts/ab_gpu.sh [options] -m MODEL [-m MODEL ...] -- 'NAME BINARY [VAR=VALUE ...]' 'NAME BINARY ...'
 # options: --np "1 2 16" (default "1 2"), --rounds N (3), --prompt N, --gen N (128, 64: bench -p and -n),
-#          --pp N (also ppN: bench -p N -n 0), --texts, --device D (opencl; cpu to try the script itself)
+#          --pp N (also ppN: bench -p N -n 0), --tg N (also tgN: bench -p 0 -n N), --texts,
+#          --device D (opencl; cpu to try the script itself); --np "" leaves S_TG out
 # e.g. bash scripts/ab_gpu.sh --texts -m /tmp/m/7 -- 'head build-static/tllm' 'norope build-static/tllm TLLM_CL_NO_FEW_ROPE=1'
 set -euo pipefail
 cd "$(dirname "$0")/.."
-NPS="1 2" ROUNDS=3 P=128 N=64 PP="" TEXTS=0 DEV=opencl
+NPS="1 2" ROUNDS=3 P=128 N=64 PP="" TG="" TEXTS=0 DEV=opencl
 MODELS=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do
   case "$1" in
@@ -20,6 +22,7 @@ while [ $# -gt 0 ] && [ "$1" != "--" ]; do
     --prompt) P=$2; shift 2 ;;
     --gen) N=$2; shift 2 ;;
     --pp) PP=$2; shift 2 ;;
+    --tg) TG=$2; shift 2 ;;
     --texts) TEXTS=1; shift ;;
     --device) DEV=$2; shift 2 ;;
     *) echo "ab_gpu.sh: unknown option $1 (see the comment at the top)" >&2; exit 2 ;;
@@ -64,6 +67,16 @@ for m in "${MODELS[@]}"; do
       line="$(basename "$m") pp$PP round $round:"
       for v in "${VARIANTS[@]}"; do
         s=$(run "$v" bench -m "$m" --device "$DEV" -p "$PP" -n 0 -r 3 -o json 2>/dev/null | json avg_ts || true)
+        line+=" ${v%% *} $s"
+      done
+      echo "$line"
+    done
+  fi
+  if [ -n "$TG" ]; then
+    for round in $(seq 1 "$ROUNDS"); do
+      line="$(basename "$m") tg$TG round $round:"
+      for v in "${VARIANTS[@]}"; do
+        s=$(run "$v" bench -m "$m" --device "$DEV" -p 0 -n "$TG" -r 3 -o json 2>/dev/null | json avg_ts || true)
         line+=" ${v%% *} $s"
       done
       echo "$line"
