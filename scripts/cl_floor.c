@@ -230,33 +230,37 @@ static const char *src_flight =
     "}\n"
     "#endif\n";
 
-/* Read bandwidth of 1 GiB (or half the largest allocation) by `groups` work-groups of each in-flight variant */
+/* Read bandwidth of 1 GiB (or half the largest allocation) by one and two work-groups a compute unit, each
+ * in-flight variant */
 static void in_flight(cl_context cx, cl_device_id dev, cl_uint cus, int nvidia) {
     cl_ulong max_alloc = 0;
     clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
     size_t bytes = (size_t)1 << 30;
     while (bytes > max_alloc / 2 && bytes > (1u << 24)) bytes /= 2;
     cl_int e;
-    cl_mem w = clCreateBuffer(cx, CL_MEM_READ_ONLY, bytes, NULL, &e), out = clCreateBuffer(cx, CL_MEM_READ_WRITE, 64, NULL, &e);
+    cl_mem w = clCreateBuffer(cx, CL_MEM_READ_ONLY, bytes, NULL, &e);
+    CHECK(e);
+    cl_mem out = clCreateBuffer(cx, CL_MEM_READ_WRITE, 64, NULL, &e);
     CHECK(e);
     unsigned char pat = 1;
     CHECK(clEnqueueFillBuffer(q, w, &pat, 1, 0, bytes, 0, NULL, NULL));
-    /* kernel, options, uint4s a thread a chunk */
-    const struct { const char *k, *opts; int per; } vs[] = {
-        {"reg", "-DU=4", 4},  {"reg", "-DU=8", 8},  {"reg", "-DU=16", 16},
-        {"cpa", "-DCPA -DV=4 -DS=2 -DSW=1", 4}, {"cpa", "-DCPA -DV=4 -DS=3 -DSW=2", 4},
-        {"cpa", "-DCPA -DV=2 -DS=5 -DSW=4", 2}, {"cpa", "-DCPA -DV=1 -DS=11 -DSW=10", 1}};
+    /* uint4s a thread a chunk (U, or V), and the cp.async ring's stages (0: `reg`) */
+    const struct { int per, stages; } vs[] = {{4, 0}, {8, 0}, {16, 0}, {4, 2}, {4, 3}, {2, 5}, {1, 11}};
     for (int mult = 1; mult <= 2; mult++)
         for (size_t v = 0; v < sizeof vs / sizeof vs[0]; v++) {
-            if (!nvidia && vs[v].k[0] == 'c') continue;
+            if (!nvidia && vs[v].stages) continue;
+            char opts[64];
+            if (vs[v].stages) snprintf(opts, sizeof opts, "-DCPA -DV=%d -DS=%d -DSW=%d", vs[v].per, vs[v].stages, vs[v].stages - 1);
+            else snprintf(opts, sizeof opts, "-DU=%d", vs[v].per);
+            const char *kn = vs[v].stages ? "cpa" : "reg";
             cl_program pr = clCreateProgramWithSource(cx, 1, &src_flight, NULL, &e);
             CHECK(e);
-            if (clBuildProgram(pr, 1, &dev, vs[v].opts, NULL, NULL)) {
-                printf("in flight: %s %s does not build here\n", vs[v].k, vs[v].opts);
+            if (clBuildProgram(pr, 1, &dev, opts, NULL, NULL)) {
+                printf("in flight: %s %s does not build here\n", kn, opts);
                 clReleaseProgram(pr);
                 continue;
             }
-            cl_kernel k = clCreateKernel(pr, vs[v].k, &e);
+            cl_kernel k = clCreateKernel(pr, kn, &e);
             CHECK(e);
             cl_int chunks = (cl_int)(bytes / (256 * 16 * (size_t)vs[v].per));
             CHECK(clSetKernelArg(k, 0, sizeof w, &w));
@@ -271,7 +275,7 @@ static void in_flight(cl_context cx, cl_device_id dev, cl_uint cus, int nvidia) 
                 double t = now() - t0;
                 if (r && t < best) best = t;
             }
-            printf("in flight: %d group(s) a CU, %-3s %-26s %7.0f GB/s\n", mult, vs[v].k, vs[v].opts, bytes / best / 1e9);
+            printf("in flight: %d group(s) a CU, %-3s %-26s %7.0f GB/s\n", mult, kn, opts, bytes / best / 1e9);
             clReleaseKernel(k);
             clReleaseProgram(pr);
         }
