@@ -17,19 +17,20 @@ int tllm_cl_split_asked(void) {
     return s ? atoi(s) : 0;
 }
 
+/* mm's kernels released (each NULL after; its buffers are the caller's) */
+void tllm_cl_mm_release(struct pf_mm *mm) {
+    cl_kernel *ks[] = {&mm->k, &mm->k16, &mm->ks, &mm->ks16, &mm->few, &mm->few_norm, &mm->few_rope};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+        if (*ks[i]) clReleaseKernel(*ks[i]), *ks[i] = NULL;
+}
+
 /* mm's kernel for int8 (in int8 levels) or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
 int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     const struct cl_prefill *p = cl->pf;
     mm->int8 = int8, mm->mma = int8 && p->mma_tm > 0 && !getenv("TLLM_CL_NO_MMA");
     mm->tm = mm->mma ? p->mma_tm : p->tm, mm->tn = mm->mma ? p->mma_tn : p->tn, mm->gt = mm->mma ? p->mma_lws : p->gt;
     const char *name = mm->mma ? (int8 == 2 ? "gemm_q8_mma_2" : "gemm_q8_mma") : int8 == 2 ? "gemm_q8_2" : int8 ? "gemm_q8" : "gemm_f";
-    if (mm->k) clReleaseKernel(mm->k), mm->k = NULL;
-    if (mm->k16) clReleaseKernel(mm->k16), mm->k16 = NULL;
-    if (mm->ks) clReleaseKernel(mm->ks), mm->ks = NULL;
-    if (mm->ks16) clReleaseKernel(mm->ks16), mm->ks16 = NULL;
-    if (mm->few) clReleaseKernel(mm->few), mm->few = NULL;
-    if (mm->few_norm) clReleaseKernel(mm->few_norm), mm->few_norm = NULL;
-    if (mm->few_rope) clReleaseKernel(mm->few_rope), mm->few_rope = NULL;
+    tllm_cl_mm_release(mm);
     int rc = tllm_cl_make_kernel(cl, &mm->k, name);
     if (!rc && int8 && mm->half) {
         char n16[32];
@@ -350,13 +351,7 @@ static int matmul(struct tllm_cl *cl, const struct tllm_qweights *w, const float
     cl_mem bs[] = {xb, yb, mm.io, mm.part};
     for (size_t i = 0; i < sizeof bs / sizeof bs[0]; i++)
         if (bs[i]) clReleaseMemObject(bs[i]);
-    if (mm.k) clReleaseKernel(mm.k);
-    if (mm.k16) clReleaseKernel(mm.k16);
-    if (mm.ks) clReleaseKernel(mm.ks);
-    if (mm.ks16) clReleaseKernel(mm.ks16);
-    if (mm.few) clReleaseKernel(mm.few);
-    if (mm.few_norm) clReleaseKernel(mm.few_norm);
-    if (mm.few_rope) clReleaseKernel(mm.few_rope);
+    tllm_cl_mm_release(&mm);
     return rc;
 }
 

@@ -63,9 +63,9 @@ void tllm_cl_prefill_free(struct tllm_cl *cl) {
     }
     free(p->ev);
     free(p->ev_kind);
-    cl_kernel ks[] = {p->mm.k,      p->mm.k16,   p->mm.ks,    p->mm.ks16,  p->mm.few, p->mm.few_norm,
-                      p->mm.few_rope, p->reduce, p->embed, p->norm, p->swiglu, p->rope,
-                      p->flash,     p->combine,  p->paged_rope, p->argmax, p->argmax_allowed};
+    tllm_cl_mm_release(&p->mm);
+    cl_kernel ks[] = {p->reduce, p->embed,   p->norm,       p->swiglu, p->rope,
+                      p->flash,  p->combine, p->paged_rope, p->argmax, p->argmax_allowed};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (ks[i]) clReleaseKernel(ks[i]);
     cl_mem bs[] = {p->spans, p->meta, p->amax, p->x,        p->mm.io,  p->qkv,  p->q,

@@ -100,6 +100,7 @@ int tllm_cl_pf_make(struct tllm_cl *cl); /* the kernels and the small buffers, a
 /* cl_gemm.c (each function says what it does where it is defined) */
 int tllm_cl_split_asked(void);
 int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8);
+void tllm_cl_mm_release(struct pf_mm *mm);
 size_t tllm_cl_mm_fixed_room(const struct tllm_cl *cl, const struct pf_mm *mm);
 size_t tllm_cl_mm_io_layout(struct pf_mm *mm, size_t n, size_t cols);
 cl_int tllm_cl_pf_run3(struct tllm_cl *cl, cl_kernel k, size_t g0, size_t g1, size_t g2, size_t l0, size_t l1, int kind);
