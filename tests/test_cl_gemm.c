@@ -101,8 +101,8 @@ static void one_case(struct tllm_backend *cl, int bits, int gs, enum tllm_dtype 
         }
     }
     CHECK(worst <= TOL_GEMM, "%s: error %.3g of sum |w x| (tolerance %.0e)", what, worst, TOL_GEMM);
-    if (int8 && n <= 16 && rc == TLLM_OK) { /* gemm_few (n <= FEW_TN) or gemm_q8_mma's tiles of 16 tokens took it:
-                                              * the bits of the tiles of 64 */
+    if (int8 && n <= 32 && rc == TLLM_OK) { /* gemm_few (n <= FEW_TN) or gemm_q8_mma's tiles of 16 or 32 tokens
+                                              * took it: the bits of the tiles of 64 */
         float *yg = malloc((size_t)n * rows * sizeof(float));
         setenv("TLLM_CL_NO_FEW", "1", 1), setenv("TLLM_CL_NO_MMA_S", "1", 1);
         if (split) setenv("TLLM_CL_SPLIT", split, 1);
@@ -166,9 +166,11 @@ int main(int argc, char **argv) {
                 }
                 if (gss[g] == 32 && bits[b] > 2) /* half a staging step */
                     for (int lv = 1; lv <= 2; lv++) one_case(cl, bits[b], 32, dt, 67, 96, 3, lv, NULL);
-                for (int lv = 1; lv <= 2; lv++) { /* steps of 3-16 tokens (NVIDIA: gemm_q8_mma's tiles of 16) */
+                for (int lv = 1; lv <= 2; lv++) { /* steps of 3-32 tokens (NVIDIA: gemm_q8_mma's tiles of 16, 32) */
                     one_case(cl, bits[b], gss[g], dt, 130, 384, 16, lv, "3");
                     one_case(cl, bits[b], gss[g], dt, 75, 640, 11, lv, NULL);
+                    one_case(cl, bits[b], gss[g], dt, 130, 384, 32, lv, "3");
+                    one_case(cl, bits[b], gss[g], dt, 75, 640, 21, lv, NULL);
                 }
             }
         for (int b = 0; b < 3; b++) { /* groups of 16 (GGUF's K-quants, nvfp4): a term a half block */

@@ -312,8 +312,7 @@ gemm_f(GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io
  * Staged rows are GEMM_KW + 4 words apart, so the 8 rows x 4 words a fragment load touches fall in
  * 32 different banks. */
 #define MMA_TM 64
-#define MMA_TN 64 /* the tile's tokens; gemm_q8_mma_s* take MMA_TN_S (steps of at most that many tokens) */
-#define MMA_TN_S 16
+#define MMA_TN 64 /* the tile's tokens; gemm_q8_mma_t16* and _t32* take 16 and 32 (steps of at most that many) */
 #define MMA_LWS 128
 #define MMA_KS (GEMM_KW + 4) /* words between staged rows */
 
@@ -380,15 +379,15 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
     return st;
 }
 
-/* The body of gemm_q8_mma (lv and nh as gemm_q8_tiles'; tn: the tile's tokens, 64 or 16). Each warp takes mi
- * fragments of 16 rows by mj of 8 tokens: 32 x 32 of a 64-token tile (2 x 2 warps), 16 x 16 of a 16-token
- * one (4 x 1: a step of few tokens does a quarter of the work). A (row, token)'s terms and their order are
- * the same in either: so are its bits. */
+/* The body of gemm_q8_mma (lv and nh as gemm_q8_tiles'; tn: the tile's tokens, 64, 32 or 16). Each warp
+ * takes mi fragments of 16 rows by mj of 8 tokens: 32 x 32 of a 64-token tile (2 x 2 warps), 32 x 16 of a
+ * 32-token one (2 x 2), 16 x 16 of a 16-token one (4 x 1): a step of few tokens does only its tiles' work.
+ * A (row, token)'s terms and their order are the same in each: so are its bits. */
 inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, const int tn, __local uint *As, __local uint *Bs,
                               __local uint *Bs2, __local float (*Asc)[MMA_TM], __local float (*Abi)[MMA_TM],
                               __local float (*Bd)[MMA_TN], __local float (*Bsum)[MMA_TN]) {
     Q_FIX(bits0, gs0, dt0);
-    const int mi = tn == 64 ? 2 : 1, mj = tn == 64 ? 4 : 2, warps_r = MMA_TM / (16 * mi);
+    const int mi = tn >= 32 ? 2 : 1, mj = tn == 64 ? 4 : 2, warps_r = MMA_TM / (16 * mi);
     int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
     int wr = (warp % warps_r) * 16 * mi, wt = (warp / warps_r) * 8 * mj; /* the warp's rows and tokens in the tile */
     int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * tn, wpr = 2 * bits0, per = 32 / bits0;
@@ -512,8 +511,12 @@ MMA_KERNEL(gemm_q8_mma, 1, 1, MMA_TN)
 MMA_KERNEL(gemm_q8_mma_2, 2, 1, MMA_TN)
 MMA_KERNEL(gemm_q8_mma_g16, 1, 2, MMA_TN)
 MMA_KERNEL(gemm_q8_mma_2_g16, 2, 2, MMA_TN)
-MMA_KERNEL(gemm_q8_mma_s, 1, 1, MMA_TN_S) /* steps of at most MMA_TN_S tokens */
-MMA_KERNEL(gemm_q8_mma_s_2, 2, 1, MMA_TN_S)
-MMA_KERNEL(gemm_q8_mma_s_g16, 1, 2, MMA_TN_S)
-MMA_KERNEL(gemm_q8_mma_s_2_g16, 2, 2, MMA_TN_S)
+MMA_KERNEL(gemm_q8_mma_t16, 1, 1, 16) /* steps of at most 16 tokens */
+MMA_KERNEL(gemm_q8_mma_t16_2, 2, 1, 16)
+MMA_KERNEL(gemm_q8_mma_t16_g16, 1, 2, 16)
+MMA_KERNEL(gemm_q8_mma_t16_2_g16, 2, 2, 16)
+MMA_KERNEL(gemm_q8_mma_t32, 1, 1, 32) /* of at most 32 */
+MMA_KERNEL(gemm_q8_mma_t32_2, 2, 1, 32)
+MMA_KERNEL(gemm_q8_mma_t32_g16, 1, 2, 32)
+MMA_KERNEL(gemm_q8_mma_t32_2_g16, 2, 2, 32)
 #endif

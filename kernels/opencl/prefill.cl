@@ -47,7 +47,7 @@ __kernel void prefill_tunables(__global int *out) {
     out[9] = FEW_TN; /* gemm_few's largest step */
     out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT, out[13] = FEW_U;
 #if defined(MMA_PTX)
-    out[14] = MMA_TN_S; /* gemm_q8_mma_s*'s tokens */
+    out[14] = 1; /* gemm_q8_mma_t16* and _t32* (tiles of 16 and 32 tokens) */
 #else
     out[14] = 0;
 #endif

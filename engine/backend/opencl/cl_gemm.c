@@ -17,11 +17,18 @@ int tllm_cl_split_asked(void) {
     return s ? atoi(s) : 0;
 }
 
+/* The tokens of gemm_q8_mma's small tiles (gemm_q8_mma_t16*, _t32*: kernels/opencl/gemm.cl), smallest first */
+static const int small_tn[PF_MMA_SMALL] = {16, 32};
+
 /* mm's kernels released (each NULL after; its buffers are the caller's) */
 void tllm_cl_mm_release(struct pf_mm *mm) {
-    cl_kernel *ks[] = {&mm->k, &mm->k16, &mm->ks, &mm->ks16, &mm->few, &mm->few_norm, &mm->few_rope};
+    cl_kernel *ks[] = {&mm->k, &mm->k16, &mm->few, &mm->few_norm, &mm->few_rope};
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
         if (*ks[i]) clReleaseKernel(*ks[i]), *ks[i] = NULL;
+    for (int i = 0; i < PF_MMA_SMALL; i++) {
+        if (mm->ks[i]) clReleaseKernel(mm->ks[i]), mm->ks[i] = NULL;
+        if (mm->ks16[i]) clReleaseKernel(mm->ks16[i]), mm->ks16[i] = NULL;
+    }
 }
 
 /* mm's kernel for int8 (in int8 levels) or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
@@ -37,9 +44,12 @@ int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
         snprintf(n16, sizeof n16, "%s_g16", name);
         rc = tllm_cl_make_kernel(cl, &mm->k16, n16);
     }
-    if (!rc && mm->mma && p->mma_tn_s > 0 && !getenv("TLLM_CL_NO_MMA_S")) {
-        rc = tllm_cl_make_kernel(cl, &mm->ks, int8 == 2 ? "gemm_q8_mma_s_2" : "gemm_q8_mma_s");
-        if (!rc && mm->half) rc = tllm_cl_make_kernel(cl, &mm->ks16, int8 == 2 ? "gemm_q8_mma_s_2_g16" : "gemm_q8_mma_s_g16");
+    for (int i = 0; !rc && mm->mma && p->mma_small && !getenv("TLLM_CL_NO_MMA_S") && i < PF_MMA_SMALL; i++) {
+        if (small_tn[i] == 32 && getenv("TLLM_CL_NO_MMA_32")) continue;
+        char ns[40];
+        snprintf(ns, sizeof ns, "gemm_q8_mma_t%d%s", small_tn[i], int8 == 2 ? "_2" : "");
+        rc = tllm_cl_make_kernel(cl, &mm->ks[i], ns);
+        if (!rc && mm->half) rc = tllm_cl_make_kernel(cl, &mm->ks16[i], strcat(ns, "_g16"));
     }
     if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
     if (!rc && mm->few && p->counts && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
@@ -162,22 +172,25 @@ cl_int tllm_cl_mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct c
     struct cl_prefill *p = cl->pf;
     const struct cl_weights *w = ws[0];
     int rows_a = ws[0]->rows, rows_ab = rows_a + (n_w > 1 ? ws[1]->rows : 0), rows = rows_ab + (n_w > 2 ? ws[2]->rows : 0);
-    /* a step of few tokens in gemm_q8_mma's small tiles (the split and the sums as in its large ones) */
-    int small = mm->ks && n <= p->mma_tn_s && (mm->int8 && w->gs == 16 ? mm->ks16 != NULL : 1);
-    size_t tn = small ? (size_t)p->mma_tn_s : (size_t)mm->tn;
+    int g16 = mm->int8 && w->gs == 16;
+    /* a step of few tokens in gemm_q8_mma's smallest tiles that hold it (the split and the sums as in its
+     * large ones) */
+    cl_kernel ks = NULL;
+    size_t tn = (size_t)mm->tn;
+    for (int i = PF_MMA_SMALL - 1; i >= 0; i--)
+        if ((g16 ? mm->ks16[i] : mm->ks[i]) && n <= small_tn[i]) ks = g16 ? mm->ks16[i] : mm->ks[i], tn = (size_t)small_tn[i];
     size_t groups_r = ((size_t)rows + mm->tm - 1) / mm->tm, groups_t = ((size_t)n + tn - 1) / tn;
     int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
-    int few = mm->few && n <= p->few_tn, g16 = mm->int8 && w->gs == 16; /* gemm_few: the same sums, read as a matvec reads */
+    int few = mm->few && n <= p->few_tn; /* gemm_few: the same sums, read as a matvec reads */
     int at_y = few && next && left && y_off == 0 && ldy == rows; /* (the epilogues read y as [n][rows]) */
     /* the norm by one work-group: one token's row (H100, 7B, two sequences: 169 tok/s with pf_norm's launch, 155
      * with the norm of both rows in gemm_few_norm) */
     int fuse_norm = at_y && mm->few_norm && next->what == PF_NEXT_NORM && add && n == 1;
     int fuse_rope = at_y && mm->few_rope && next->what == PF_NEXT_ROPE && !add && n_w == 3 && next->tk->pages;
     int fuse = fuse_norm || fuse_rope;
-    cl_kernel k = fuse_norm ? mm->few_norm : fuse_rope ? mm->few_rope : few ? mm->few : small ? (g16 ? mm->ks16 : mm->ks)
-                : g16 ? mm->k16 : mm->k;
+    cl_kernel k = fuse_norm ? mm->few_norm : fuse_rope ? mm->few_rope : few ? mm->few : ks ? ks : g16 ? mm->k16 : mm->k;
     struct args a = {k, 0, CL_SUCCESS};
     ARG_MEM(&a, w->base); /* every matrix of a stack's (tllm_cl_mm_stackable) */
     arg_woff(&a, w);

@@ -6,6 +6,7 @@
 #include "engine/backend/opencl/cl_internal.h"
 
 #define PF_LOGIT_ROWS 64 /* tokens whose logits one lm_head GEMM computes (several tokens' logits or argmaxes) */
+#define PF_MMA_SMALL 2 /* gemm_q8_mma's small tiles: of 16 and 32 tokens (small_tn in cl_gemm.c) */
 #define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */
 #ifndef PF_SPLIT_MIN_STEPS
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
@@ -37,8 +38,9 @@ enum { P_EMBED, P_NORM, P_QKV, P_ROPE, P_FLASH, P_O, P_GATE_UP, P_SWIGLU, P_DOWN
 struct pf_mm {
     cl_kernel k;
     cl_kernel k16;       /* the same for weights in groups of 16 (int8 inputs; gemm_q8_g16 ...) */
-    cl_kernel ks, ks16;  /* gemm_q8_mma's for steps of at most mma_tn_s tokens (tiles of that many: the same bits;
-                          * NULL: none, or TLLM_CL_NO_MMA_S) */
+    cl_kernel ks[PF_MMA_SMALL], ks16[PF_MMA_SMALL]; /* gemm_q8_mma's in tiles of 16 and of 32 tokens, for steps
+                                                     * of at most that many (the same bits; NULL: none, or
+                                                     * TLLM_CL_NO_MMA_S, or for 32 TLLM_CL_NO_MMA_32) */
     cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
     cl_kernel few_norm;  /* the same, then pf_norm's work by its last work-group (gemm_few_norm; NULL: none, or
                           * TLLM_CL_NO_FEW_NORM) */
@@ -63,7 +65,7 @@ struct cl_prefill {
     struct pf_mm mm;
     int tm, tn, gt, lws, fl_qb, fl_lws; /* the kernels' tunables (prefill_tunables) */
     int mma_tm, mma_tn, mma_lws;        /* gemm_q8_mma's (0: not compiled in) */
-    int mma_tn_s;                       /* gemm_q8_mma_s*'s tile of tokens (MMA_TN_S) */
+    int mma_small;                      /* gemm_q8_mma_t16* and _t32* compiled in */
     int few_tn, few_lws, few_u;         /* gemm_few's largest step, work-group and units a thread (FEW_TN, FEW_LWS, FEW_U) */
     int fl_span;                        /* flash_prefill's span in steps of many sequences (FL_SPAN) */
     int fl_emit;                        /* flash_combine leaves every row as o_proj's input (FL_EMIT) */
