@@ -31,6 +31,19 @@ void tllm_cl_mm_release(struct pf_mm *mm) {
     }
 }
 
+/* The largest step of tokens gemm_few takes (TLLM_CL_FEW_TN=N asks for N): its own largest (FEW_TN), but
+ * where the tiles of 16 tokens are there, none or one in models with large layers (PF_FEW1_LAYER_MIB) */
+static int few_steps(const struct tllm_cl *cl, const struct pf_mm *mm) {
+    int n = cl->pf->few_tn;
+    const char *s = getenv("TLLM_CL_FEW_TN");
+    if (s) return atoi(s) < 0 ? 0 : atoi(s) < n ? atoi(s) : n;
+    if (!mm->ks[0] || !cl->mats || tllm_cl_n_mats(cl->m) < 9) return n;
+    size_t layer = 0; /* layer 0's seven matrices as the device holds them */
+    for (int k = 2; k < 9; k++) layer += tllm_qw_nbytes(&cl->mats[k]);
+    if (layer > ((size_t)PF_FEW1_LAYER_MIB << 20)) return 0;
+    return layer > ((size_t)PF_FEW2_LAYER_MIB << 20) && n > 1 ? 1 : n;
+}
+
 /* mm's kernel for int8 (in int8 levels) or float inputs (on NVIDIA, int8 on the tensor cores unless TLLM_CL_NO_MMA) */
 int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
     const struct cl_prefill *p = cl->pf;
@@ -51,7 +64,8 @@ int tllm_cl_mm_kernel(struct tllm_cl *cl, struct pf_mm *mm, int int8) {
         rc = tllm_cl_make_kernel(cl, &mm->ks[i], ns);
         if (!rc && mm->half) rc = tllm_cl_make_kernel(cl, &mm->ks16[i], strcat(ns, "_g16"));
     }
-    if (!rc && int8 && p->few_tn > 0 && !getenv("TLLM_CL_NO_FEW")) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
+    mm->few_n = int8 && !getenv("TLLM_CL_NO_FEW") ? few_steps(cl, mm) : 0;
+    if (!rc && mm->few_n > 0) rc = tllm_cl_make_kernel(cl, &mm->few, int8 == 2 ? "gemm_few_2" : "gemm_few");
     if (!rc && mm->few && p->counts && p->lws <= p->few_lws && !getenv("TLLM_CL_NO_FEW_NORM"))
         rc = tllm_cl_make_kernel(cl, &mm->few_norm, int8 == 2 ? "gemm_few_norm_2" : "gemm_few_norm");
     if (!rc && mm->few && p->counts && !getenv("TLLM_CL_NO_FEW_ROPE"))
@@ -183,7 +197,7 @@ cl_int tllm_cl_mm_run(struct tllm_cl *cl, const struct pf_mm *mm, const struct c
     int n_split = splits(cl, mm, rows, w->cols, (size_t)n);
     int steps = (w->cols + 63) / 64, k_len = (steps + n_split - 1) / n_split * 64;
     n_split = (w->cols + k_len - 1) / k_len;
-    int few = mm->few && n <= p->few_tn; /* gemm_few: the same sums, read as a matvec reads */
+    int few = mm->few && n <= mm->few_n; /* gemm_few: the same sums, read as a matvec reads */
     int at_y = few && next && left && y_off == 0 && ldy == rows; /* (the epilogues read y as [n][rows]) */
     /* the norm by one work-group: one token's row (H100, 7B, two sequences: 169 tok/s with pf_norm's launch, 155
      * with the norm of both rows in gemm_few_norm) */

@@ -8,6 +8,19 @@
 #define PF_LOGIT_ROWS 64 /* tokens whose logits one lm_head GEMM computes (several tokens' logits or argmaxes) */
 #define PF_MMA_SMALL 2 /* gemm_q8_mma's small tiles: of 16 and 32 tokens (small_tn in cl_gemm.c) */
 #define PF_PART 8 /* split-K: the slices' buffer holds PF_PART x tokens x hidden size floats */
+#ifndef PF_FEW1_LAYER_MIB
+/* Where gemm_q8_mma's tiles of 16 tokens are there, gemm_few takes steps of one token only in models whose
+ * layer holds at most this many MiB of weights, and steps of two in those of at most PF_FEW2_LAYER_MIB:
+ * above, the tiles read the weights faster than gemm_few saves in launches (its fused norm and RoPE). H100,
+ * bench -np, S_TG tok/s, gemm_few against the tiles: 0.5B (8 MiB a layer) 374-422 / 360-363 at B=1, 735-752 /
+ * 704-750 at 2; 1.5B (25 MiB) 268-271 / 255-258, 465-471 / 516-519; 7B (125 MiB) 111 / 119-120, 169-170 /
+ * 235-239. Per layer the tiles gain ~0.26 us a MiB at B=1 and gemm_few's launches save ~13 us: even at
+ * ~50 MiB; at B=2 ~1.0 us a MiB against ~12 us: even at ~12 MiB */
+#define PF_FEW1_LAYER_MIB 48
+#endif
+#ifndef PF_FEW2_LAYER_MIB
+#define PF_FEW2_LAYER_MIB 12
+#endif
 #ifndef PF_SPLIT_MIN_STEPS
 #define PF_SPLIT_MIN_STEPS 2 /* split-K: staging steps of 64 inputs a slice at least (H100, batched decode of 64
                               * sequences: 2 gave 12.2-12.8k tok/s, 4 12.5k, 8 10.8-11.2k, 16 10.6-10.7k) */
@@ -41,7 +54,8 @@ struct pf_mm {
     cl_kernel ks[PF_MMA_SMALL], ks16[PF_MMA_SMALL]; /* gemm_q8_mma's in tiles of 16 and of 32 tokens, for steps
                                                      * of at most that many (the same bits; NULL: none, or
                                                      * TLLM_CL_NO_MMA_S, or for 32 TLLM_CL_NO_MMA_32) */
-    cl_kernel few;       /* gemm_few for steps of at most few_tn tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
+    cl_kernel few;       /* gemm_few for steps of at most few_n tokens (int8 inputs; NULL: none, or TLLM_CL_NO_FEW) */
+    int few_n;           /* the largest step gemm_few takes (tllm_cl_mm_kernel: few_steps) */
     cl_kernel few_norm;  /* the same, then pf_norm's work by its last work-group (gemm_few_norm; NULL: none, or
                           * TLLM_CL_NO_FEW_NORM) */
     cl_kernel few_rope;  /* gemm_few of q, k and v, then paged_rope's work head by head (gemm_few_rope; NULL: none,
