@@ -10,6 +10,7 @@
 #          --pp N (also ppN: bench -p N -n 0), --tg N (also tgN: bench -p 0 -n N), --texts,
 #          --device D (opencl; cpu to try the script itself); --np "" leaves S_TG out
 # e.g. bash scripts/ab_gpu.sh --texts -m /tmp/m/7 -- 'head build-static/tllm' 'norope build-static/tllm TLLM_CL_NO_FEW_ROPE=1'
+#      (a value with spaces in quotes: 'ru8 build-static/tllm "TLLM_CL_OPTS=-DFEW_ROWS=1 -DFEW_RU=8"')
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPS="1 2" ROUNDS=3 P=128 N=64 PP="" TG="" TEXTS=0 DEV=opencl
@@ -35,14 +36,14 @@ if [ ${#MODELS[@]} -eq 0 ] || [ $# -lt 2 ]; then
 fi
 VARIANTS=("$@")
 for v in "${VARIANTS[@]}"; do
-  read -r -a w <<<"$v"
+  eval "w=($v)"
   [ ${#w[@]} -ge 2 ] && [ -x "${w[1]}" ] || { echo "ab_gpu.sh: variant '$v': no executable binary '${w[1]:-}'" >&2; exit 2; }
 done
 
 # run VARIANT ARGS...: the variant's binary with its environment
 run() {
   local -a w
-  read -r -a w <<<"$1"
+  eval "w=($1)" # (shell words: a value with spaces in quotes)
   shift
   env "${w[@]:2}" "${w[1]}" "$@"
 }
