@@ -36,7 +36,10 @@ void tllm_cl_mm_release(struct pf_mm *mm) {
 static int few_steps(const struct tllm_cl *cl, const struct pf_mm *mm) {
     int n = cl->pf->few_tn;
     const char *s = getenv("TLLM_CL_FEW_TN");
-    if (s) return atoi(s) < 0 ? 0 : atoi(s) < n ? atoi(s) : n;
+    if (s) {
+        int asked = atoi(s);
+        return asked < 0 ? 0 : asked < n ? asked : n;
+    }
     if (!mm->ks[0] || !cl->mats || tllm_cl_n_mats(cl->m) < 9) return n;
     size_t layer = 0; /* layer 0's seven matrices as the device holds them */
     for (int k = 2; k < 9; k++) layer += tllm_qw_nbytes(&cl->mats[k]);
