@@ -301,7 +301,7 @@ gemm_f(GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io
     GEMM_STORE(acc);
 }
 
-#if defined(MMA_PTX)
+#if defined(MMA_PTX) || defined(MMA_EMU)
 /* gemm_q8 on NVIDIA's int8 tensor cores (the host adds -DMMA_PTX there): the same tiles of 64 rows x
  * 64 tokens and the same sums, by `mma.sync.m16n8k32` (inline PTX; sm_80 and later) instead of dp4a.
  * Four warps, each 32 rows x 32 tokens of the tile: two 16-row by four 8-token fragments a block of
@@ -310,17 +310,31 @@ gemm_f(GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io
  *   B (32 x 8, column-major): token g, bytes 4c .. 4c + 3 and 16 + 4c .. 16 + 4c + 3
  *   C (16 x 8, int32): rows g and g + 8, tokens 2c and 2c + 1
  * Staged rows are GEMM_KW + 4 words apart, so the 8 rows x 4 words a fragment load touches fall in
- * 32 different banks. */
+ * 32 different banks. -DMMA_EMU (any device; tests) computes the mma in plain OpenCL instead, so a CPU
+ * device (PoCL, in CI) runs these kernels' tiles, staging and bookkeeping. */
 #define MMA_TM 64
 #define MMA_TN 64 /* the tile's tokens; gemm_q8_mma_t16* and _t32* take 16 and 32 (steps of at most that many) */
 #define MMA_LWS 128
 #define MMA_KS (GEMM_KW + 4) /* words between staged rows */
+/* Staging steps (GEMM_TK inputs each) a tile of 16 or 32 tokens reads at once, between one pair of barriers
+ * (a 64-token tile: 1): a small tile's work a step is small, so more of its reads may need to be in flight
+ * to keep the memory busy. (MMA_DEEP_32 4 would pass 48 KB of local memory with two levels and groups of 16.) */
+#ifndef MMA_DEEP_16
+#define MMA_DEEP_16 1
+#endif
+#ifndef MMA_DEEP_32
+#define MMA_DEEP_32 1
+#endif
+#define MMA_DEEP_MAX (MMA_DEEP_16 > MMA_DEEP_32 ? MMA_DEEP_16 : MMA_DEEP_32)
+#define MMA_DEEP(tn) ((tn) == 16 ? MMA_DEEP_16 : (tn) == 32 ? MMA_DEEP_32 : 1)
 
 #ifndef MMA_ASM_QUAL
 #define MMA_ASM_QUAL volatile /* empty: the compiler may move the mma instructions among the others */
 #endif
 
-inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 c) {
+#if defined(MMA_PTX)
+#define MMA_EMU_WORDS 1
+inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 c, __local uint *emu) {
     int4 d;
     asm MMA_ASM_QUAL("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                  "{%10, %11, %12, %13};"
@@ -328,6 +342,27 @@ inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c.x), "r"(c.y), "r"(c.z), "r"(c.w));
     return d;
 }
+#else
+#define MMA_EMU_WORDS (MMA_LWS * 6) /* each work-item's fragments, for the rest of its warp of 32 to read */
+/* The same integers as mma.sync's: the warp's fragments through local memory. Every work-item of the group
+ * calls it (it holds barriers), as every call in gemm_q8_mma_tiles is. */
+inline int4 mma_u8s8(uint a0, uint a1, uint a2, uint a3, uint b0, uint b1, int4 c, __local uint *emu) {
+    int lid = get_local_id(0), lane = lid % 32, g = lane / 4, cq = lane % 4;
+    __local uint *w = emu + (lid - lane) * 6;
+    w[6 * lane] = a0, w[6 * lane + 1] = a1, w[6 * lane + 2] = a2, w[6 * lane + 3] = a3, w[6 * lane + 4] = b0, w[6 * lane + 5] = b1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int s[4] = {c.x, c.y, c.z, c.w};
+    for (int e = 0; e < 4; e++) {
+        int hi = e / 2, tok = 2 * cq + e % 2; /* row g + 8 hi, token tok */
+        for (int kw = 0; kw < 8; kw++) {
+            uint av = w[6 * (4 * g + kw % 4) + (kw < 4 ? 0 : 2) + hi], bv = w[6 * (4 * tok + kw % 4) + 4 + (kw >= 4)];
+            for (int q = 0; q < 4; q++) s[e] += (int)((av >> (8 * q)) & 0xffu) * (int)(char)((bv >> (8 * q)) & 0xffu);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return (int4)(s[0], s[1], s[2], s[3]);
+}
+#endif
 
 /* A thread's share of one staging step, read from global memory a step ahead (the loads of step
  * k + 1 are in flight while step k multiplies): its words of codes as stored (bits of them: a tile's
@@ -342,7 +377,7 @@ inline uint4 mma_codes(__global const uchar *W, size_t row_words, int bits, int 
                    k0 + (w + 2) * per < k_end ? p[2] : 0u, k0 + (w + 3) * per < k_end ? p[3] : 0u);
 }
 
-#define MMA_XV (MMA_TN * GEMM_KW / 4 / MMA_LWS) /* a thread's uint4s of a step's activations (a level) */
+#define MMA_XV (MMA_TN * GEMM_KW / 4 / MMA_LWS) /* a thread's uint4s of a step's activations (a level), at most */
 struct mma_stage {
     uint4 a[2];
     uint4 x[MMA_XV], x2[MMA_XV];
@@ -355,12 +390,13 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
     Q_FIX(bits0, gs0, dt0);
     struct mma_stage st;
     int lid = get_local_id(0), wpr = 2 * bits0; /* words of a row a step */
+    const int aj = (MMA_TM * wpr / 4 + MMA_LWS - 1) / MMA_LWS, xv = (tn * GEMM_KW / 4 + MMA_LWS - 1) / MMA_LWS;
     size_t row_words = (size_t)cols * bits0 / 32;
-    for (int j = 0; j < 2; j++) { /* the tile's rows' words, 4 at a time (8-bit codes: 2 x 4 a thread) */
+    for (int j = 0; j < aj; j++) { /* the tile's rows' words, 4 at a time (8-bit codes: 2 x 4 a thread) */
         int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
         st.a[j] = i < MMA_TM * wpr / 4 && r0 + r < rows ? mma_codes(W0, row_words, bits0, r0 + r, k0, w, k_end) : (uint4)(0u);
     }
-    for (int j = 0; j < MMA_XV; j++) { /* 16 bytes a load: rows of cols % 32 == 0 bytes keep them aligned */
+    for (int j = 0; j < xv; j++) { /* 16 bytes a load: rows of cols % 32 == 0 bytes keep them aligned */
         int i = lid + j * MMA_LWS, t = i / (GEMM_KW / 4), k = k0 + 16 * (i % (GEMM_KW / 4));
         int ok = t < tn && t0 + t < n_tok && k < k_end;
         __global const uint4 *xr = (__global const uint4 *)(xq + (size_t)(t0 + t) * lv * cols);
@@ -379,110 +415,143 @@ inline struct mma_stage mma_load(WARGS(0), int rows, int cols, int n_tok, __glob
     return st;
 }
 
+/* Where a staging step lies in local memory: the buffers of step s of a stage (mma_at) */
+struct mma_local {
+    __local uint *As, *Bs, *Bs2;
+    __local float (*Asc)[MMA_TM], (*Abi)[MMA_TM], (*Bd)[MMA_TN], (*Bsum)[MMA_TN];
+};
+inline struct mma_local mma_at(struct mma_local L, int s, const int tn, const int nh) {
+    struct mma_local o = {L.As + s * MMA_TM * MMA_KS, L.Bs + s * tn * MMA_KS, L.Bs2 + s * tn * MMA_KS, L.Asc + s * 2 * nh,
+                          L.Abi + s * 2 * nh, L.Bd + s * 2, L.Bsum + s * 2 * nh};
+    return o;
+}
+
+/* A thread's share of a staging step into local memory */
+inline void mma_store(const struct mma_stage *st, struct mma_local L, int bits0, int lv, const int nh, const int tn) {
+    int lid = get_local_id(0), wpr = 2 * bits0, per = 32 / bits0;
+    const int aj = (MMA_TM * wpr / 4 + MMA_LWS - 1) / MMA_LWS, xv = (tn * GEMM_KW / 4 + MMA_LWS - 1) / MMA_LWS;
+    for (int j = 0; j < aj; j++) {
+        int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
+        uint a4[4] = {st->a[j].x, st->a[j].y, st->a[j].z, st->a[j].w};
+        if (i < MMA_TM * wpr / 4)
+            for (int e = 0; e < 4; e++)
+                for (int q = 0; q < per / 4; q++) L.As[r * MMA_KS + (w + e) * (per / 4) + q] = unpack4(a4[e] >> (4 * bits0 * q), bits0);
+    }
+    for (int j = 0; j < xv; j++) {
+        int i = lid + j * MMA_LWS, at = (i / (GEMM_KW / 4)) * MMA_KS + 4 * (i % (GEMM_KW / 4));
+        if (i >= tn * GEMM_KW / 4) break;
+        *(__local uint4 *)(L.Bs + at) = st->x[j];
+        if (lv == 2) *(__local uint4 *)(L.Bs2 + at) = st->x2[j];
+    }
+    for (int h = 0; h < nh; h++) {
+        L.Asc[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st->s[h], L.Abi[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st->o[h];
+        if (lid % MMA_TM < tn) L.Bsum[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st->m[h];
+    }
+    if (lid % MMA_TM < tn) L.Bd[lid / MMA_TM][lid % MMA_TM] = st->d;
+}
+
 /* The body of gemm_q8_mma (lv and nh as gemm_q8_tiles'; tn: the tile's tokens, 64, 32 or 16). Each warp
  * takes mi fragments of 16 rows by mj of 8 tokens: 32 x 32 of a 64-token tile (2 x 2 warps), 32 x 16 of a
  * 32-token one (2 x 2), 16 x 16 of a 16-token one (4 x 1): a step of few tokens does only its tiles' work.
- * A (row, token)'s terms and their order are the same in each: so are its bits. */
-inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, const int tn, __local uint *As, __local uint *Bs,
-                              __local uint *Bs2, __local float (*Asc)[MMA_TM], __local float (*Abi)[MMA_TM],
-                              __local float (*Bd)[MMA_TN], __local float (*Bsum)[MMA_TN]) {
+ * A stage is MMA_DEEP(tn) staging steps, read from global memory a stage ahead (the loads of stage k + 1
+ * are in flight while stage k multiplies), each step's terms added in turn. A (row, token)'s terms and
+ * their order are the same in each: so are its bits. */
+inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, const int tn, struct mma_local L, __local uint *emu) {
     Q_FIX(bits0, gs0, dt0);
-    const int mi = tn >= 32 ? 2 : 1, mj = tn == 64 ? 4 : 2, warps_r = MMA_TM / (16 * mi);
+    const int mi = tn >= 32 ? 2 : 1, mj = tn == 64 ? 4 : 2, warps_r = MMA_TM / (16 * mi), deep = MMA_DEEP(tn);
     int lid = get_local_id(0), lane = lid % 32, warp = lid / 32, g = lane / 4, c = lane % 4;
     int wr = (warp % warps_r) * 16 * mi, wt = (warp / warps_r) * 8 * mj; /* the warp's rows and tokens in the tile */
-    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * tn, wpr = 2 * bits0, per = 32 / bits0;
+    int r0 = get_group_id(0) * MMA_TM, t0 = get_group_id(1) * tn;
     GEMM_PICK(r0, wr0, wrows);
     float acc[2][4][4];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 4; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
     GEMM_K_RANGE(k_begin, k_end);
-    struct mma_stage st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, tn, wr0, t0, k_begin, k_end);
-    for (int k0 = k_begin; k0 < k_end; k0 += GEMM_TK) {
-        for (int j = 0; j < 2; j++) {
-            int i = lid + j * MMA_LWS, r = i / (wpr / 4), w = 4 * (i % (wpr / 4));
-            uint a4[4] = {st.a[j].x, st.a[j].y, st.a[j].z, st.a[j].w};
-            if (i < MMA_TM * wpr / 4)
-                for (int e = 0; e < 4; e++)
-                    for (int q = 0; q < per / 4; q++) As[r * MMA_KS + (w + e) * (per / 4) + q] = unpack4(a4[e] >> (4 * bits0 * q), bits0);
-        }
-        for (int j = 0; j < MMA_XV; j++) {
-            int i = lid + j * MMA_LWS, at = (i / (GEMM_KW / 4)) * MMA_KS + 4 * (i % (GEMM_KW / 4));
-            if (i >= tn * GEMM_KW / 4) break;
-            *(__local uint4 *)(Bs + at) = st.x[j];
-            if (lv == 2) *(__local uint4 *)(Bs2 + at) = st.x2[j];
-        }
-        for (int h = 0; h < nh; h++) {
-            Asc[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.s[h], Abi[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.o[h];
-            if (lid % MMA_TM < tn) Bsum[nh * (lid / MMA_TM) + h][lid % MMA_TM] = st.m[h];
-        }
-        if (lid % MMA_TM < tn) Bd[lid / MMA_TM][lid % MMA_TM] = st.d;
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (k0 + GEMM_TK < k_end)
-            st = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, tn, wr0, t0, k0 + GEMM_TK, k_end);
-        uint a[2][2][4], v[2][4][2], v2[2][4][2]; /* [block of 32][fragment] */
+    struct mma_stage st[MMA_DEEP_MAX];
 #pragma unroll
-        for (int b = 0; b < 2; b++) {
-            int kw = 8 * b + c;
+    for (int s = 0; s < deep; s++)
+        st[s] = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, tn, wr0, t0, k_begin + s * GEMM_TK, k_end);
+    for (int k_st = k_begin; k_st < k_end; k_st += deep * GEMM_TK) {
+#pragma unroll
+        for (int s = 0; s < deep; s++)
+            if (k_st + s * GEMM_TK < k_end) mma_store(&st[s], mma_at(L, s, tn, nh), bits0, lv, nh, tn);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (k_st + deep * GEMM_TK < k_end)
+#pragma unroll
+            for (int s = 0; s < deep; s++)
+                st[s] = mma_load(WPASS(0), wrows, cols, n_tok, xq, xd, xsum, xh, lv, nh, tn, wr0, t0,
+                                 k_st + (deep + s) * GEMM_TK, k_end);
+#pragma unroll
+        for (int s = 0; s < deep; s++) {
+            if (k_st + s * GEMM_TK >= k_end) break; /* (uniform: the steps of a split's last stage) */
+            struct mma_local S = mma_at(L, s, tn, nh);
+            __local uint *As = S.As, *Bs = S.Bs, *Bs2 = S.Bs2;
+            __local float(*Asc)[MMA_TM] = S.Asc, (*Abi)[MMA_TM] = S.Abi, (*Bd)[MMA_TN] = S.Bd, (*Bsum)[MMA_TN] = S.Bsum;
+            uint a[2][2][4], v[2][4][2], v2[2][4][2]; /* [block of 32][fragment] */
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                int kw = 8 * b + c;
+                for (int i = 0; i < mi; i++) {
+                    int r = wr + 16 * i + g;
+                    a[b][i][0] = As[r * MMA_KS + kw], a[b][i][1] = As[(r + 8) * MMA_KS + kw];
+                    a[b][i][2] = As[r * MMA_KS + kw + 4], a[b][i][3] = As[(r + 8) * MMA_KS + kw + 4];
+                }
+                for (int j = 0; j < mj; j++) {
+                    int t = wt + 8 * j + g;
+                    v[b][j][0] = Bs[t * MMA_KS + kw], v[b][j][1] = Bs[t * MMA_KS + kw + 4];
+                    v2[b][j][0] = lv == 2 ? Bs2[t * MMA_KS + kw] : 0u, v2[b][j][1] = lv == 2 ? Bs2[t * MMA_KS + kw + 4] : 0u;
+                }
+            }
+            /* both blocks of the step in one weight group (groups of 64 or more): one scale and bias for
+             * the two, so the float epilogue runs once a step, not once a block */
+            int one_group = gs0 % GEMM_TK == 0;
             for (int i = 0; i < mi; i++) {
                 int r = wr + 16 * i + g;
-                a[b][i][0] = As[r * MMA_KS + kw], a[b][i][1] = As[(r + 8) * MMA_KS + kw];
-                a[b][i][2] = As[r * MMA_KS + kw + 4], a[b][i][3] = As[(r + 8) * MMA_KS + kw + 4];
-            }
-            for (int j = 0; j < mj; j++) {
-                int t = wt + 8 * j + g;
-                v[b][j][0] = Bs[t * MMA_KS + kw], v[b][j][1] = Bs[t * MMA_KS + kw + 4];
-                v2[b][j][0] = lv == 2 ? Bs2[t * MMA_KS + kw] : 0u, v2[b][j][1] = lv == 2 ? Bs2[t * MMA_KS + kw + 4] : 0u;
-            }
-        }
-        /* both blocks of the step in one weight group (groups of 64 or more): one scale and bias for
-         * the two, so the float epilogue runs once a step, not once a block */
-        int one_group = gs0 % GEMM_TK == 0;
-        for (int i = 0; i < mi; i++) {
-            int r = wr + 16 * i + g;
-            for (int j = 0; j < mj; j++) {
-                int t = wt + 8 * j + 2 * c;
-                int4 p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v[0][j][0], v[0][j][1], (int4)(0));
-                int4 q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v[1][j][0], v[1][j][1], (int4)(0));
-                if (lv == 2) { /* 128 x level one's sums + level two's (not chained: the four in flight at once) */
-                    int4 p2 = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v2[0][j][0], v2[0][j][1], (int4)(0));
-                    int4 q2 = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v2[1][j][0], v2[1][j][1], (int4)(0));
-                    p = p * 128 + p2, q = q * 128 + q2;
-                }
-                float x0 = Bd[0][t], x1 = Bd[0][t + 1], y0 = Bd[1][t], y1 = Bd[1][t + 1];
-                if (nh == 2) { /* groups of 16: a block's first half (its codes' other half zeroed), then the rest */
-                    for (int b = 0; b < 2; b++) {
-                        int4 d = b ? q : p;
-                        int4 lo = mma_u8s8(a[b][i][0], a[b][i][1], 0u, 0u, v[b][j][0], v[b][j][1], (int4)(0));
-                        if (lv == 2)
-                            lo = lo * 128 + mma_u8s8(a[b][i][0], a[b][i][1], 0u, 0u, v2[b][j][0], v2[b][j][1], (int4)(0));
-                        float d0 = b ? y0 : x0, d1 = b ? y1 : x1;
-                        for (int hh = 0; hh < 2; hh++) {
-                            int4 e = hh ? d - lo : lo;
-                            int h = 2 * b + hh;
-                            float m0 = Bsum[h][t], m1 = Bsum[h][t + 1];
-                            float s0 = Asc[h][r], o0 = Abi[h][r], s1 = Asc[h][r + 8], o1 = Abi[h][r + 8];
-                            acc[i][j][0] += gemm_term(s0, o0, d0, e.x, m0);
-                            acc[i][j][1] += gemm_term(s0, o0, d1, e.y, m1);
-                            acc[i][j][2] += gemm_term(s1, o1, d0, e.z, m0);
-                            acc[i][j][3] += gemm_term(s1, o1, d1, e.w, m1);
-                        }
+                for (int j = 0; j < mj; j++) {
+                    int t = wt + 8 * j + 2 * c;
+                    int4 p = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v[0][j][0], v[0][j][1], (int4)(0), emu);
+                    int4 q = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v[1][j][0], v[1][j][1], (int4)(0), emu);
+                    if (lv == 2) { /* 128 x level one's sums + level two's (not chained: the four in flight at once) */
+                        int4 p2 = mma_u8s8(a[0][i][0], a[0][i][1], a[0][i][2], a[0][i][3], v2[0][j][0], v2[0][j][1], (int4)(0), emu);
+                        int4 q2 = mma_u8s8(a[1][i][0], a[1][i][1], a[1][i][2], a[1][i][3], v2[1][j][0], v2[1][j][1], (int4)(0), emu);
+                        p = p * 128 + p2, q = q * 128 + q2;
                     }
-                } else if (one_group) {
-                    float s0 = Asc[0][r], o0 = Abi[0][r], s1 = Asc[0][r + 8], o1 = Abi[0][r + 8];
-                    float m0 = Bsum[0][t] + Bsum[1][t], m1 = Bsum[0][t + 1] + Bsum[1][t + 1];
-                    acc[i][j][0] += gemm_term2(s0, o0, x0, p.x, y0, q.x, m0);
-                    acc[i][j][1] += gemm_term2(s0, o0, x1, p.y, y1, q.y, m1);
-                    acc[i][j][2] += gemm_term2(s1, o1, x0, p.z, y0, q.z, m0);
-                    acc[i][j][3] += gemm_term2(s1, o1, x1, p.w, y1, q.w, m1);
-                } else {
-                    for (int b = 0; b < 2; b++) {
-                        int4 d = b ? q : p;
-                        float d0 = b ? y0 : x0, d1 = b ? y1 : x1, m0 = Bsum[b][t], m1 = Bsum[b][t + 1];
-                        float s0 = Asc[b][r], o0 = Abi[b][r], s1 = Asc[b][r + 8], o1 = Abi[b][r + 8];
-                        acc[i][j][0] += gemm_term(s0, o0, d0, d.x, m0);
-                        acc[i][j][1] += gemm_term(s0, o0, d1, d.y, m1);
-                        acc[i][j][2] += gemm_term(s1, o1, d0, d.z, m0);
-                        acc[i][j][3] += gemm_term(s1, o1, d1, d.w, m1);
+                    float x0 = Bd[0][t], x1 = Bd[0][t + 1], y0 = Bd[1][t], y1 = Bd[1][t + 1];
+                    if (nh == 2) { /* groups of 16: a block's first half (its codes' other half zeroed), then the rest */
+                        for (int b = 0; b < 2; b++) {
+                            int4 d = b ? q : p;
+                            int4 lo = mma_u8s8(a[b][i][0], a[b][i][1], 0u, 0u, v[b][j][0], v[b][j][1], (int4)(0), emu);
+                            if (lv == 2)
+                                lo = lo * 128 + mma_u8s8(a[b][i][0], a[b][i][1], 0u, 0u, v2[b][j][0], v2[b][j][1], (int4)(0), emu);
+                            float d0 = b ? y0 : x0, d1 = b ? y1 : x1;
+                            for (int hh = 0; hh < 2; hh++) {
+                                int4 e = hh ? d - lo : lo;
+                                int h = 2 * b + hh;
+                                float m0 = Bsum[h][t], m1 = Bsum[h][t + 1];
+                                float s0 = Asc[h][r], o0 = Abi[h][r], s1 = Asc[h][r + 8], o1 = Abi[h][r + 8];
+                                acc[i][j][0] += gemm_term(s0, o0, d0, e.x, m0);
+                                acc[i][j][1] += gemm_term(s0, o0, d1, e.y, m1);
+                                acc[i][j][2] += gemm_term(s1, o1, d0, e.z, m0);
+                                acc[i][j][3] += gemm_term(s1, o1, d1, e.w, m1);
+                            }
+                        }
+                    } else if (one_group) {
+                        float s0 = Asc[0][r], o0 = Abi[0][r], s1 = Asc[0][r + 8], o1 = Abi[0][r + 8];
+                        float m0 = Bsum[0][t] + Bsum[1][t], m1 = Bsum[0][t + 1] + Bsum[1][t + 1];
+                        acc[i][j][0] += gemm_term2(s0, o0, x0, p.x, y0, q.x, m0);
+                        acc[i][j][1] += gemm_term2(s0, o0, x1, p.y, y1, q.y, m1);
+                        acc[i][j][2] += gemm_term2(s1, o1, x0, p.z, y0, q.z, m0);
+                        acc[i][j][3] += gemm_term2(s1, o1, x1, p.w, y1, q.w, m1);
+                    } else {
+                        for (int b = 0; b < 2; b++) {
+                            int4 d = b ? q : p;
+                            float d0 = b ? y0 : x0, d1 = b ? y1 : x1, m0 = Bsum[b][t], m1 = Bsum[b][t + 1];
+                            float s0 = Asc[b][r], o0 = Abi[b][r], s1 = Asc[b][r + 8], o1 = Abi[b][r + 8];
+                            acc[i][j][0] += gemm_term(s0, o0, d0, d.x, m0);
+                            acc[i][j][1] += gemm_term(s0, o0, d1, d.y, m1);
+                            acc[i][j][2] += gemm_term(s1, o1, d0, d.z, m0);
+                            acc[i][j][3] += gemm_term(s1, o1, d1, d.w, m1);
+                        }
                     }
                 }
             }
@@ -497,15 +566,18 @@ inline void gemm_q8_mma_tiles(GEMM_Q8_ARGS, const int lv, const int nh, const in
             }
 }
 
-#define MMA_LOCALS(tn, n2, nh)                                                                              \
-    __local uint As[MMA_TM * MMA_KS], Bs[(tn) * MMA_KS] __attribute__((aligned(16))),                      \
-        Bs2[n2] __attribute__((aligned(16)));                                                               \
-    __local float Asc[2 * (nh)][MMA_TM], Abi[2 * (nh)][MMA_TM], Bd[2][MMA_TN], Bsum[2 * (nh)][MMA_TN]
+/* A kernel's local memory: MMA_DEEP(tn) staging steps of a tile of tn tokens */
+#define MMA_LOCALS(tn, lv, nh)                                                                              \
+    __local uint As[MMA_DEEP(tn) * MMA_TM * MMA_KS], Bs[MMA_DEEP(tn) * (tn) * MMA_KS] __attribute__((aligned(16))), \
+        Bs2[(lv) == 2 ? MMA_DEEP(tn) * (tn) * MMA_KS : 4] __attribute__((aligned(16))), Emu[MMA_EMU_WORDS];   \
+    __local float Asc[MMA_DEEP(tn) * 2 * (nh)][MMA_TM], Abi[MMA_DEEP(tn) * 2 * (nh)][MMA_TM],               \
+        Bd[MMA_DEEP(tn) * 2][MMA_TN], Bsum[MMA_DEEP(tn) * 2 * (nh)][MMA_TN];                               \
+    struct mma_local L = {As, Bs, Bs2, Asc, Abi, Bd, Bsum}
 #define MMA_KERNEL(name, lv, nh, tn)                                                                        \
     __kernel __attribute__((reqd_work_group_size(MMA_LWS, 1, 1))) void name(GEMM_Q8_KARGS) {                \
-        MMA_LOCALS(tn, (lv) == 2 ? (tn) * MMA_KS : 4, nh);                                                   \
+        MMA_LOCALS(tn, lv, nh);                                                                              \
         GEMM_Q8_OPEN;                                                                                        \
-        gemm_q8_mma_tiles(GEMM_Q8_PASS, lv, nh, tn, As, Bs, Bs2, Asc, Abi, Bd, Bsum);                       \
+        gemm_q8_mma_tiles(GEMM_Q8_PASS, lv, nh, tn, L, Emu);                                                \
     }
 MMA_KERNEL(gemm_q8_mma, 1, 1, MMA_TN)
 MMA_KERNEL(gemm_q8_mma_2, 2, 1, MMA_TN)

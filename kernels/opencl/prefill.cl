@@ -39,14 +39,14 @@
 
 __kernel void prefill_tunables(__global int *out) {
     out[0] = GEMM_TM, out[1] = GEMM_TN, out[2] = GEMM_T, out[3] = PF_LWS, out[4] = FL_QB, out[5] = FL_LWS;
-#if defined(MMA_PTX)
+#if defined(MMA_PTX) || defined(MMA_EMU)
     out[6] = MMA_TM, out[7] = MMA_TN, out[8] = MMA_LWS; /* gemm_q8_mma's */
 #else
     out[6] = out[7] = out[8] = 0;
 #endif
     out[9] = FEW_TN; /* gemm_few's largest step */
     out[10] = FL_SPAN, out[11] = FEW_LWS, out[12] = FL_EMIT, out[13] = FEW_U;
-#if defined(MMA_PTX)
+#if defined(MMA_PTX) || defined(MMA_EMU)
     out[14] = 1; /* gemm_q8_mma_t16* and _t32* (tiles of 16 and 32 tokens) */
 #else
     out[14] = 0;
