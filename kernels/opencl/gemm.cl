@@ -317,10 +317,11 @@ gemm_f(GEMM_STACK_KARGS, int rows, int cols, int n_tok, __global const uchar *io
 #define MMA_LWS 128
 #define MMA_KS (GEMM_KW + 4) /* words between staged rows */
 /* Staging steps (GEMM_TK inputs each) a tile of 16 or 32 tokens reads at once, between one pair of barriers
- * (a 64-token tile: 1): a small tile's work a step is small, so more of its reads may need to be in flight
- * to keep the memory busy. (MMA_DEEP_32 4 would pass 48 KB of local memory with two levels and groups of 16.) */
+ * (a 64-token tile: 1): a small tile's work a step is small, so more of its reads are put in flight at once.
+ * H100, Qwen2-7B, steps of 1 and 16 tokens: 2 +1-5%, 4 -4% (docs/performance.md, Steps of a few sequences).
+ * (MMA_DEEP_32 4 would pass 48 KB of local memory with two levels and groups of 16.) */
 #ifndef MMA_DEEP_16
-#define MMA_DEEP_16 1
+#define MMA_DEEP_16 2
 #endif
 #ifndef MMA_DEEP_32
 #define MMA_DEEP_32 1
