@@ -101,52 +101,13 @@ __kernel void pf_embed(WARGS(0), int cols, __global const int *ids, int n_tok, i
  * t of a GEMM's input (cols % 32 == 0). Every work-item of the group calls it, the first PF_LWS doing the
  * work (gemm_few_norm's group may be larger: the same arithmetic); red: [get_local_size(0)] floats.
  * norm_row_l2 reads row and part past L1 (volatile): in gemm_few_norm other work-groups of the launch
- * wrote them. A row of up to NORM_REGS x PF_LWS elements is read once into registers, every load of the
- * row and its slices issued before the first is used (one work-group does a token's row: its time is the
- * reads' latency, not their bytes); a longer one in passes over memory. The same sums in the same order
- * either way. NORM_REGS 0 (the default until it is measured on a GPU: docs/performance.md, Steps of a few
- * sequences) reads every row in passes; -DNORM_REGS=-1 sizes it for the model's rows (MODEL_DIM). */
-#ifndef NORM_REGS
-#define NORM_REGS 0
-#elif NORM_REGS < 0
-#undef NORM_REGS
-#if defined(MODEL_DIM) && (MODEL_DIM + PF_LWS - 1) / PF_LWS <= 32
-#define NORM_REGS ((MODEL_DIM + PF_LWS - 1) / PF_LWS)
-#else
-#define NORM_REGS 0
-#endif
-#endif
+ * wrote them. */
 #define NORM_ROW_FN(name, Q, slices)                                                                       \
     inline void name(Q __global float *row, Q __global const float *part, int n_split, int n_tok, int t, int cols, \
                      __global const float *vecs, int norm_off, float eps, int int8, __global float *xf,        \
                      __global char *xq, __global float *xd, __global float *xs, int g16, __global float *xh,   \
                      __local float *red) {                                                                 \
         int lid = get_local_id(0), active = lid < PF_LWS;                                                  \
-        if (NORM_REGS > 0 && cols <= NORM_REGS * PF_LWS) {                                                 \
-            float r[NORM_REGS > 0 ? NORM_REGS : 1], add[NORM_REGS > 0 ? NORM_REGS : 1];                    \
-            for (int i = 0; i < NORM_REGS; i++) {                                                          \
-                int j = lid + i * PF_LWS, live = active && j < cols;                                       \
-                r[i] = live ? row[j] : 0.0f;                                                               \
-                add[i] = live && n_split > 1 ? slices(part, n_split, n_tok, cols, t, j) : 0.0f;            \
-            }                                                                                              \
-            for (int i = 0; n_split > 1 && i < NORM_REGS; i++) {                                           \
-                int j = lid + i * PF_LWS;                                                                  \
-                if (active && j < cols) row[j] = r[i] = r[i] + add[i];                                     \
-            }                                                                                              \
-            float inv = 1.0f;                                                                              \
-            if (norm_off >= 0) {                                                                           \
-                float ss = 0.0f;                                                                           \
-                for (int i = 0; i < NORM_REGS; i++)                                                        \
-                    if (active && lid + i * PF_LWS < cols) ss += r[i] * r[i];                              \
-                inv = 1.0f / sqrt(wg_sum(ss, red, PF_LWS) / (float)cols + eps);                            \
-            }                                                                                              \
-            for (int i = 0; i < NORM_REGS && i * PF_LWS < cols; i++) {                                     \
-                int j = i * PF_LWS + lid, live = active && j < cols;                                       \
-                float v = live ? (norm_off >= 0 ? vecs[norm_off + j] * (r[i] * inv) : r[i]) : 0.0f;         \
-                emit_lane(v, t, j, cols, live, int8, xf, xq, xd, xs, g16, xh, red);                        \
-            }                                                                                              \
-            return;                                                                                        \
-        }                                                                                                  \
         for (int j = lid; active && n_split > 1 && j < cols; j += PF_LWS)                                  \
             row[j] += slices(part, n_split, n_tok, cols, t, j);                                            \
         float inv = 1.0f;                                                                                  \
